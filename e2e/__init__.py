@@ -1,0 +1,1 @@
+"""dualpods: e2e."""
