@@ -6,7 +6,7 @@ Fields that FMA omits when null are declared optional; serialize with `exclude_n
 from enum import StrEnum
 from typing import Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 API_VERSION: Final = "2.0"
 INSTANCES_PATH: Final = "/v2/vllm/instances"
@@ -15,8 +15,7 @@ INSTANCES_PATH: Final = "/v2/vllm/instances"
 class VllmConfig(BaseModel):
     """What to run: the server's command-line options, GPUs, environment and free-form notes."""
 
-    model_config = ConfigDict(extra="forbid")
-
+    # Unknown fields are ignored, as FMA's launcher does, so newer clients keep working.
     options: str = Field(description="model-server command-line options, split with shell rules")
     gpu_uuids: list[str] | None = None
     env_vars: dict[str, str] | None = None
@@ -51,7 +50,7 @@ class InstanceState(BaseModel):
     ready: bool = False
     sleeping: bool = False
     sleep_level: int | None = None
-    effective_options: list[str] | None = None
+    effective_options: str | None = None
     defaults_applied: dict[str, str] | None = None
     port: int | None = None
     exit_code: int | None = None

@@ -1,0 +1,132 @@
+"""`python -m launcher`: preload the model-server runtime, then serve the launcher API."""
+
+import argparse
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from aiohttp import web
+
+from api.keys import LAUNCHER_PORT
+
+from . import gpus, process_control
+from .app import build_app
+from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES
+from .events import HISTORY_SIZE, EventLog
+from .instances import InstanceManager
+from .metrics import LauncherMetrics
+from .runtimes import Runtime, StandInRuntime, VllmRuntime
+
+log = logging.getLogger("launcher")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    env = os.environ.get
+    parser = argparse.ArgumentParser(
+        prog="python -m launcher", description="Preloads vLLM and forks model-server instances on request."
+    )
+    parser.add_argument("--host", default=env("LAUNCHER_HOST", "0.0.0.0"), help="address to serve on (default: all)")
+    parser.add_argument("--port", type=int, default=int(env("LAUNCHER_PORT", LAUNCHER_PORT)))
+    parser.add_argument("--log-level", choices=LOG_LEVELS, default=env("LAUNCHER_LOG_LEVEL", "info"))
+    parser.add_argument(
+        "--auth-token-file",
+        default=env("LAUNCHER_AUTH_TOKEN_FILE"),
+        help="file holding the bearer token every route but /health requires (E9)",
+    )
+    parser.add_argument(
+        "--mock-gpus",
+        nargs="?",
+        type=int,
+        const=-1,
+        default=None,
+        metavar="N",
+        help="no NVML: take GPUs from the gpu-map ConfigMap when NODE_NAME and NAMESPACE are set, "
+        "else GPU-0..GPU-(N-1)",
+    )
+    parser.add_argument("--mock-gpu-count", type=int, default=8, help="N for a bare --mock-gpus (FMA's flag)")
+    parser.add_argument(
+        "--stand-in", action="store_true", help="fork the test stand-in server instead of vLLM (tests only)"
+    )
+    parser.add_argument("--stop-grace-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--watch-history", type=int, default=HISTORY_SIZE, help="events kept for watchers resuming with ?since="
+    )
+    parser.add_argument(
+        "--cpu-kv-cache-bytes",
+        type=int,
+        default=DEFAULT_CPU_KV_CACHE_BYTES,
+        help="KV cache of an instance on a CPU when its options do not size it",
+    )
+    parser.add_argument(
+        "--state-dir", type=Path, default=None, help="instance logs and temp files (default: a temp dir)"
+    )
+    args = parser.parse_args(argv)
+    if args.mock_gpus == -1:
+        args.mock_gpus = args.mock_gpu_count
+    return args
+
+
+def read_token(path: str | None) -> str:
+    if path is None:
+        return ""
+    token = Path(path).read_text().strip()
+    if not token:
+        sys.exit(f"launcher: the auth token file {path} is empty")
+    return token
+
+
+def make_runtime(args: argparse.Namespace) -> Runtime:
+    if args.stand_in:
+        return StandInRuntime()
+    return VllmRuntime(cpu_kv_cache_bytes=args.cpu_kv_cache_bytes)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    token = read_token(args.auth_token_file)
+    process_control.become_subreaper()
+    runtime = make_runtime(args)
+    metrics = LauncherMetrics()
+    log.info("preloading the %s runtime", runtime.name)
+    started = time.monotonic()
+    runtime.preload()
+    preload_seconds = time.monotonic() - started
+    metrics.preload_seconds.set(preload_seconds)
+    log.info("preloaded the %s runtime in %.1f s", runtime.name, preload_seconds)
+
+    own_state_dir = args.state_dir is None
+    state_dir: Path = Path(tempfile.mkdtemp(prefix="dualpods-launcher-")) if own_state_dir else args.state_dir
+    state_dir.mkdir(parents=True, exist_ok=True)
+    inventory = gpus.inventory(args.mock_gpus, os.environ.get("NODE_NAME"), os.environ.get("NAMESPACE"))
+    log.info("GPUs come from %s", inventory.source)
+    manager = InstanceManager(
+        runtime, inventory, metrics, EventLog(args.watch_history), args.host, state_dir, args.stop_grace_seconds
+    )
+    app = build_app(manager, token)
+
+    async def reap_children(app: web.Application) -> None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGCHLD, manager.reaper.reap)
+
+    app.on_startup.append(reap_children)
+    try:
+        web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, shutdown_timeout=15)
+    finally:
+        if own_state_dir:
+            shutil.rmtree(state_dir, ignore_errors=True)
+        log.info("launcher stopped")
+
+
+if __name__ == "__main__":
+    main()

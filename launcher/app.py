@@ -1,0 +1,249 @@
+"""The launcher's HTTP API (aiohttp): FMA's `/v2/vllm/instances` routes plus sleep/wake (E1).
+
+A thin layer: each handler parses its input, calls the instance manager, and serializes the
+result; errors become `{"detail": ...}` bodies with the status their exception names.
+"""
+
+import contextlib
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+
+from api.launcher import INSTANCES_PATH, EventType, Health, Index, VllmConfig, WatchEvent
+
+from .errors import BadRequest, LauncherError, RangeNotSatisfiable, Unauthorized, Unprocessable
+from .instances import InstanceManager
+from .logs import log_size, read_range, resolve_range
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+MANAGER = web.AppKey("manager", InstanceManager)
+TOKEN = web.AppKey("token", str)
+CHUNK_BYTES = 64 * 1024
+UNAUTHENTICATED_PATHS = frozenset({"/health"})
+
+
+def json_response(model: BaseModel, status: int = 200) -> web.Response:
+    return web.Response(text=model.model_dump_json(exclude_none=True), status=status, content_type="application/json")
+
+
+def error_response(status: int, detail: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"detail": detail}, status=status, headers=headers)
+
+
+@web.middleware
+async def count_requests(request: web.Request, handler: Handler) -> web.StreamResponse:
+    response = await handler(request)
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else "unmatched"
+    request.app[MANAGER].metrics.http_requests.labels(route, request.method, str(response.status)).inc()
+    return response
+
+
+@web.middleware
+async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except RangeNotSatisfiable as err:
+        return web.Response(status=err.status, headers={"Content-Range": f"bytes */{err.total}"})
+    except LauncherError as err:
+        headers = {"WWW-Authenticate": "Bearer"} if isinstance(err, Unauthorized) else None
+        return error_response(err.status, err.message, headers)
+    except web.HTTPException as err:
+        return error_response(err.status, err.reason)
+    except Exception as err:  # a bug must not take the API down; say what happened
+        log.exception("%s %s failed", request.method, request.path)
+        return error_response(500, f"internal error: {err!r}")
+
+
+@web.middleware
+async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+    token = request.app[TOKEN]
+    if token and request.path not in UNAUTHENTICATED_PATHS:
+        presented = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(presented.encode(), f"Bearer {token}".encode()):
+            raise Unauthorized("missing or wrong bearer token")
+    return await handler(request)
+
+
+def _query_int(request: web.Request, name: str, default: int | None = None) -> int | None:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"query parameter {name}={raw!r} is not an integer") from None
+    if value < 0:
+        raise BadRequest(f"query parameter {name}={raw!r} must not be negative")
+    return value
+
+
+def _query_bool(request: web.Request, name: str, default: bool) -> bool:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    if raw.lower() in ("true", "1", "yes"):
+        return True
+    if raw.lower() in ("false", "0", "no"):
+        return False
+    raise BadRequest(f"query parameter {name}={raw!r} is not a boolean (true or false)")
+
+
+async def _vllm_config(request: web.Request) -> VllmConfig:
+    body = await request.read()
+    try:
+        return VllmConfig.model_validate_json(body)
+    except ValidationError as err:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in err.errors())
+        if any(e["type"] == "json_invalid" for e in err.errors()):
+            raise BadRequest(f"malformed JSON body: {problems}") from None
+        raise Unprocessable(f"invalid instance configuration: {problems}") from None
+
+
+def _manager(request: web.Request) -> InstanceManager:
+    return request.app[MANAGER]
+
+
+async def index(request: web.Request) -> web.Response:
+    base = INSTANCES_PATH
+    return json_response(
+        Index(
+            name="dualpods launcher",
+            endpoints={
+                "index": "/",
+                "health": "/health",
+                "metrics": "/metrics",
+                "create_instance": f"POST {base}",
+                "create_named_instance": f"PUT {base}/{{instance_id}}",
+                "delete_instance": f"DELETE {base}/{{instance_id}}",
+                "delete_all_instances": f"DELETE {base}",
+                "get_instance_status": f"GET {base}/{{instance_id}}",
+                "get_all_instances": f"GET {base}",
+                "get_instance_logs": f"GET {base}/{{instance_id}}/log",
+                "watch_instances": f"GET {base}/watch",
+                "sleep_instance": f"POST {base}/{{instance_id}}/sleep",
+                "wake_instance": f"POST {base}/{{instance_id}}/wake_up",
+            },
+        )
+    )
+
+
+async def health(request: web.Request) -> web.Response:
+    return json_response(Health())
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body = generate_latest(_manager(request).metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def create_instance(request: web.Request) -> web.Response:
+    state = await _manager(request).create(await _vllm_config(request))
+    return json_response(state, status=201)
+
+
+async def create_named_instance(request: web.Request) -> web.Response:
+    state = await _manager(request).create(await _vllm_config(request), request.match_info["instance_id"])
+    return json_response(state, status=201)
+
+
+async def list_instances(request: web.Request) -> web.Response:
+    manager = _manager(request)
+    if _query_bool(request, "detail", default=True):
+        return json_response(await manager.list_detailed())
+    return json_response(manager.list_ids())
+
+
+async def get_instance(request: web.Request) -> web.Response:
+    return json_response(await _manager(request).state(request.match_info["instance_id"]))
+
+
+async def delete_instance(request: web.Request) -> web.Response:
+    return json_response(await _manager(request).delete(request.match_info["instance_id"]))
+
+
+async def delete_all_instances(request: web.Request) -> web.Response:
+    return json_response(await _manager(request).delete_all())
+
+
+async def sleep_instance(request: web.Request) -> web.Response:
+    level = _query_int(request, "level", default=1)
+    assert level is not None
+    return json_response(await _manager(request).sleep(request.match_info["instance_id"], level))
+
+
+async def wake_instance(request: web.Request) -> web.Response:
+    return json_response(await _manager(request).wake(request.match_info["instance_id"]))
+
+
+async def instance_log(request: web.Request) -> web.StreamResponse:
+    instance = _manager(request).get(request.match_info["instance_id"])
+    total = log_size(instance.log_path)
+    headers = {"Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+    range_header = request.headers.get("Range")
+    if range_header is not None:
+        byte_range = resolve_range(range_header, total)
+        headers["Content-Range"] = byte_range.content_range
+        return web.Response(status=206, body=read_range(instance.log_path, byte_range), headers=headers)
+    response = web.StreamResponse(status=200, headers=headers)
+    response.content_length = total
+    await response.prepare(request)
+    if total:
+        with instance.log_path.open("rb") as log_file:
+            remaining = total
+            while remaining and (chunk := log_file.read(min(CHUNK_BYTES, remaining))):
+                remaining -= len(chunk)
+                await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+async def watch_instances(request: web.Request) -> web.StreamResponse:
+    manager = _manager(request)
+    since = _query_int(request, "since")
+    if since is None:
+        initial = [WatchEvent(type=EventType.CREATED, object=state) for state in manager.snapshot()]
+    else:
+        initial = manager.events.replay_since(since)
+    stream = manager.events.subscribe(initial)
+    response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "X-Content-Type-Options": "nosniff"})
+    async with contextlib.aclosing(stream):
+        await response.prepare(request)
+        try:
+            async for event in stream:
+                await response.write(event.model_dump_json(exclude_none=True).encode() + b"\n")
+        except ConnectionResetError:
+            pass  # the watcher went away
+    return response
+
+
+def build_app(manager: InstanceManager, token: str = "") -> web.Application:
+    app = web.Application(middlewares=[count_requests, errors_as_json, require_token])
+    app[MANAGER] = manager
+    app[TOKEN] = token
+    base = INSTANCES_PATH
+    app.router.add_get("/", index)
+    app.router.add_get("/health", health)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post(base, create_instance)
+    app.router.add_get(base, list_instances)
+    app.router.add_delete(base, delete_all_instances)
+    app.router.add_get(f"{base}/watch", watch_instances)  # before {instance_id}, which would match it
+    app.router.add_put(f"{base}/{{instance_id}}", create_named_instance)
+    app.router.add_get(f"{base}/{{instance_id}}", get_instance)
+    app.router.add_delete(f"{base}/{{instance_id}}", delete_instance)
+    app.router.add_get(f"{base}/{{instance_id}}/log", instance_log)
+    app.router.add_post(f"{base}/{{instance_id}}/sleep", sleep_instance)
+    app.router.add_post(f"{base}/{{instance_id}}/wake_up", wake_instance)
+
+    async def stop_instances(app: web.Application) -> None:
+        await manager.shutdown()
+
+    app.on_shutdown.append(stop_instances)
+    return app

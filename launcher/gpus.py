@@ -1,0 +1,100 @@
+"""Which GPU index (CUDA_VISIBLE_DEVICES) stands for each GPU UUID on this node.
+
+Three sources: NVML on a real GPU node; FMA's mock modes for machines without GPUs — the node's
+entry in the `gpu-map` ConfigMap when NODE_NAME and NAMESPACE are set, else GPU-0..GPU-(n-1).
+"""
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from api.keys import GPU_MAP_CONFIGMAP
+
+from .errors import BadRequest
+
+log = logging.getLogger(__name__)
+
+GpuMap = dict[str, int]
+Loader = Callable[[], Awaitable[GpuMap]]
+
+
+class GpuInventory:
+    """Translates UUIDs to indices, re-reading its source once when it meets an unknown UUID."""
+
+    def __init__(self, source: str, load: Loader) -> None:
+        self.source = source
+        self._load = load
+        self._map: GpuMap | None = None
+
+    async def mapping(self, refresh: bool = False) -> GpuMap:
+        if self._map is None or refresh:
+            try:
+                self._map = await self._load()
+            except Exception as err:  # the source is outside our control; report, don't crash
+                log.error("cannot read GPUs from %s: %s", self.source, err)
+                self._map = {}
+        return self._map
+
+    async def indices(self, uuids: list[str]) -> list[int]:
+        known = await self.mapping()
+        if any(u not in known for u in uuids):
+            known = await self.mapping(refresh=True)
+        unknown = [u for u in uuids if u not in known]
+        if unknown:
+            available = ", ".join(sorted(known)) or "none"
+            raise BadRequest(f"unknown GPU UUID(s) {', '.join(unknown)}; available ({self.source}): {available}")
+        return [known[u] for u in uuids]
+
+
+async def load_from_nvml() -> GpuMap:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return {
+            _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index))): index
+            for index in range(pynvml.nvmlDeviceGetCount())
+        }
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def naive_loader(count: int) -> Loader:
+    async def load() -> GpuMap:
+        return {f"GPU-{index}": index for index in range(count)}
+
+    return load
+
+
+def gpu_map_loader(node_name: str, namespace: str) -> Loader:
+    async def load() -> GpuMap:
+        from kubernetes_asyncio import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            await config.load_kube_config()
+        async with client.ApiClient() as api:
+            configmap = await client.CoreV1Api(api).read_namespaced_config_map(GPU_MAP_CONFIGMAP, namespace)
+        entry = (configmap.data or {}).get(node_name)
+        if entry is None:
+            raise LookupError(f"ConfigMap {namespace}/{GPU_MAP_CONFIGMAP} has no entry for node {node_name}")
+        parsed = json.loads(entry)
+        return {str(uuid): int(index) for uuid, index in parsed.items()}
+
+    return load
+
+
+def inventory(mock_count: int | None, node_name: str | None, namespace: str | None) -> GpuInventory:
+    """The inventory for the launcher's flags: NVML unless mock GPUs were asked for."""
+    if mock_count is None:
+        return GpuInventory("NVML", load_from_nvml)
+    if node_name and namespace:
+        return GpuInventory(
+            f"ConfigMap {namespace}/{GPU_MAP_CONFIGMAP}[{node_name}]", gpu_map_loader(node_name, namespace)
+        )
+    return GpuInventory(f"{mock_count} mock GPUs", naive_loader(mock_count))

@@ -1,0 +1,407 @@
+"""The launcher's core: instances forked from the preloaded parent, and their life cycle.
+
+Every state change bumps the manager-wide revision and is published as a watch event. All
+mutations happen on the event loop, and the checks that guard them (duplicate IDs, ports) run
+without an await between check and insert, so concurrent requests cannot race past them.
+"""
+
+import asyncio
+import logging
+import re
+import shlex
+import shutil
+import signal
+import tempfile
+import time
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from api.launcher import (
+    AllInstancesState,
+    DeleteAllResult,
+    EventType,
+    InstanceIds,
+    InstanceState,
+    InstanceStatus,
+    VllmConfig,
+)
+
+from . import process_control
+from .errors import BackendError, BadRequest, Conflict, NotFound
+from .events import EventLog
+from .fork import fork_instance
+from .gpus import GpuInventory
+from .metrics import LauncherMetrics
+from .process_stats import ProcessTreeStats
+from .runtimes import Runtime
+
+log = logging.getLogger(__name__)
+
+INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+READINESS_POLL_SECONDS = 0.1
+# vLLM binds ZMQ IPC sockets named by a 36-character UUID inside TMPDIR, and zmq refuses socket paths
+# near the 107-byte sun_path limit; an instance's TMPDIR therefore lives in a short directory.
+MAX_IPC_PATH_CHARS = 100
+IPC_NAME_CHARS = 36
+TEMP_DIR_PREFIX = "dualpods-"
+BACKEND_TIMEOUT = aiohttp.ClientTimeout(total=120, connect=5)
+SLEEP_STATE_TIMEOUT = aiohttp.ClientTimeout(total=2)
+
+
+@dataclass
+class Instance:
+    id: str
+    config: VllmConfig
+    argv: list[str]
+    defaults_applied: dict[str, str]
+    port: int
+    pid: int
+    work_dir: Path
+    temp_dir: Path
+    created_at: float
+    revision: int = 0
+    status: InstanceStatus = InstanceStatus.RUNNING
+    ready: bool = False
+    sleeping: bool = False
+    sleep_level: int | None = None
+    exit_code: int | None = None
+    deleting: bool = False
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    stats: ProcessTreeStats | None = None
+
+    @property
+    def log_path(self) -> Path:
+        return self.work_dir / "log"
+
+    @property
+    def running(self) -> bool:
+        return self.status is InstanceStatus.RUNNING
+
+    def state(self, detail: bool = False) -> InstanceState:
+        return InstanceState(
+            status=self.status,
+            instance_id=self.id,
+            revision=self.revision,
+            options=self.config.options,
+            gpu_uuids=self.config.gpu_uuids,
+            env_vars=self.config.env_vars,
+            annotations=self.config.annotations,
+            ready=self.ready,
+            sleeping=self.sleeping,
+            sleep_level=self.sleep_level,
+            effective_options=shlex.join(self.argv),
+            defaults_applied=self.defaults_applied or None,
+            port=self.port,
+            exit_code=self.exit_code,
+            process=self.stats.sample() if detail and self.stats and self.running else None,
+        )
+
+
+class InstanceManager:
+    def __init__(
+        self,
+        runtime: Runtime,
+        gpus: GpuInventory,
+        metrics: LauncherMetrics,
+        events: EventLog,
+        host: str,
+        state_dir: Path,
+        stop_grace_seconds: float,
+    ) -> None:
+        self.runtime = runtime
+        self.gpus = gpus
+        self.metrics = metrics
+        self.host = host
+        # Where the launcher itself reaches an instance bound to `host`.
+        self.contact_host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+        self.state_dir = state_dir
+        self.stop_grace_seconds = stop_grace_seconds
+        self.events = events
+        self.reaper = process_control.ChildReaper()
+        self._instances: dict[str, Instance] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        metrics.count_instances_with(self.count_by_state)
+
+    # ----- reading
+
+    def get(self, instance_id: str) -> Instance:
+        instance = self._instances.get(instance_id)
+        if instance is None:
+            raise NotFound(f"Instance {instance_id} not found")
+        return instance
+
+    async def state(self, instance_id: str) -> InstanceState:
+        instance = self.get(instance_id)
+        await self._refresh_sleep_state(instance)
+        return instance.state(detail=True)
+
+    async def list_detailed(self) -> AllInstancesState:
+        instances = list(self._instances.values())
+        await asyncio.gather(*(self._refresh_sleep_state(i) for i in instances))
+        return AllInstancesState(
+            revision=self.events.revision,
+            total_instances=len(instances),
+            running_instances=sum(i.running for i in instances),
+            instances=[i.state(detail=True) for i in instances],
+        )
+
+    def list_ids(self) -> InstanceIds:
+        return InstanceIds(
+            revision=self.events.revision, instance_ids=list(self._instances), count=len(self._instances)
+        )
+
+    def snapshot(self) -> list[InstanceState]:
+        return [i.state() for i in self._instances.values()]
+
+    def count_by_state(self) -> dict[str, int]:
+        counts = dict.fromkeys(("starting", "ready", "sleeping", "stopped"), 0)
+        for i in self._instances.values():
+            key = "stopped" if not i.running else "sleeping" if i.sleeping else "ready" if i.ready else "starting"
+            counts[key] += 1
+        return counts
+
+    # ----- creating
+
+    async def create(self, config: VllmConfig, instance_id: str | None = None) -> InstanceState:
+        if instance_id is None:
+            instance_id = str(uuid.uuid4())
+        elif not INSTANCE_ID.match(instance_id):
+            raise BadRequest(
+                f"invalid instance ID {instance_id!r}: use 1-128 letters, digits, '.', '_' or '-', "
+                "starting with a letter or digit"
+            )
+        env = dict(config.env_vars or {})
+        if config.gpu_uuids is not None:
+            indices = await self.gpus.indices(config.gpu_uuids)
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in indices)
+            # Echoed in the state, as FMA does, so clients see the devices the instance got.
+            config = config.model_copy(update={"env_vars": env})
+        try:
+            argv = shlex.split(config.options)
+        except ValueError as err:
+            raise BadRequest(f"invalid options: cannot split {config.options!r}: {err}") from None
+        parsed = self.runtime.parse(argv)
+        if "host" in parsed.explicit and parsed.values.host != self.host:
+            raise BadRequest(
+                f"invalid options: --host {parsed.values.host} is not this launcher's address {self.host}; "
+                "leave --host out and the launcher sets it"
+            )
+        defaults = self.runtime.defaults(parsed)
+        effective = [*argv, *defaults.flags]
+        if "host" not in parsed.explicit:
+            effective += ["--host", self.host]
+        port = int(parsed.values.port)
+
+        # From here to the insert there is no await: the checks cannot be raced.
+        if instance_id in self._instances:
+            raise Conflict(f"Instance {instance_id} already exists")
+        holder = next((i for i in self._instances.values() if i.running and i.port == port), None)
+        if holder is not None:
+            raise Conflict(f"port {port} is already used by instance {holder.id}")
+        work_dir = self.state_dir / instance_id
+        work_dir.mkdir(parents=True, exist_ok=True)
+        temp_dir = _short_temp_dir()
+        child_env = {**self.runtime.child_environment(), "TMPDIR": str(temp_dir), **env}
+        started = time.monotonic()
+        pid = fork_instance(self.runtime, effective, child_env, work_dir / "log", f"dualpods-instance {instance_id}")
+        self.metrics.fork_seconds.observe(time.monotonic() - started)
+        instance = Instance(
+            id=instance_id,
+            config=config,
+            argv=effective,
+            defaults_applied=defaults.chosen,
+            port=port,
+            pid=pid,
+            work_dir=work_dir,
+            temp_dir=temp_dir,
+            created_at=started,
+            stats=ProcessTreeStats(pid),
+        )
+        self._instances[instance_id] = instance
+        log.info(
+            "created instance %s (pid %d, port %d): %s; defaults added: %s",
+            instance_id, pid, port, shlex.join(effective), defaults.chosen or "none",
+        )  # fmt: skip
+        self._publish(instance, EventType.CREATED)
+        self.reaper.watch(pid, lambda code: self._on_exit(instance, code))
+        self._spawn(self._await_ready(instance))
+        return instance.state()
+
+    async def _await_ready(self, instance: Instance) -> None:
+        """Poll the new server's /health until it answers; only during start-up."""
+        url = f"{self._base_url(instance)}/health"
+        while instance.running:
+            try:
+                async with self.session.get(url, timeout=SLEEP_STATE_TIMEOUT) as response:
+                    if response.status == 200:
+                        break
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            await asyncio.sleep(READINESS_POLL_SECONDS)
+        if not instance.running:
+            return
+        instance.ready = True
+        elapsed = time.monotonic() - instance.created_at
+        self.metrics.ready_seconds.observe(elapsed)
+        log.info("instance %s is ready after %.2f s", instance.id, elapsed)
+        self._publish(instance, EventType.READY)
+
+    # ----- sleeping and waking (E1)
+
+    async def sleep(self, instance_id: str, level: int) -> InstanceState:
+        if level not in (1, 2):
+            raise BadRequest(f"invalid sleep level {level}: use 1 (offload weights) or 2 (discard them)")
+        instance = self.get(instance_id)
+        async with instance.lock:
+            self._require_serving(instance)
+            if not instance.sleeping:
+                started = time.monotonic()
+                await self._call_backend(instance, "POST", f"/sleep?level={level}")
+                self.metrics.sleep_seconds.labels(str(level)).observe(time.monotonic() - started)
+                instance.sleeping, instance.sleep_level = True, level
+                self._publish(instance, EventType.SLEEPING)
+        return instance.state()
+
+    async def wake(self, instance_id: str) -> InstanceState:
+        instance = self.get(instance_id)
+        async with instance.lock:
+            self._require_serving(instance)
+            if instance.sleeping:
+                started = time.monotonic()
+                await self._call_backend(instance, "POST", "/wake_up")
+                self.metrics.wake_seconds.observe(time.monotonic() - started)
+                instance.sleeping, instance.sleep_level = False, None
+                self._publish(instance, EventType.AWAKE)
+        return instance.state()
+
+    @staticmethod
+    def _require_serving(instance: Instance) -> None:
+        if not instance.running:
+            raise Conflict(f"Instance {instance.id} is stopped (exit code {instance.exit_code})")
+        if not instance.ready:
+            raise Conflict(f"Instance {instance.id} is still starting; retry when it is ready")
+
+    async def _refresh_sleep_state(self, instance: Instance) -> None:
+        """Pick up sleeps and wakes that clients asked of the server directly (vLLM's own routes)."""
+        if not (instance.running and instance.ready) or instance.lock.locked():
+            return
+        try:
+            async with self.session.get(
+                f"{self._base_url(instance)}/is_sleeping", timeout=SLEEP_STATE_TIMEOUT
+            ) as response:
+                sleeping = bool((await response.json())["is_sleeping"]) if response.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
+            return
+        if sleeping is None or sleeping == instance.sleeping or instance.lock.locked() or not instance.running:
+            return
+        instance.sleeping = sleeping
+        instance.sleep_level = None
+        self._publish(instance, EventType.SLEEPING if sleeping else EventType.AWAKE)
+
+    async def _call_backend(self, instance: Instance, method: str, path: str) -> None:
+        url = f"{self._base_url(instance)}{path}"
+        try:
+            async with self.session.request(method, url, timeout=BACKEND_TIMEOUT) as response:
+                if response.status >= 300:
+                    body = (await response.text())[:500]
+                    raise BackendError(
+                        f"instance {instance.id} answered {method} {path} with {response.status}: {body}"
+                    )
+        except (aiohttp.ClientError, TimeoutError) as err:
+            raise BackendError(f"instance {instance.id} did not answer {method} {path}: {err!r}") from None
+
+    def _base_url(self, instance: Instance) -> str:
+        return f"http://{self.contact_host}:{instance.port}"
+
+    # ----- stopping and deleting
+
+    async def delete(self, instance_id: str) -> InstanceState:
+        instance = self.get(instance_id)
+        if instance.deleting:
+            raise NotFound(f"Instance {instance_id} not found")  # another DELETE is removing it
+        instance.deleting = True
+        await self._stop(instance)
+        del self._instances[instance_id]
+        _remove_files(instance)
+        self._publish(instance, EventType.DELETED)
+        log.info("deleted instance %s", instance_id)
+        return instance.state()
+
+    async def delete_all(self) -> DeleteAllResult:
+        ids = [i.id for i in self._instances.values() if not i.deleting]
+        results = await asyncio.gather(*(self.delete(i) for i in ids), return_exceptions=True)
+        stopped = [r for r in results if isinstance(r, InstanceState)]
+        return DeleteAllResult(stopped_instances=stopped, total_stopped=len(stopped))
+
+    async def _stop(self, instance: Instance) -> None:
+        """SIGTERM the instance's process group, SIGKILL it after the grace period."""
+        if instance.running:
+            process_control.signal_group(instance.pid, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(instance.exited.wait(), self.stop_grace_seconds)
+            except TimeoutError:
+                log.warning("instance %s ignored SIGTERM for %.0f s; killing it", instance.id, self.stop_grace_seconds)
+                process_control.signal_group(instance.pid, signal.SIGKILL)
+                await instance.exited.wait()
+        process_control.signal_group(instance.pid, signal.SIGKILL)  # stragglers of its group
+
+    def _on_exit(self, instance: Instance, exit_code: int) -> None:
+        instance.status = InstanceStatus.STOPPED
+        instance.exit_code = exit_code
+        instance.ready = False
+        instance.exited.set()
+        # The engine core may outlive the server process it belonged to.
+        process_control.signal_group(instance.pid, signal.SIGKILL)
+        if instance.deleting:
+            return  # the DELETE reports it
+        log.warning("instance %s stopped with exit code %d; its log: %s", instance.id, exit_code, instance.log_path)
+        self._publish(instance, EventType.STOPPED, exit_code=exit_code)
+
+    async def shutdown(self) -> None:
+        """Stop every instance and its process tree; used when the launcher itself stops."""
+        instances = list(self._instances.values())
+        await asyncio.gather(*(self._stop(i) for i in instances))
+        for instance in instances:
+            _remove_files(instance)
+        for task in self._tasks:
+            task.cancel()
+        self.events.close_all()
+        if self._session is not None:
+            await self._session.close()
+
+    # ----- plumbing
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    def _publish(self, instance: Instance, type_: EventType, exit_code: int | None = None) -> None:
+        instance.revision = self.events.next_revision()
+        self.events.publish(type_, instance.state(), exit_code)
+
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _short_temp_dir() -> Path:
+    root = tempfile.gettempdir()
+    # mkdtemp adds 8 random characters to the prefix.
+    if len(root) + len(TEMP_DIR_PREFIX) + 8 + IPC_NAME_CHARS + 2 > MAX_IPC_PATH_CHARS:
+        root = "/tmp"
+    return Path(tempfile.mkdtemp(prefix=TEMP_DIR_PREFIX, dir=root))
+
+
+def _remove_files(instance: Instance) -> None:
+    shutil.rmtree(instance.work_dir, ignore_errors=True)
+    shutil.rmtree(instance.temp_dir, ignore_errors=True)

@@ -1,0 +1,185 @@
+"""Model-server runtimes the launcher can fork: how to preload, check options, and serve.
+
+The parent imports a runtime's modules once (`preload`) and checks each instance's options with
+the runtime's own argument parser, so a bad flag is a 400 and not a dead child. The forked child
+calls `serve`, which never returns control to the launcher's code.
+"""
+
+import argparse
+import contextlib
+import io
+import os
+import sys
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+from .engine_defaults import EngineDefaults, cpu_defaults, gpu_defaults
+from .errors import BadRequest
+
+_UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class ParsedOptions:
+    argv: list[str]
+    values: argparse.Namespace
+    explicit: frozenset[str]  # argparse dests the user set, whatever spelling they used
+
+
+class Runtime(ABC):
+    name: str
+
+    @abstractmethod
+    def preload(self) -> None:
+        """Import everything a child needs, so forking skips the import cost."""
+
+    @abstractmethod
+    def make_parser(self) -> argparse.ArgumentParser: ...
+
+    @abstractmethod
+    def serve(self, argv: list[str]) -> None:
+        """Run the model server in the forked child until it is told to stop."""
+
+    def check(self, values: argparse.Namespace) -> None:  # noqa: B027 - most runtimes need none
+        """Cross-option checks the parser alone cannot do; raise ValueError/TypeError."""
+
+    def defaults(self, parsed: ParsedOptions) -> EngineDefaults:
+        """Flags to add when the user did not set them (E6)."""
+        return EngineDefaults()
+
+    def child_environment(self) -> dict[str, str]:
+        return {}
+
+    @cached_property
+    def parser(self) -> argparse.ArgumentParser:
+        return self.make_parser()
+
+    def parse(self, argv: list[str]) -> ParsedOptions:
+        explicit_probe = self._parse(argv, argparse.Namespace(**{a.dest: _UNSET for a in self.parser._actions}))
+        values = self._parse(argv, None)
+        try:
+            self.check(values)
+        except (ValueError, TypeError) as err:
+            raise BadRequest(f"invalid options: {err}") from None
+        explicit = frozenset(k for k, v in vars(explicit_probe).items() if v is not _UNSET)
+        return ParsedOptions(argv=argv, values=values, explicit=explicit)
+
+    def _run_parser(self, argv: list[str], namespace: argparse.Namespace | None) -> argparse.Namespace:
+        return self.parser.parse_args(argv, namespace)
+
+    def _parse(self, argv: list[str], namespace: argparse.Namespace | None) -> argparse.Namespace:
+        stderr = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
+                return self._run_parser(argv, namespace)
+        except SystemExit:
+            raise BadRequest(f"invalid options: {_last_error(stderr.getvalue())}") from None
+        except (ValueError, TypeError) as err:
+            raise BadRequest(f"invalid options: {err}") from None
+
+
+def _last_error(usage_and_error: str) -> str:
+    """argparse prints its usage, then `prog: error: message`; keep the message."""
+    lines = [line for line in usage_and_error.strip().splitlines() if line.strip()]
+    for line in reversed(lines):
+        if ": error: " in line:
+            return line.split(": error: ", 1)[1]
+    return lines[-1] if lines else "rejected by the argument parser"
+
+
+class VllmRuntime(Runtime):
+    """vLLM's OpenAI-compatible server, run in-process in the forked child."""
+
+    name = "vllm"
+
+    def __init__(self, cpu_kv_cache_bytes: int) -> None:
+        self.cpu_kv_cache_bytes = cpu_kv_cache_bytes
+        self.on_cpu = False
+
+    def preload(self) -> None:
+        import vllm.entrypoints.launchers.api_server.entry
+        import vllm.v1.engine.core  # noqa: F401
+        from vllm.platforms import current_platform
+
+        self.on_cpu = current_platform.is_cpu()
+        if self.on_cpu:
+            # Children inherit AMX tile permission across fork; without it a bf16 request on an
+            # AMX CPU dies with SIGILL (see docs/operations.md). No torch op runs here.
+            import torch
+
+            with contextlib.suppress(Exception):
+                torch.cpu._init_amx()
+        self.parser  # noqa: B018 - build it once, here, not on the first request
+
+    def make_parser(self) -> argparse.ArgumentParser:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        parser: argparse.ArgumentParser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+        return parser
+
+    def check(self, values: argparse.Namespace) -> None:
+        from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
+
+        validate_parsed_serve_args(values)
+        model = values.model_tag or values.model
+        if model.startswith(("/", "./", "../")) and not os.path.exists(model):
+            raise ValueError(f"model path {model} does not exist on this node")
+        if self.on_cpu and values.enable_sleep_mode:
+            raise ValueError(
+                "--enable-sleep-mode is not supported by vLLM on the CPU platform; leave it out "
+                "(the launcher's sleep/wake still pauses and resumes the engine)"
+            )
+
+    def defaults(self, parsed: ParsedOptions) -> EngineDefaults:
+        if self.on_cpu:
+            return cpu_defaults(parsed.explicit, self.cpu_kv_cache_bytes)
+        return gpu_defaults(parsed.explicit)
+
+    def child_environment(self) -> dict[str, str]:
+        env = {"VLLM_SERVER_DEV_MODE": "1"}  # the /sleep, /wake_up and /is_sleeping routes
+        if self.on_cpu:
+            # With the worker inside the engine-core process and that process forked (below),
+            # nothing re-imports vLLM: ~6 s to healthy instead of ~25-50 s.
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        return env
+
+    def serve(self, argv: list[str]) -> None:
+        import multiprocessing
+
+        import vllm.v1.engine.utils as engine_utils
+        from vllm.entrypoints.launchers.api_server import entry
+
+        if self.on_cpu:
+            # The CPU platform forces `spawn`, which would re-import vLLM in the engine core.
+            engine_utils.get_mp_context = lambda: multiprocessing.get_context("fork")
+        sys.argv = ["vllm serve", *argv]
+        entry.main()
+
+
+class StandInRuntime(Runtime):
+    """The test stand-in server (tests/standin) in place of vLLM, for tests that need many
+    instances or exact timings. It accepts vLLM's flags and ignores those it does not model."""
+
+    name = "stand-in"
+
+    def preload(self) -> None:
+        import tests.standin  # noqa: F401
+
+        self.parser  # noqa: B018
+
+    def make_parser(self) -> argparse.ArgumentParser:
+        from tests.standin import build_parser
+
+        return build_parser()
+
+    def _run_parser(self, argv: list[str], namespace: argparse.Namespace | None) -> argparse.Namespace:
+        values, _ignored = self.parser.parse_known_args(argv, namespace)
+        return values
+
+    def serve(self, argv: list[str]) -> None:
+        from tests.standin import main
+
+        main(argv)

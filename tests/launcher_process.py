@@ -1,0 +1,131 @@
+"""Run `python -m launcher` as a real subprocess on a loopback port, for tests and benchmarks.
+
+`stop()` sends SIGTERM, as Kubernetes does, and reports every descendant still alive afterwards,
+so callers can assert that the launcher leaves nothing behind.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+PRELOAD_TIMEOUT_S = 180.0
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def offline_environment(tmp_dir: Path) -> dict[str, str]:
+    """No hub access, no usage reporting, and caches and temp files inside `tmp_dir`."""
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_CACHE_ROOT": str(tmp_dir / "vllm-cache"),
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_dir / "inductor"),
+        "TMPDIR": str(tmp_dir),
+        "PYTHONPATH": str(REPO),
+    }
+
+
+@dataclass
+class LauncherProcess:
+    work_dir: Path
+    flags: list[str] = field(default_factory=list)
+    token: str | None = None
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.work_dir / "launcher.log"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def start(self) -> "LauncherProcess":
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        flags = ["--host", "127.0.0.1", "--port", str(self.port), *self.flags]
+        if self.token:
+            token_file = self.work_dir / "token"
+            token_file.write_text(self.token)
+            flags += ["--auth-token-file", str(token_file)]
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "launcher", *flags],
+                cwd=REPO,
+                env=offline_environment(self.work_dir),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        self._wait_healthy()
+        return self
+
+    def _wait_healthy(self) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + PRELOAD_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"launcher exited with {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise TimeoutError(f"launcher not healthy after {PRELOAD_TIMEOUT_S} s:\n{self.log_tail()}")
+
+    def descendants(self) -> list[psutil.Process]:
+        assert self.process is not None
+        try:
+            return psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def stop(self, timeout: float = 60.0) -> list[psutil.Process]:
+        """SIGTERM the launcher; return the descendants that survived it (should be none)."""
+        if self.process is None or self.process.poll() is not None:
+            return []
+        descendants = self.descendants()
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        survivors = [p for p in descendants if _alive(p)]
+        for process in survivors:  # leave the machine clean even when the assertion fails
+            process.kill()
+        return survivors
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return ""
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

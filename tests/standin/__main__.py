@@ -1,0 +1,3 @@
+from tests.standin.cli import main
+
+main()

@@ -1,0 +1,102 @@
+"""The stand-in's command line: vLLM's serve flags, so a launcher can run it in place of vLLM.
+
+The flags that shape what a client sees (`--model`, `--served-model-name`, `--host`, `--port`,
+`--max-model-len`) mean what they mean to vLLM; every other vLLM flag (`--dtype float32`,
+`--enforce-eager`, ...) is accepted and ignored, so an instance's vLLM option string works unchanged.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import shlex
+import signal
+
+from aiohttp import web
+
+from tests.standin.app import create_app
+from tests.standin.engine import Engine
+
+log = logging.getLogger("standin")
+
+# Lets held requests (asleep, mid-delay) end promptly on SIGTERM instead of pinning the process.
+SHUTDOWN_GRACE_S = 0.5
+
+
+def _loopback_host(host: str) -> str:
+    """Only loopback addresses: tests must never open a port beyond 127.0.0.0/8."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback:
+        raise argparse.ArgumentTypeError(f"the stand-in binds loopback addresses only, not {host!r}")
+    return host
+
+
+def _seconds(value: str) -> float:
+    seconds = float(value)
+    if seconds < 0:
+        raise argparse.ArgumentTypeError(f"a delay cannot be negative: {value}")
+    return seconds
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """vLLM's client-visible serve flags plus the stand-in's delays; see `main` for the rest."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.standin",
+        description="A test double with vLLM's HTTP surface; unknown vLLM flags are ignored.",
+        allow_abbrev=False,  # a vLLM flag must never be taken for an abbreviation of ours
+    )
+    parser.add_argument("--model", default="standin-model", help="model path or name (only reported)")
+    parser.add_argument("--served-model-name", nargs="+", help="names clients use (default: --model)")
+    parser.add_argument("--host", type=_loopback_host, default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--max-model-len", type=int, default=2048, help="reported in /v1/models")
+    delays = parser.add_argument_group("delays (seconds)")
+    delays.add_argument("--startup-delay", type=_seconds, default=0.0, help="before listening at all")
+    delays.add_argument("--sleep-delay", type=_seconds, default=0.0, help="of each POST /sleep")
+    delays.add_argument("--wake-delay", type=_seconds, default=0.0, help="of each POST /wake_up")
+    delays.add_argument("--request-delay", type=_seconds, default=0.0, help="of each inference request")
+    return parser
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    # vLLM opens its port only once the engine is up; until then a client sees "connection refused".
+    if args.startup_delay:
+        log.info("listening in %.1f s (--startup-delay)", args.startup_delay)
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), args.startup_delay)
+    if stop.is_set():
+        return
+    engine = Engine(
+        args.served_model_name or [args.model],
+        args.model,
+        args.max_model_len,
+        sleep_delay=args.sleep_delay,
+        wake_delay=args.wake_delay,
+        request_delay=args.request_delay,
+    )
+    runner = web.AppRunner(create_app(engine), shutdown_timeout=SHUTDOWN_GRACE_S)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, args.host, args.port).start()
+        log.info("serving %s on http://%s:%d", ", ".join(engine.served_names), args.host, args.port)
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT, then return (exit status 0). Blocks; `argv` as vLLM's."""
+    args, ignored = build_parser().parse_known_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    if ignored:
+        log.info("ignoring flags the stand-in does not model: %s", shlex.join(ignored))
+    asyncio.run(_serve(args))

