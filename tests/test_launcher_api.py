@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.launcher_process import LauncherProcess, free_port
+from e2e.launcher_process import LauncherProcess, free_port
 
 TOKEN = "s3cret-token"
 BASE = "/v2/vllm/instances"

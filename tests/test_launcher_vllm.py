@@ -13,7 +13,7 @@ import openai
 import psutil
 import pytest
 
-from tests.launcher_process import LauncherProcess, free_port
+from e2e.launcher_process import LauncherProcess, free_port
 
 BASE = "/v2/vllm/instances"
 READY_TIMEOUT_S = 180
