@@ -1,0 +1,119 @@
+"""A server-requesting Pod on the loopback cluster runs the real requester under FMA's image name.
+
+The kubelet assigns it a fake GPU through NVIDIA_VISIBLE_DEVICES; the requester reports exactly
+that GPU on its SPI, and the readiness it is told over the SPI becomes the Pod's Ready condition.
+"""
+
+import ipaddress
+import json
+from typing import Any
+
+import aiohttp
+import psutil
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from e2e.cluster.cluster import LoopbackCluster
+from e2e.waiting import wait_for
+
+IMAGE = "ghcr.io/llm-d-incubation/llm-d-fast-model-actuation/requester:v0.6.0"
+SPI_PORT, PROBES_PORT = 8081, 8080
+GRACE_SECONDS = 30  # far longer than the requester needs: a prompt exit shows SIGTERM was handled
+
+
+def requester_pod(name: str) -> dict[str, Any]:
+    """As in FMA's examples (one GPU, the /ready probe), plus POD_IP so it binds the Pod's own address."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "terminationGracePeriodSeconds": GRACE_SECONDS,
+            "containers": [
+                {
+                    "name": "inference-server",
+                    "image": IMAGE,
+                    "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                    "ports": [
+                        {"name": "probes", "containerPort": PROBES_PORT},
+                        {"name": "spi", "containerPort": SPI_PORT},
+                    ],
+                    "readinessProbe": {"httpGet": {"path": "/ready", "port": PROBES_PORT}, "periodSeconds": 1},
+                    "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "200m", "memory": "250Mi"}},
+                }
+            ],
+        },
+    }
+
+
+def is_ready(pod: client.V1Pod) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+async def http(method: str, url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.request(method, url) as response:
+        return response.status, await response.text()
+
+
+async def unready_probes(spi: str) -> float:
+    """How many times the kubelet's probe has been answered 503, from the requester's own metrics."""
+    _, text = await http("GET", f"{spi}/metrics")
+    sample = 'dualpods_requester_http_requests_total{code="503",method="GET",route="/ready",server="probes"} '
+    return sum(float(line.removeprefix(sample)) for line in text.splitlines() if line.startswith(sample))
+
+
+async def test_requester_pod_reports_its_gpu_and_relays_readiness(
+    api: client.ApiClient, namespace: str, cluster: LoopbackCluster
+) -> None:
+    core = client.CoreV1Api(api)
+    await core.create_namespaced_pod(namespace, requester_pod("requester"))
+
+    async def running() -> client.V1Pod | None:
+        pod = await core.read_namespaced_pod("requester", namespace)
+        return pod if pod.status.phase == "Running" and pod.status.pod_ip else None
+
+    pod = await wait_for(running, what="the requester Pod to be Running", within=60)
+    assert ipaddress.ip_address(pod.status.pod_ip) in ipaddress.ip_network("127.0.0.0/8")
+    spi = f"http://{pod.status.pod_ip}:{SPI_PORT}"
+
+    # Running but not Ready: the kubelet has probed /ready and been told 503.
+    await wait_for(lambda: unready_probes(spi), what="the kubelet to probe /ready", within=30)
+    assert not is_ready(await core.read_namespaced_pod("requester", namespace))
+
+    # The SPI lists exactly the GPU the kubelet assigned, which is one of its node's GPUs.
+    status, body = await http("GET", f"{spi}/v1/dual-pods/accelerators")
+    assert status == 200, body
+    uuids = json.loads(body)
+    container = psutil.Process(int(pod.status.container_statuses[0].container_id.removeprefix("loopback://")))
+    assert uuids == [container.environ()["NVIDIA_VISIBLE_DEVICES"]]
+    node_gpus = {node.name: node.gpus for node in await cluster.kubelet.nodes()}[pod.spec.node_name]
+    assert uuids[0] in node_gpus
+    status, body = await http("GET", f"{spi}/v1/dual-pods/accelerator-memory-usage")
+    assert (status, json.loads(body)) == (200, {uuids[0]: 0})
+
+    # The readiness told over the SPI becomes the Pod's Ready condition, both ways.
+    assert await http("POST", f"{spi}/v1/become-ready") == (200, "OK\n")
+
+    async def pod_ready(wanted: bool) -> bool:
+        return is_ready(await core.read_namespaced_pod("requester", namespace)) == wanted
+
+    await wait_for(lambda: pod_ready(True), what="the Pod to become Ready", within=30)
+    assert await http("POST", f"{spi}/v1/become-unready") == (200, "OK\n")
+    await wait_for(lambda: pod_ready(False), what="the Pod to become unready", within=30)
+
+    # Its log lines carry the requester's name (the Pod's host name, as POD_NAME is not set).
+    log_lines = [json.loads(line) for line in cluster.container_log(pod, "inference-server").splitlines()]
+    assert {line["requester"] for line in log_lines} == {"requester"}
+    assert any(line["msg"] == "got GPU UUIDs" and line["uuids"] == uuids for line in log_lines)
+
+    # Deleting the Pod ends the requester at SIGTERM, long before the grace period is over.
+    await core.delete_namespaced_pod("requester", namespace)
+
+    async def gone() -> bool:
+        try:
+            await core.read_namespaced_pod("requester", namespace)
+        except ApiException as error:
+            return error.status == 404
+        return False
+
+    await wait_for(gone, what="the requester Pod to be deleted", within=GRACE_SECONDS / 3)

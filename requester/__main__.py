@@ -1,0 +1,149 @@
+"""`python -m requester`: discover this container's GPUs, then serve the SPI and the probes until SIGTERM.
+
+Configured like FMA's requester through the environment (`SPI_PORT`, `PROBES_PORT`); every setting
+also has a flag, and a flag wins over its variable. An empty variable counts as unset.
+"""
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from types import FrameType
+
+import psutil
+
+from . import probes, spi, structured_logs
+from .gpus import GpuDiscoveryError, SourceChoice, discover
+from .log_relay import LogRelay
+from .metrics import RequesterMetrics
+from .readiness import Readiness
+from .server import serve
+from .visible_devices import ENV_NAME, parse
+
+log = logging.getLogger("requester")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1-65535)")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return value
+
+
+def _one_of(allowed: tuple[str, ...]) -> Callable[[str], str]:
+    """Like `choices=`, but also checks defaults taken from the environment."""
+
+    def check(text: str) -> str:
+        if text.lower() not in allowed:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of {', '.join(allowed)}")
+        return text.lower()
+
+    return check
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    def env(name: str, default: str) -> str:
+        return os.environ.get(name) or default
+
+    parser = argparse.ArgumentParser(
+        prog="python -m requester",
+        description="The process in a server-requesting Pod: reports its GPUs and serves the readiness "
+        "that the dual-pods controller sets.",
+    )
+    parser.add_argument(
+        "--host", default=env("POD_IP", "0.0.0.0"), help="address both servers bind (env POD_IP; default: all)"
+    )
+    parser.add_argument(
+        "--spi-port",
+        type=_port,
+        default=env("SPI_PORT", str(spi.DEFAULT_PORT)),
+        help=f"SPI and /metrics port (env SPI_PORT; default {spi.DEFAULT_PORT})",
+    )
+    parser.add_argument(
+        "--probes-port",
+        type=_port,
+        default=env("PROBES_PORT", str(probes.DEFAULT_PORT)),
+        help=f"/ready port (env PROBES_PORT; default {probes.DEFAULT_PORT})",
+    )
+    parser.add_argument(
+        "--gpu-source",
+        type=_one_of(tuple(SourceChoice)),
+        default=env("REQUESTER_GPU_SOURCE", SourceChoice.AUTO),
+        help=f"nvml, env (fake: the UUIDs in {ENV_NAME}, for machines without GPUs), or auto: NVML when it "
+        "initializes, else env (env REQUESTER_GPU_SOURCE; default auto)",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=_seconds,
+        default=env("REQUESTER_SHUTDOWN_TIMEOUT", "60"),
+        help="seconds requests in flight get after SIGTERM (env REQUESTER_SHUTDOWN_TIMEOUT; default 60, as FMA)",
+    )
+    parser.add_argument(
+        "--log-level",
+        type=_one_of(LOG_LEVELS),
+        default=env("REQUESTER_LOG_LEVEL", "info"),
+        help="(env REQUESTER_LOG_LEVEL; default info)",
+    )
+    parser.add_argument(
+        "--pod-name",
+        default=env("POD_NAME", socket.gethostname()),
+        help="name every log line carries (env POD_NAME; default: the host name, which is the Pod's name)",
+    )
+    args = parser.parse_args(argv)
+    if args.spi_port == args.probes_port:
+        parser.error(f"the SPI and probes ports must differ (both are {args.spi_port})")
+    return args
+
+
+def _exit_before_serving(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM during start-up: nothing to drain. As PID 1 of a container, an unhandled one would be ignored."""
+    sys.exit(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    signal.signal(signal.SIGTERM, _exit_before_serving)
+    args = parse_args(argv)
+    structured_logs.configure(args.log_level, args.pod_name)
+    process_started = psutil.Process().create_time()
+    try:
+        gpus = discover(SourceChoice(args.gpu_source), parse(os.environ.get(ENV_NAME)))
+    except GpuDiscoveryError as err:
+        log.error("no usable GPU source", extra={"error": str(err)})
+        sys.exit(2)
+    if gpus.uuids:
+        log.info("got GPU UUIDs", extra={"source": gpus.name, "uuids": list(gpus.uuids)})
+    else:
+        log.error("no GPUs found; the accelerator queries will answer 500", extra={"source": gpus.name})
+    metrics = RequesterMetrics()
+    metrics.gpus.set(len(gpus.uuids))
+    readiness = Readiness(metrics, process_started)
+    listeners = {
+        "spi": (spi.build_spi_app(gpus, readiness, LogRelay(sys.stdout.buffer), metrics), args.spi_port),
+        "probes": (probes.build_probes_app(readiness, metrics), args.probes_port),
+    }
+    try:
+        asyncio.run(serve(listeners, args.host, args.shutdown_timeout))
+    except OSError as err:
+        log.error("cannot serve", extra={"host": args.host, "error": str(err)})
+        sys.exit(1)
+    finally:
+        gpus.close()
+    log.info("stopped")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""The probes server (FMA's `probes` package): `GET /ready` for the kubelet's readinessProbe."""
+
+from aiohttp import web
+
+from .metrics import RequesterMetrics
+from .middleware import count_and_contain, text
+from .readiness import Readiness
+
+READY_PATH = "/ready"
+DEFAULT_PORT = 8080
+
+
+def build_probes_app(readiness: Readiness, metrics: RequesterMetrics) -> web.Application:
+    async def ready(request: web.Request) -> web.Response:
+        return text("OK") if readiness.ready else text("Service Unavailable", 503)
+
+    app = web.Application(middlewares=[count_and_contain(metrics, "probes")])
+    app.router.add_get(READY_PATH, ready)
+    return app

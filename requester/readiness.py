@@ -1,0 +1,32 @@
+"""The readiness bit: the dual-pods controller sets it over the SPI, the kubelet reads it at `/ready`."""
+
+import logging
+import time
+
+from .metrics import RequesterMetrics
+
+log = logging.getLogger(__name__)
+
+
+class Readiness:
+    """Starts unready. The first become-ready is timed from `process_started` (epoch seconds)."""
+
+    def __init__(self, metrics: RequesterMetrics, process_started: float) -> None:
+        self._metrics = metrics
+        self._process_started = process_started
+        self._ready = False
+        self._first_ready_after: float | None = None
+        metrics.ready.set(0)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def set(self, ready: bool) -> None:
+        log.info("setting ready", extra={"ready": ready, "was_ready": self._ready})
+        self._ready = ready
+        self._metrics.ready.set(int(ready))
+        if ready and self._first_ready_after is None:
+            self._first_ready_after = max(time.time() - self._process_started, 0.0)
+            self._metrics.first_ready_seconds.observe(self._first_ready_after)
+            log.info("first become-ready", extra={"seconds_after_start": round(self._first_ready_after, 3)})

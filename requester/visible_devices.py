@@ -1,0 +1,55 @@
+"""`NVIDIA_VISIBLE_DEVICES`: which GPUs the device plugin gave this container.
+
+NVML in a container may see every GPU of the node (privileged containers, some runtimes), so the
+requester reads the variable as nvidia-container-runtime does: `all` means every GPU, `void`,
+`none` and the empty string mean none, otherwise a comma-separated list of GPU UUIDs and/or NVML
+indices. Unset means "no restriction": outside a container, or in a CUDA base image (whose default
+is `all`), NVML then sees exactly the GPUs the process may use.
+"""
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+ENV_NAME = "NVIDIA_VISIBLE_DEVICES"
+_UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
+_INDEX = re.compile(r"^[0-9]+$")
+
+
+class Scope(Enum):
+    ALL = "all"
+    NONE = "none"
+    LISTED = "listed"
+
+
+@dataclass(frozen=True)
+class VisibleDevices:
+    """The parsed variable; `ignored` holds list entries that are neither UUIDs nor indices."""
+
+    scope: Scope
+    uuids: tuple[str, ...] = ()
+    indices: tuple[int, ...] = ()
+    ignored: tuple[str, ...] = ()
+
+
+def parse(value: str | None) -> VisibleDevices:
+    """Parse the variable's value (None when unset).
+
+    A value that names no UUID or index at all, such as the device plugin's volume-mounts marker
+    `/var/run/nvidia-container-devices`, restricts nothing: the runtime then exposes only the
+    container's GPUs to NVML, so every GPU NVML sees is ours.
+    """
+    if value is None:
+        return VisibleDevices(Scope.ALL)
+    text = value.strip()
+    if text.lower() == "all":
+        return VisibleDevices(Scope.ALL)
+    if text.lower() in ("", "void", "none"):
+        return VisibleDevices(Scope.NONE)
+    entries = [entry.strip() for entry in text.split(",") if entry.strip()]
+    uuids = tuple(e for e in entries if _UUID.match(e))
+    indices = tuple(int(e) for e in entries if _INDEX.match(e))
+    ignored = tuple(e for e in entries if not _UUID.match(e) and not _INDEX.match(e))
+    if not uuids and not indices:
+        return VisibleDevices(Scope.ALL, ignored=ignored)
+    return VisibleDevices(Scope.LISTED, uuids, indices, ignored)

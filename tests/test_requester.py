@@ -1,0 +1,417 @@
+"""The requester: FMA's SPI and probes on a real `python -m requester` process, and GPU discovery units.
+
+The processes take their GPUs from `NVIDIA_VISIBLE_DEVICES` (`--gpu-source env`), as in the loopback
+cluster; NVML discovery is tested against a fake NVML module, since this machine has no GPU.
+"""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aiohttp
+import pytest
+
+from e2e.launcher_process import REPO, free_port, offline_environment
+from requester.__main__ import parse_args
+from requester.gpus import DeclaredGpus, GpuDiscoveryError, NvmlGpus, SourceChoice, discover
+from requester.visible_devices import Scope, VisibleDevices, parse
+
+GPUS = ["GPU-aaa", "GPU-bbb"]
+# What the requester reads from its environment; the test machine's own values must not leak in.
+REQUESTER_VARIABLES = frozenset(
+    {"POD_IP", "POD_NAME", "SPI_PORT", "PROBES_PORT", "NVIDIA_VISIBLE_DEVICES"}
+    | {f"REQUESTER_{name}" for name in ("GPU_SOURCE", "SHUTDOWN_TIMEOUT", "LOG_LEVEL")}
+)
+START_TIMEOUT_S = 20.0
+
+
+@dataclass
+class RequesterProcess:
+    """One `python -m requester` on loopback; its stdout (the relayed log) goes to `stdout_path`."""
+
+    process: subprocess.Popen[bytes]
+    host: str
+    spi_port: int
+    probes_port: int
+    work_dir: Path
+
+    @property
+    def spi(self) -> str:
+        return f"http://{self.host}:{self.spi_port}"
+
+    @property
+    def probes(self) -> str:
+        return f"http://{self.host}:{self.probes_port}"
+
+    @property
+    def stdout_path(self) -> Path:
+        return self.work_dir / "stdout"
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.work_dir / "stderr"
+
+    @classmethod
+    def start(cls, work_dir: Path, env: dict[str, str], *flags: str) -> "RequesterProcess":
+        """Start it with `env` added to the test environment; returns once both servers answer."""
+        work_dir.mkdir(parents=True, exist_ok=True)
+        spi_port, probes_port = free_port(), free_port()
+        inherited = {k: v for k, v in offline_environment(work_dir).items() if k not in REQUESTER_VARIABLES}
+        host = env.get("POD_IP", "127.0.0.1")  # from `env` only, never the test machine's POD_IP
+        args = ["--spi-port", str(spi_port), "--probes-port", str(probes_port), "--gpu-source", "env", *flags]
+        if "POD_IP" not in env:
+            args += ["--host", host]
+        with (work_dir / "stdout").open("wb") as out, (work_dir / "stderr").open("wb") as err:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "requester", *args], cwd=REPO, env={**inherited, **env}, stdout=out, stderr=err
+            )
+        requester = cls(popen, host, spi_port, probes_port, work_dir)
+        try:
+            requester._wait_serving()
+        except BaseException:
+            requester.stop()
+            raise
+        return requester
+
+    def _wait_serving(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        pending = [f"{self.spi}/metrics", f"{self.probes}/ready"]
+        while pending:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"requester exited with {self.process.returncode}:\n{self.stderr_path.read_text()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"requester not serving {pending}:\n{self.stderr_path.read_text()}")
+            try:
+                urllib.request.urlopen(pending[0], timeout=1).close()
+                pending.pop(0)
+            except urllib.error.HTTPError:
+                pending.pop(0)  # /ready answers 503 while unready: it is serving
+            except OSError:
+                time.sleep(0.05)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM, as the kubelet sends; returns the exit code (killing it if it does not exit)."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+@pytest.fixture(scope="module")
+def requester(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RequesterProcess]:
+    process = RequesterProcess.start(
+        tmp_path_factory.mktemp("requester"),
+        {"NVIDIA_VISIBLE_DEVICES": ",".join(GPUS), "POD_NAME": "req-1"},
+        "--shutdown-timeout",
+        "5",
+    )
+    yield process
+    assert process.stop() == 0
+
+
+async def call(method: str, url: str, data: bytes | None = None) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.request(method, url, data=data) as response:
+        return response.status, await response.text()
+
+
+async def metric_value(requester: RequesterProcess, sample: str) -> float | None:
+    status, text = await call("GET", f"{requester.spi}/metrics")
+    assert status == 200
+    for line in text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == sample:
+            return float(value)
+    return None
+
+
+async def test_accelerators_are_the_visible_gpus(requester: RequesterProcess) -> None:
+    async with aiohttp.ClientSession() as session, session.get(f"{requester.spi}/v1/dual-pods/accelerators") as got:
+        assert got.status == 200
+        assert got.content_type == "application/json"
+        assert await got.json() == GPUS
+
+
+async def test_memory_usage_is_zero_without_nvml(requester: RequesterProcess) -> None:
+    url = f"{requester.spi}/v1/dual-pods/accelerator-memory-usage"
+    async with aiohttp.ClientSession() as session, session.get(url) as got:
+        assert got.status == 200
+        assert await got.json() == dict.fromkeys(GPUS, 0)
+
+
+async def test_ready_follows_become_ready_and_unready(requester: RequesterProcess) -> None:
+    ready = f"{requester.probes}/ready"
+    counted = 'dualpods_requester_http_requests_total{code="503",method="GET",route="/ready",server="probes"}'
+    unready_answers = await metric_value(requester, counted) or 0
+    assert await call("GET", ready) == (503, "Service Unavailable\n")
+    assert await metric_value(requester, "dualpods_requester_ready") == 0
+    for _ in range(2):  # a repeated relay is harmless
+        assert await call("POST", f"{requester.spi}/v1/become-ready") == (200, "OK\n")
+    assert await call("GET", ready) == (200, "OK\n")
+    assert await metric_value(requester, "dualpods_requester_ready") == 1
+    assert await metric_value(requester, "dualpods_requester_first_ready_seconds_count") == 1
+    assert await call("POST", f"{requester.spi}/v1/become-unready") == (200, "OK\n")
+    assert await call("GET", ready) == (503, "Service Unavailable\n")
+    assert await metric_value(requester, "dualpods_requester_ready") == 0
+    assert await metric_value(requester, counted) == unready_answers + 2
+    logged = [json.loads(line) for line in requester.stderr_path.read_text().splitlines()]
+    assert {line["requester"] for line in logged} == {"req-1"}, "every log line names the requester (POD_NAME)"
+    assert [line["ready"] for line in logged if line["msg"] == "setting ready"] == [True, True, False]
+
+
+async def test_set_log_appends_only_new_bytes(requester: RequesterProcess) -> None:
+    url = f"{requester.spi}/v1/set-log?startPos="
+    start = requester.stdout_path.stat().st_size  # whatever earlier tests relayed
+    chunks = [(0, b"line one\n"), (0, b"line one\nline two\n"), (9, b"line two\n"), (9, b"line two\nthree\n")]
+    for offset, chunk in chunks:
+        status, message = await call("POST", f"{url}{start + offset}", chunk)
+        assert status == 200, message
+    assert message.endswith(f"new contentLength={start + 24}\n")
+    assert requester.stdout_path.read_bytes()[start:] == b"line one\nline two\nthree\n"
+    status, message = await call("POST", f"{url}{start + 9}", b"line two\n")
+    assert (status, "nothing new" in message) == (200, True)
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("?startPos=-1", "negative"),
+        ("?startPos=1000000", "beyond the current contentLength"),
+        ("", "Missing startPos"),
+        ("?startPos=", "Missing startPos"),
+        ("?startPos=1e3", "as an integer"),
+        ("?startPos=abc", "as an integer"),
+    ],
+)
+async def test_set_log_rejects_bad_start_positions(requester: RequesterProcess, query: str, message: str) -> None:
+    before = requester.stdout_path.read_bytes()
+    status, text = await call("POST", f"{requester.spi}/v1/set-log{query}", b"junk")
+    assert status == 400
+    assert message in text
+    assert requester.stdout_path.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("server", "method", "path", "status"),
+    [
+        ("spi", "GET", "/nope", 404),
+        ("spi", "GET", "/v1/dual-pods", 404),
+        ("spi", "GET", "/ready", 404),
+        ("probes", "GET", "/v1/dual-pods/accelerators", 404),
+        ("spi", "POST", "/v1/dual-pods/accelerators", 405),
+        ("spi", "DELETE", "/v1/dual-pods/accelerator-memory-usage", 405),
+        ("spi", "GET", "/v1/become-ready", 405),
+        ("spi", "PUT", "/v1/become-unready", 405),
+        ("spi", "GET", "/v1/set-log", 405),
+        ("probes", "POST", "/ready", 405),
+    ],
+)
+async def test_unknown_paths_and_wrong_methods(
+    requester: RequesterProcess, server: str, method: str, path: str, status: int
+) -> None:
+    base = requester.spi if server == "spi" else requester.probes
+    assert (await call(method, base + path))[0] == status
+
+
+async def test_no_gpus_binds_pod_ip_and_stops_promptly(tmp_path: Path) -> None:
+    """An empty NVIDIA_VISIBLE_DEVICES means no GPUs; POD_IP picks the address; SIGTERM ends it at once."""
+    process = RequesterProcess.start(tmp_path, {"NVIDIA_VISIBLE_DEVICES": "", "POD_IP": "127.0.0.2"})
+    try:
+        for path in ("accelerators", "accelerator-memory-usage"):
+            assert await call("GET", f"{process.spi}/v1/dual-pods/{path}") == (500, "no GPUs found\n")
+        with pytest.raises(aiohttp.ClientConnectionError):
+            await call("GET", f"http://127.0.0.1:{process.probes_port}/ready")
+        async with aiohttp.ClientSession() as session:  # an idle keep-alive connection must not hold it up
+            async with session.get(f"{process.probes}/ready") as response:
+                assert response.status == 503
+            started = time.monotonic()
+            assert process.stop() == 0
+            assert time.monotonic() - started < 3
+    finally:
+        process.stop()
+
+
+def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPI_PORT", "9001")
+    monkeypatch.setenv("PROBES_PORT", "9000")
+    monkeypatch.setenv("POD_IP", "127.3.0.7")
+    monkeypatch.setenv("POD_NAME", "req-x")
+    args = parse_args([])
+    assert (args.host, args.spi_port, args.probes_port, args.pod_name) == ("127.3.0.7", 9001, 9000, "req-x")
+    args = parse_args(["--spi-port", "7001", "--host", "127.0.0.1", "--gpu-source", "ENV"])
+    assert (args.host, args.spi_port, args.gpu_source) == ("127.0.0.1", 7001, "env")
+    monkeypatch.setenv("SPI_PORT", "")  # empty counts as unset, as in FMA
+    assert parse_args([]).spi_port == 8081
+
+
+@pytest.mark.parametrize(
+    "argv_or_env",
+    [
+        ["--spi-port", "0"],
+        ["--probes-port", "http"],
+        ["--spi-port", "8080"],  # the same as the probes port
+        ["--gpu-source", "cuda"],
+        ["--shutdown-timeout", "-1"],
+        ["--shutdown-timeout", "nan"],
+        {"SPI_PORT": "70000"},
+        {"REQUESTER_LOG_LEVEL": "loud"},
+    ],
+)
+def test_bad_settings_are_refused(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], argv_or_env: list[str] | dict[str, str]
+) -> None:
+    for name in REQUESTER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    if isinstance(argv_or_env, dict):
+        for name, value in argv_or_env.items():
+            monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exited:
+        parse_args(argv_or_env if isinstance(argv_or_env, list) else [])
+    assert exited.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, VisibleDevices(Scope.ALL)),
+        ("all", VisibleDevices(Scope.ALL)),
+        (" ALL ", VisibleDevices(Scope.ALL)),
+        ("", VisibleDevices(Scope.NONE)),
+        ("void", VisibleDevices(Scope.NONE)),
+        ("none", VisibleDevices(Scope.NONE)),
+        ("GPU-aaa,GPU-bbb", VisibleDevices(Scope.LISTED, uuids=("GPU-aaa", "GPU-bbb"))),
+        (" GPU-aaa , ,GPU-bbb,", VisibleDevices(Scope.LISTED, uuids=("GPU-aaa", "GPU-bbb"))),
+        ("2,0", VisibleDevices(Scope.LISTED, indices=(2, 0))),
+        ("GPU-aaa,1,weird", VisibleDevices(Scope.LISTED, ("GPU-aaa",), (1,), ("weird",))),
+        ("MIG-0f1e", VisibleDevices(Scope.LISTED, uuids=("MIG-0f1e",))),
+        # The device plugin's volume-mounts strategy: the runtime then shows NVML only our GPUs.
+        (
+            "/var/run/nvidia-container-devices",
+            VisibleDevices(Scope.ALL, ignored=("/var/run/nvidia-container-devices",)),
+        ),
+    ],
+)
+def test_visible_devices_parsing(value: str | None, expected: VisibleDevices) -> None:
+    assert parse(value) == expected
+
+
+class FakeNvmlError(Exception):
+    """Raised by the fake NVML where pynvml raises NVMLError."""
+
+
+class FakeNvml:
+    """A FAKE of the pynvml module: there is no GPU on this machine, so these devices are invented.
+
+    `used_bytes[i]` is device i's memory in use (None: reading it fails); devices in `lost` cannot
+    be opened at all; `init_error` makes nvmlInit fail as it does without a driver.
+    """
+
+    def __init__(
+        self, used_bytes: list[int | None], init_error: str | None = None, lost: frozenset[int] = frozenset()
+    ) -> None:
+        self.used_bytes = used_bytes
+        self.init_error = init_error
+        self.lost = lost
+        self.initialized = False
+
+    def module(self) -> SimpleNamespace:
+        """The functions the requester calls, under pynvml's names."""
+        return SimpleNamespace(
+            NVMLError=FakeNvmlError,
+            nvmlInit=self.init,
+            nvmlShutdown=self.shutdown,
+            nvmlDeviceGetCount=lambda: len(self.used_bytes),
+            nvmlDeviceGetHandleByIndex=self.handle,
+            nvmlDeviceGetUUID=lambda handle: f"GPU-{handle}{handle}{handle}".encode(),
+            nvmlDeviceGetMemoryInfo=self.memory_info,
+        )
+
+    def init(self) -> None:
+        if self.init_error:
+            raise FakeNvmlError(self.init_error)
+        self.initialized = True
+
+    def shutdown(self) -> None:
+        self.initialized = False
+
+    def handle(self, index: int) -> int:
+        if index in self.lost:
+            raise FakeNvmlError("GPU is lost")
+        return index
+
+    def memory_info(self, handle: int) -> SimpleNamespace:
+        used = self.used_bytes[handle]
+        if used is None:
+            raise FakeNvmlError("GPU is lost")
+        return SimpleNamespace(used=used)
+
+
+MIB = 1024 * 1024
+
+
+def nvml_gpus(
+    visible: str | None, used_bytes: list[int | None], lost: frozenset[int] = frozenset()
+) -> tuple[Any, FakeNvml]:
+    fake = FakeNvml(used_bytes, lost=lost)
+    return discover(SourceChoice.NVML, parse(visible), fake.module()), fake
+
+
+@pytest.mark.parametrize(
+    ("visible", "uuids"),
+    [
+        (None, ["GPU-000", "GPU-111", "GPU-222"]),
+        ("all", ["GPU-000", "GPU-111", "GPU-222"]),
+        ("none", []),
+        ("GPU-222,0", ["GPU-000", "GPU-222"]),  # NVML's order, as nvidia-smi lists them
+        ("GPU-111,GPU-999,7", ["GPU-111"]),  # GPUs NVML does not see are left out (and logged)
+    ],
+)
+def test_nvml_discovery_is_restricted_to_the_visible_devices(visible: str | None, uuids: list[str]) -> None:
+    gpus, fake = nvml_gpus(visible, [0, 0, 0])
+    assert isinstance(gpus, NvmlGpus)
+    assert list(gpus.uuids) == uuids
+    gpus.close()
+    assert not fake.initialized
+
+
+def test_an_unreadable_gpu_does_not_hide_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    gpus, _ = nvml_gpus("0,1,2", [0, 0, 0], lost=frozenset({1}))
+    assert list(gpus.uuids) == ["GPU-000", "GPU-222"]
+    assert "cannot read GPU 1: GPU is lost" in caplog.text
+
+
+def test_nvml_memory_usage_in_mib_with_error_lines() -> None:
+    gpus, _ = nvml_gpus(None, [1536 * MIB + 5, 0])
+    usage = gpus.memory_usage()
+    assert (usage.mib, usage.errors) == ({"GPU-000": 1536, "GPU-111": 0}, [])
+    gpus, _ = nvml_gpus(None, [MIB, None])
+    usage = gpus.memory_usage()
+    assert usage.mib == {"GPU-000": 1}
+    assert usage.errors == ["cannot read the memory use of GPU-111: GPU is lost"]
+
+
+def test_without_nvml_auto_falls_back_and_nvml_fails(caplog: pytest.LogCaptureFixture) -> None:
+    no_driver = FakeNvml([0], init_error="Driver Not Loaded").module()
+    gpus = discover(SourceChoice.AUTO, parse("GPU-aaa,3"), no_driver)
+    assert isinstance(gpus, DeclaredGpus)
+    assert (gpus.uuids, gpus.memory_usage().mib) == (("GPU-aaa",), {"GPU-aaa": 0})
+    assert "Driver Not Loaded" in caplog.text
+    assert "ignoring NVIDIA_VISIBLE_DEVICES=3" in caplog.text
+    with pytest.raises(GpuDiscoveryError, match="Driver Not Loaded"):
+        discover(SourceChoice.NVML, parse("GPU-aaa"), no_driver)
+    working = FakeNvml([0])
+    assert isinstance(discover(SourceChoice.ENV, parse("GPU-aaa"), working.module()), DeclaredGpus)
+    assert not working.initialized, "--gpu-source env never touches NVML"
