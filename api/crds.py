@@ -1,0 +1,252 @@
+"""The three custom resources of group `fma.llm-d.ai/v1alpha1` (FMA 0.6 compatible), plus dualpods' E3 budget.
+
+Each root class parses the objects kubernetes-asyncio's CustomObjectsApi returns (`from_k8s`) and dumps
+back (`to_k8s`); its `RESOURCE` names the plural etc. for API calls. `config/crd/` is generated from
+these classes (`python -m api.crdgen`), so the models and the apiserver enforce the same schema. The
+models also make the checks FMA's controllers make on a label selector (the apiserver accepts any
+operator or key): a controller that cannot parse an object reports the ValidationError in its status.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Final, Self
+
+from pydantic import Field, field_validator, model_validator
+
+from api.kubemodel import Int32, Int64, KubeModel, kubernetes_definition
+from api.quantity import NonNegativeQuantity
+from api.selectors import EnhancedNodeSelector
+
+GROUP: Final = "fma.llm-d.ai"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+# `kubectl get fma` lists all three kinds.
+CATEGORY: Final = "fma"
+
+
+@dataclass(frozen=True)
+class Resource:
+    """How the API addresses one kind (CustomObjectsApi calls take GROUP, VERSION and `plural`)."""
+
+    kind: str
+    plural: str
+    short_name: str
+
+    @property
+    def singular(self) -> str:
+        return self.kind.lower()
+
+    @property
+    def list_kind(self) -> str:
+        return f"{self.kind}List"
+
+    @property
+    def crd_name(self) -> str:
+        return f"{self.plural}.{GROUP}"
+
+
+class ObjectMeta(KubeModel, extra="allow"):
+    """The object's metadata; fields not named here (ownerReferences, managedFields, ...) are kept as is."""
+
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    resource_version: str = ""
+    generation: int = 0
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+    deletion_timestamp: str | None = None
+
+
+class Status(KubeModel):
+    """What the controllers observed of this object."""
+
+    observed_generation: Int64 = 0
+    """`observedGeneration` is the `metadata.generation` last seen by the controller."""
+    errors: list[str] = Field(default_factory=list)
+    """`errors` reports problems seen in the desired state of this object; in particular, in the version
+    reported by `observedGeneration`."""
+
+
+class CustomResource(KubeModel):
+    """An object of one of our kinds; `apiVersion` and `kind` are checked on input and added on output."""
+
+    RESOURCE: ClassVar[Resource]
+
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    spec: KubeModel  # narrowed by each kind
+    status: Status = Field(default_factory=Status)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_type(cls, data: Any) -> Any:
+        if isinstance(data, Mapping):
+            for field, expected in (("apiVersion", API_VERSION), ("kind", cls.RESOURCE.kind)):
+                if field in data and data[field] != expected:
+                    raise ValueError(f"{field} is {data[field]!r}, expected {expected!r}")
+        return data
+
+    @classmethod
+    def from_k8s(cls, obj: Mapping[str, Any]) -> Self:
+        """Parse an object as the API returns it (a JSON dict); raises pydantic.ValidationError."""
+        return cls.model_validate(obj)
+
+    def to_k8s(self) -> dict[str, Any]:
+        return {"apiVersion": API_VERSION, "kind": self.RESOURCE.kind, **super().to_k8s()}
+
+
+# --- InferenceServerConfig -------------------------------------------------------------------------
+
+
+class ModelServerConfig(KubeModel):
+    """ModelServerConfig defines the configuration for the model server."""
+
+    port: Annotated[Int32, Field(ge=1, le=65535)]
+    """Port is the port on which the vLLM server will listen. Particularly, management of vLLM instances'
+    sleep state is done through this port."""
+    options: str = ""
+    """Options are the vLLM startup options, excluding Port."""
+    env_vars: dict[str, str] = Field(default_factory=dict, alias="env_vars")
+    """EnvVars are the environment variables for the vLLM instance."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Labels are applied to the server-providing Pod while bound. Keys must be valid Kubernetes label keys
+    and must not use reserved prefixes (dual-pods.llm-d.ai/, kubernetes.io/, k8s.io/). Values must be
+    valid Kubernetes label values."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations are applied to the server-providing Pod while bound. Keys must be valid Kubernetes
+    annotation keys and must not use reserved prefixes (dual-pods.llm-d.ai/, kubernetes.io/, k8s.io/)."""
+
+
+class InferenceServerConfigSpec(KubeModel):
+    """Spec defines the desired state of the InferenceServerConfig."""
+
+    launcher_config_name: str
+    """LauncherConfigName is the name of the LauncherConfig that this InferenceServerConfig belongs to."""
+    model_server_config: ModelServerConfig
+    """ModelServerConfig defines the configuration for the model server."""
+
+
+class InferenceServerConfig(CustomResource):
+    """InferenceServerConfig is the Schema for the InferenceServerConfigs API. It represents the
+    configuration parameters required to launch the vLLM process inside the launcher pod."""
+
+    RESOURCE: ClassVar[Resource] = Resource("InferenceServerConfig", "inferenceserverconfigs", "isc")
+
+    spec: InferenceServerConfigSpec
+
+
+# --- LauncherConfig --------------------------------------------------------------------------------
+
+
+class PodTemplateMetadata(KubeModel):
+    """The metadata of launcher Pods made from the template (only labels and annotations are kept)."""
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Labels for organizing and categorizing objects."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations for storing arbitrary non-identifying metadata."""
+
+
+class PodTemplate(KubeModel):
+    """A Pod template whose metadata fields are declared explicitly so that the CRD schema keeps them."""
+
+    metadata: PodTemplateMetadata = Field(default_factory=PodTemplateMetadata)
+    spec: dict[str, Any] = Field(
+        default_factory=dict, json_schema_extra=kubernetes_definition("io.k8s.api.core.v1.PodSpec")
+    )
+    """Spec defines the behavior of pods created from this template (a core/v1 PodSpec)."""
+
+
+class SleeperBudget(KubeModel):
+    """dualpods extension (E3): memory that the sleeping instances of one launcher may hold, in bytes.
+
+    Before an instance is put to sleep, and before one is woken, the dual-pods controller checks these
+    budgets and deletes least-recently-used sleepers to stay within them; when that cannot work it
+    reports an error in the requester's status rather than attempting a wake that would fail. An unset
+    budget means no byte limit (only `maxInstances` applies). Quantities such as `32Gi` or plain
+    integers are accepted."""
+
+    host_memory_bytes: NonNegativeQuantity | None = None
+    """Host (CPU) memory that all sleeping instances of one launcher may hold together: a level-1 sleep
+    keeps the model's weights in host memory."""
+    gpu_memory_bytes: NonNegativeQuantity | None = None
+    """GPU memory that the sleeping instances of one launcher may hold together on any one GPU: a
+    sleeping vLLM instance still holds its CUDA context and allocator pools (about 1-2 GiB each)."""
+
+
+class LauncherConfigSpec(KubeModel):
+    """LauncherConfigSpec defines the configuration to manage the nominal server-providing pod definition."""
+
+    max_instances: Annotated[Int32, Field(ge=1)]
+    """MaxInstances is the maximum number of vLLM instances (awake or sleeping) that one launcher Pod may
+    hold."""
+    pod_template: PodTemplate = Field(default_factory=PodTemplate)
+    """PodTemplate defines the pod specification for the server-providing pod. Its container named
+    `inference-server` runs the launcher."""
+    # Described by SleeperBudget's docstring, which becomes the field's description in the CRD.
+    sleeper_budget: SleeperBudget = Field(default_factory=SleeperBudget)
+
+
+class LauncherConfig(CustomResource):
+    """LauncherConfig is the Schema for the LauncherConfigs API. It represents the configuration to manage
+    the nominal server-providing pod definition."""
+
+    RESOURCE: ClassVar[Resource] = Resource("LauncherConfig", "launcherconfigs", "lcfg")
+
+    spec: LauncherConfigSpec
+
+
+# --- LauncherPopulationPolicy ----------------------------------------------------------------------
+
+
+class CountForLauncher(KubeModel):
+    """How many launchers of one LauncherConfig each selected Node should have."""
+
+    launcher_config_name: str
+    """LauncherConfigName is the name of the LauncherConfig this policy applies to."""
+    launcher_count: Int32
+    """LauncherCount is the total number of launcher pods to maintain."""
+
+
+class LauncherPopulationPolicySpec(KubeModel):
+    """LauncherPopulationPolicySpec defines policy for one type of Node."""
+
+    enhanced_node_selector: EnhancedNodeSelector
+    """Selects the target Nodes by labels and by allocatable resources, for example
+    `{labelSelector: {matchLabels: {nvidia.com/gpu.present: "true"}}, allocatableResources:
+    {nvidia.com/gpu: {min: 8, max: 8}}}`."""
+    count_for_launcher: list[CountForLauncher] = Field(
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["launcherConfigName"]}
+    )
+    """CountForLauncher declares the desired number of launchers on the relevant Node, for various
+    LauncherConfigs; each LauncherConfig at most once."""
+
+    @field_validator("count_for_launcher")
+    @classmethod
+    def _unique_names(cls, counts: list[CountForLauncher]) -> list[CountForLauncher]:
+        names = [count.launcher_config_name for count in counts]
+        if duplicates := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"launcherConfigName listed more than once: {', '.join(duplicates)}")
+        return counts
+
+
+class LauncherPopulationPolicy(CustomResource):
+    """LauncherPopulationPolicy defines the policy for pro-active creation of launcher Pods for a given type
+    of Node. For a (Node, LauncherConfig) pair the population policy is the maximum count over the
+    policies that select the Node and name the LauncherConfig, and 0 when none does; the number of
+    launchers kept is the larger of that and what the server-requesting Pods need."""
+
+    RESOURCE: ClassVar[Resource] = Resource("LauncherPopulationPolicy", "launcherpopulationpolicies", "lpp")
+
+    spec: LauncherPopulationPolicySpec
+
+
+KINDS: Final[tuple[type[CustomResource], ...]] = (InferenceServerConfig, LauncherConfig, LauncherPopulationPolicy)
+
+
+def parse_object(obj: Mapping[str, Any]) -> CustomResource:
+    """Any object of our three kinds, chosen by its `kind`; ValueError for another kind."""
+    kind = next((kind for kind in KINDS if kind.RESOURCE.kind == obj.get("kind")), None)
+    if kind is None:
+        raise ValueError(f"kind {obj.get('kind')!r} is none of {', '.join(k.RESOURCE.kind for k in KINDS)}")
+    return kind.from_k8s(obj)

@@ -1,0 +1,178 @@
+"""The generated CRDs on the loopback cluster's real kube-apiserver (1.20): installed with a plain
+`kubectl apply` as a user would, Established, enforcing the schema, with a working status subresource."""
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from api.crdgen import DEFAULT_OUT_DIR as CRD_DIR
+from api.crds import (
+    API_VERSION,
+    GROUP,
+    KINDS,
+    VERSION,
+    CustomResource,
+    LauncherConfig,
+    LauncherPopulationPolicy,
+    Status,
+    parse_object,
+)
+from e2e.cluster.binaries import venv_tool
+from e2e.cluster.cluster import LoopbackCluster
+from e2e.waiting import wait_for
+
+EXAMPLES = CRD_DIR.parent / "examples"
+
+
+def examples() -> list[dict[str, Any]]:
+    """The example objects of our kinds (config/examples/ may hold other ones)."""
+    docs = (doc for path in sorted(EXAMPLES.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()))
+    return [doc for doc in docs if doc["apiVersion"] == API_VERSION]
+
+
+async def kubectl(cluster: LoopbackCluster, *args: str, stdin: str = "") -> str:
+    process = await asyncio.create_subprocess_exec(
+        str(venv_tool("kubectl")),
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate(stdin.encode())
+    assert process.returncode == 0, f"kubectl {' '.join(args)} failed: {err.decode()}"
+    return out.decode()
+
+
+@pytest.fixture
+async def crds(cluster: LoopbackCluster, api: client.ApiClient) -> None:
+    """The CRDs of config/crd/, installed (idempotently) and Established."""
+    # Client-side apply also proves the LauncherConfig CRD fits its last-applied annotation (256 KiB).
+    await kubectl(cluster, "apply", "-f", str(CRD_DIR))
+    extensions = client.ApiextensionsV1Api(api)
+
+    async def established() -> bool:
+        for kind in KINDS:
+            crd = await extensions.read_custom_resource_definition(kind.RESOURCE.crd_name)
+            conditions = {c.type: c.status for c in crd.status.conditions or []}
+            if conditions.get("Established") != "True" or conditions.get("NonStructuralSchema") == "True":
+                return False
+        return True
+
+    await wait_for(established, what="the three CRDs Established", within=30)
+
+
+async def create(api: client.ApiClient, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
+    """Sent as is (not through the models), so the apiserver's own validation is what answers."""
+    plural = next(k for k in KINDS if k.RESOURCE.kind == manifest["kind"]).RESOURCE.plural
+    created: dict[str, Any] = await client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, plural, manifest
+    )
+    return created
+
+
+async def rejection(api: client.ApiClient, namespace: str, manifest: dict[str, Any]) -> str:
+    """The apiserver's message refusing `manifest`."""
+    with pytest.raises(ApiException) as caught:
+        await create(api, namespace, manifest)
+    assert caught.value.status == 422, caught.value.body
+    message: str = json.loads(str(caught.value.body))["message"]
+    return message
+
+
+@pytest.mark.usefixtures("crds")
+async def test_examples_are_accepted_and_read_back_through_the_models(
+    cluster: LoopbackCluster, api: client.ApiClient, namespace: str
+) -> None:
+    await kubectl(cluster, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump_all(examples()))
+    custom = client.CustomObjectsApi(api)
+    for manifest in examples():
+        expected = parse_object(manifest)
+        if isinstance(expected, LauncherConfig):
+            # The one default the schema carries, Kubernetes' own: a container port's protocol.
+            for container in expected.spec.pod_template.spec["containers"]:
+                for port in container.get("ports", []):
+                    port.setdefault("protocol", "TCP")
+        stored = await custom.get_namespaced_custom_object(
+            GROUP, VERSION, namespace, expected.RESOURCE.plural, manifest["metadata"]["name"]
+        )
+        assert parse_object(stored).spec == expected.spec
+    table = await kubectl(cluster, "get", "fma", "-n", namespace, "-o", "wide")
+    for header in ("LAUNCHER CONFIG", "PORT", "MAX INSTANCES", "HOST BUDGET", "LAUNCHER CONFIGS"):
+        assert header in table, table
+    assert "64Gi" in table
+    assert "8007" in table
+
+
+@pytest.mark.usefixtures("crds")
+async def test_the_apiserver_enforces_the_schema(api: client.ApiClient, namespace: str) -> None:
+    counts = [{"launcherConfigName": "a", "launcherCount": 1}, {"launcherConfigName": "a", "launcherCount": 2}]
+    duplicate = {
+        "apiVersion": API_VERSION,
+        "kind": "LauncherPopulationPolicy",
+        "metadata": {"name": "duplicate"},
+        "spec": {"enhancedNodeSelector": {"labelSelector": {}}, "countForLauncher": counts},
+    }
+    assert "spec.countForLauncher[1]: Duplicate value" in await rejection(api, namespace, duplicate)
+    port_zero = {
+        "apiVersion": API_VERSION,
+        "kind": "InferenceServerConfig",
+        "metadata": {"name": "port-zero"},
+        "spec": {"launcherConfigName": "x", "modelServerConfig": {"port": 0}},
+    }
+    assert "spec.modelServerConfig.port in body should be greater than or equal to 1" in await rejection(
+        api, namespace, port_zero
+    )
+    budget = {
+        "apiVersion": API_VERSION,
+        "kind": "LauncherConfig",
+        "metadata": {"name": "bad-budget"},
+        "spec": {"maxInstances": 0, "sleeperBudget": {"hostMemoryBytes": "-1Gi", "gpuMemoryBytes": "lots"}},
+    }
+    message = await rejection(api, namespace, budget)
+    for field in ("spec.maxInstances", "spec.sleeperBudget.hostMemoryBytes", "spec.sleeperBudget.gpuMemoryBytes"):
+        assert field in message, message
+    missing = {"apiVersion": API_VERSION, "kind": "LauncherConfig", "metadata": {"name": "x"}, "spec": {}}
+    assert "spec.maxInstances: Required value" in await rejection(api, namespace, missing)
+
+
+async def _replace_status(api: client.ApiClient, namespace: str, resource: CustomResource) -> dict[str, Any]:
+    replaced: dict[str, Any] = await client.CustomObjectsApi(api).replace_namespaced_custom_object_status(
+        GROUP, VERSION, namespace, resource.RESOURCE.plural, resource.metadata.name, resource.to_k8s()
+    )
+    return replaced
+
+
+@pytest.mark.usefixtures("crds")
+async def test_status_is_a_subresource(api: client.ApiClient, namespace: str) -> None:
+    custom = client.CustomObjectsApi(api)
+    manifest = next(d for d in examples() if d["kind"] == "LauncherPopulationPolicy")
+    policy = LauncherPopulationPolicy.from_k8s(await create(api, namespace, manifest))
+    generation = policy.metadata.generation
+    policy.status = Status(observed_generation=generation, errors=['LauncherConfig "cpu-launcher" does not exist'])
+    written = LauncherPopulationPolicy.from_k8s(await _replace_status(api, namespace, policy))
+    assert written.status == policy.status
+    assert written.metadata.generation == generation  # a status write is not a spec change
+
+    # Through the main resource, status is ignored and a spec change bumps the generation.
+    written.spec.count_for_launcher[0].launcher_count = 3
+    written.status = Status()
+    updated = LauncherPopulationPolicy.from_k8s(
+        await custom.replace_namespaced_custom_object(
+            GROUP, VERSION, namespace, "launcherpopulationpolicies", written.metadata.name, written.to_k8s()
+        )
+    )
+    assert updated.status == policy.status
+    assert updated.metadata.generation == generation + 1
+    assert updated.spec.count_for_launcher[0].launcher_count == 3
+
+    # Emptied errors disappear with a replace (the models omit empty fields, as Go's omitempty does).
+    updated.status = Status(observed_generation=updated.metadata.generation)
+    cleared = await _replace_status(api, namespace, updated)
+    assert cleared["status"] == {"observedGeneration": generation + 1}
