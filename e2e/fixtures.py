@@ -1,0 +1,59 @@
+"""pytest plugin of the loopback cluster (loaded by the root conftest.py).
+
+Fixtures:
+    cluster    session-scoped LoopbackCluster (own temp state dir and free ports, never `.cluster`);
+               `cluster.kubelet.lose_node(name)` / `.add_node(name, gpus)` / `.publish_gpu_map(ns)`,
+               `cluster.container_log(pod, container, previous=False)`, `cluster.state().apiserver_port`.
+    api        a kubernetes-asyncio ApiClient with admin rights, closed after the test.
+    namespace  a fresh namespace (its default ServiceAccount ready for Pods), deleted after the test.
+Helpers: `e2e.waiting.wait_for(check, what=..., within=seconds)`.
+"""
+
+import re
+import uuid
+from collections.abc import AsyncIterator
+
+import pytest
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from e2e.cluster.cluster import LoopbackCluster, default_nodes
+from e2e.waiting import wait_for
+
+
+@pytest.fixture(scope="session")
+async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[LoopbackCluster]:
+    """One cluster per test session: two GPU Nodes with 2 GPUs each (gpu-node-1, gpu-node-2)."""
+    loopback = LoopbackCluster(tmp_path_factory.mktemp("loopback-cluster") / "state")
+    try:
+        await loopback.up(default_nodes(), die_with_parent=True)
+        yield loopback
+    finally:
+        loopback.down()
+
+
+@pytest.fixture
+async def api(cluster: LoopbackCluster) -> AsyncIterator[client.ApiClient]:
+    async with await cluster.api_client() as api_client:
+        yield api_client
+
+
+@pytest.fixture
+async def namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """Named after the test; Pods can be created in it at once (its ServiceAccount token exists)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"{slug}-{uuid.uuid4().hex[:5]}"
+    core = client.CoreV1Api(api)
+    await core.create_namespace({"metadata": {"name": name}})
+
+    async def default_account_has_token() -> bool:
+        account = await core.read_namespaced_service_account("default", name)
+        return bool(account.secrets)
+
+    await wait_for(default_account_has_token, what=f"the default ServiceAccount token in {name}")
+    yield name
+    try:
+        await core.delete_namespace(name)
+    except ApiException as error:
+        if error.status != 404:
+            raise

@@ -1,0 +1,66 @@
+"""The kubelet of one Node: its registration and heartbeat, its address block, GPUs and pod sync loop."""
+
+import asyncio
+import contextlib
+import logging
+
+from kubernetes_asyncio import client
+
+from e2e.kubelet.addresses import AddressBlock
+from e2e.kubelet.config import KubeletConfig, NodeConfig
+from e2e.kubelet.events import EventRecorder
+from e2e.kubelet.gpus import GpuAllocator
+from e2e.kubelet.images import ImageMap
+from e2e.kubelet.node import NodeRegistration
+from e2e.kubelet.runtime import NodeRuntime
+from e2e.kubelet.sync import PodSync
+
+log = logging.getLogger(__name__)
+
+
+class NodeAgent:
+    def __init__(
+        self, api: client.ApiClient, config: KubeletConfig, node: NodeConfig, images: ImageMap, addresses: AddressBlock
+    ) -> None:
+        core = client.CoreV1Api(api)
+        self.config = node
+        self.gpus = GpuAllocator(node.name, node.gpus)
+        self.runtime = NodeRuntime(
+            node=node.name,
+            addresses=addresses,
+            gpus=self.gpus,
+            core=core,
+            events=EventRecorder(core, node.name),
+            images=images,
+            config=config,
+        )
+        self.registration = NodeRegistration(api, node, self.runtime.host_ip, config.lease_renew_seconds)
+        self._sync = PodSync(self.runtime)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await self.registration.register()
+        self._tasks = [
+            asyncio.create_task(self.registration.heartbeat(), name=f"heartbeat {self.config.name}"),
+            asyncio.create_task(self._sync.run(), name=f"pod sync {self.config.name}"),
+        ]
+
+    async def _cancel_tasks(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def lose(self) -> None:
+        """Node failure: its processes die at once, heartbeats stop and the Node object is deleted.
+        Its Pods stay in the API until the controller-manager's pod GC removes them (about 40-60 s)."""
+        await self._cancel_tasks()
+        await self._sync.abandon()
+        await self.registration.delete()
+        log.info("lost node %s", self.config.name)
+
+    async def shutdown(self, grace_seconds: float) -> None:
+        """The kubelet stops: containers get `grace_seconds`, the Node object stays (it goes NotReady)."""
+        await self._cancel_tasks()
+        await self._sync.stop_all(grace_seconds)

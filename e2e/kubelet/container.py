@@ -1,0 +1,146 @@
+"""A container as a local process: its own mount, UTS and PID namespaces, bind-mounted volumes, a log file.
+
+The PID namespace makes the container's process PID 1, as in a real container: it gets SIGTERM only if
+it handles it, and when it dies the kernel kills everything it started. `--pdeathsig KILL` ties the
+container to the kubelet, so a killed kubelet leaves no process behind.
+"""
+
+import asyncio
+import contextlib
+import datetime
+import os
+import shlex
+import signal
+from pathlib import Path
+
+import psutil
+
+from e2e.kubelet.volumes import Mount
+
+_NAMESPACES = ["unshare", "--mount", "--uts", "--pid", "--fork", "--kill-child", "--mount-proc"]
+
+
+def exit_code(returncode: int) -> int:
+    """Container runtimes report death by signal N as 128 + N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _setup_script(hostname: str, mounts: list[Mount]) -> str:
+    """Shell run as the namespace's first process: hostname, bind mounts, then exec the command."""
+    lines = ["set -e", f"hostname {shlex.quote(hostname)}"]
+    for mount in mounts:
+        target = shlex.quote(mount.target)
+        make = "mkdir -p" if mount.source.is_dir() else "mkdir -p $(dirname " + target + ") && touch"
+        lines.append(f"[ -e {target} ] || {make} {target}")
+        lines.append(f"mount --bind {shlex.quote(str(mount.source))} {target}")
+        if mount.read_only:
+            lines.append(f"mount -o remount,bind,ro {target}")
+    lines.append('exec "$@"')
+    return "\n".join(lines)
+
+
+class ContainerProcess:
+    """One run of a container's process."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self._process = process
+        self.pid = process.pid
+        self.started_at = datetime.datetime.now(datetime.UTC)
+
+    @classmethod
+    async def start(
+        cls,
+        argv: list[str],
+        *,
+        env: dict[str, str],
+        cwd: Path,
+        hostname: str,
+        mounts: list[Mount],
+        log: Path,
+    ) -> "ContainerProcess":
+        log.parent.mkdir(parents=True, exist_ok=True)
+        command = [
+            "setpriv",
+            "--pdeathsig",
+            "KILL",
+            "--",
+            *_NAMESPACES,
+            "sh",
+            "-c",
+            _setup_script(hostname, mounts),
+            "container",
+            *argv,
+        ]
+        with log.open("ab") as out:
+            process = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                cwd=cwd,
+                start_new_session=True,
+            )
+        return cls(process)
+
+    @property
+    def container_id(self) -> str:
+        return f"loopback://{self.pid}"
+
+    async def wait(self) -> int:
+        return exit_code(await self._process.wait())
+
+    def _signal(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pid, sig)
+
+    async def stop(self, grace_seconds: float) -> int:
+        """SIGTERM, then SIGKILL after the grace period (the whole namespace dies with its first process)."""
+        if self._process.returncode is None:
+            self._signal(signal.SIGTERM)
+            try:
+                return await asyncio.wait_for(self.wait(), max(grace_seconds, 0.0))
+            except TimeoutError:
+                pass
+        self.kill()
+        return await self.wait()
+
+    def kill(self) -> None:
+        self._signal(signal.SIGKILL)
+
+    def _namespace_init(self) -> int | None:
+        """Host PID of the process that is PID 1 inside the container."""
+        try:
+            children = psutil.Process(self.pid).children()
+        except psutil.NoSuchProcess:
+            return None
+        return children[0].pid if children else None
+
+    async def exec(self, argv: list[str], *, env: dict[str, str], cwd: Path, limit: float) -> tuple[int, str]:
+        """Run `argv` inside the container's namespaces (exec probes); returns (exit code, output)."""
+        target = self._namespace_init()
+        if target is None:
+            return 1, "container process is not running"
+        process = await asyncio.create_subprocess_exec(
+            "nsenter",
+            f"--target={target}",
+            "--mount",
+            "--uts",
+            "--pid",
+            "--",
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,
+        )
+        try:
+            output, _ = await asyncio.wait_for(process.communicate(), limit)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            await process.wait()
+            return 1, f"timed out after {limit} s"
+        return exit_code(process.returncode or 0), output.decode(errors="replace")

@@ -1,0 +1,111 @@
+"""The loopback kubelet process: one NodeAgent per fake Node, the gpu-map publisher and the control endpoint."""
+
+import asyncio
+import logging
+import signal
+
+from aiohttp import web
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from e2e.kubelet.addresses import AddressBlock
+from e2e.kubelet.agent import NodeAgent
+from e2e.kubelet.config import KubeletConfig, NodeConfig
+from e2e.kubelet.control import ConflictError, NodeInfo, NotFoundError, control_app
+from e2e.kubelet.gpumap import publish_gpu_map
+from e2e.kubelet.images import ImageMap
+
+log = logging.getLogger(__name__)
+
+
+class Kubelet:
+    def __init__(self, settings: KubeletConfig) -> None:
+        self.settings = settings
+        self.images = ImageMap(settings.image_maps)  # fails early on a bad image map
+        self._agents: dict[str, NodeAgent] = {}
+        self._blocks: dict[str, AddressBlock] = {}  # kept across lose/add, so a Node keeps its addresses
+        self._gpu_map_namespaces: list[str] = []
+        self._lock = asyncio.Lock()
+        self._api: client.ApiClient | None = None
+
+    @property
+    def api(self) -> client.ApiClient:
+        assert self._api is not None, "the kubelet is not running"
+        return self._api
+
+    def nodes(self) -> list[NodeInfo]:
+        return [
+            NodeInfo(name=name, host_ip=agent.runtime.host_ip, gpus=agent.gpus.index_map())
+            for name, agent in sorted(self._agents.items())
+        ]
+
+    async def add_node(self, name: str, gpus: int) -> NodeInfo:
+        return await self._add(NodeConfig(name=name, gpus=gpus))
+
+    async def _add(self, node: NodeConfig) -> NodeInfo:
+        async with self._lock:
+            if node.name in self._agents:
+                raise ConflictError(f"node {node.name} already exists")
+            if node.name not in self._blocks:
+                self._blocks[node.name] = AddressBlock.claim(self.settings.address_lock_dir)
+            agent = NodeAgent(self.api, self.settings, node, self.images, self._blocks[node.name])
+            await agent.start()
+            self._agents[node.name] = agent
+        await self._refresh_gpu_maps()
+        return next(n for n in self.nodes() if n.name == node.name)
+
+    async def lose_node(self, name: str) -> None:
+        async with self._lock:
+            agent = self._agents.pop(name, None)
+            if agent is None:
+                raise NotFoundError(f"no node {name}")
+            await agent.lose()
+        await self._refresh_gpu_maps()
+
+    async def publish_gpu_map(self, namespace: str) -> None:
+        if namespace not in self._gpu_map_namespaces:
+            self._gpu_map_namespaces.append(namespace)
+        await self._publish(namespace)
+
+    async def _publish(self, namespace: str) -> None:
+        mapping = {n.name: n.gpus for n in self.nodes()}
+        try:
+            await publish_gpu_map(client.CoreV1Api(self.api), namespace, mapping)
+        except ApiException as error:
+            if error.status not in (403, 404):
+                log.warning("gpu-map not published in %s: %s", namespace, error.reason)
+                return
+            # A deleted (or terminating) namespace: stop maintaining the map there.
+            log.info("gpu-map no longer kept in %s: %s", namespace, error.reason)
+            self._gpu_map_namespaces.remove(namespace)
+
+    async def _refresh_gpu_maps(self) -> None:
+        for namespace in list(self._gpu_map_namespaces):
+            await self._publish(namespace)
+
+    async def run(self) -> None:
+        """Register the Nodes, serve the control endpoint, and run until SIGTERM or SIGINT."""
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        self._api = await config.new_client_from_config(config_file=str(self.settings.kubeconfig))
+        runner = web.AppRunner(control_app(self))
+        try:
+            await asyncio.gather(*(self._add(node) for node in self.settings.nodes))
+            for namespace in self.settings.gpu_map_namespaces:
+                await self.publish_gpu_map(namespace)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = runner.addresses[0][1]
+            self.settings.control_file.write_text(f"http://127.0.0.1:{port}\n")
+            log.info("loopback kubelet up: nodes %s, control endpoint on port %d", sorted(self._agents), port)
+            await stop.wait()
+        finally:
+            log.info("stopping: containers get %.1f s", self.settings.shutdown_grace_seconds)
+            await asyncio.gather(*(a.shutdown(self.settings.shutdown_grace_seconds) for a in self._agents.values()))
+            await runner.cleanup()
+            await self.api.close()
+            for block in self._blocks.values():
+                block.release_block()

@@ -1,0 +1,231 @@
+"""One Pod on one Node, from admission to the object's removal: the kubelet's pod sync, for a single Pod.
+
+Admission (address, GPUs) -> volumes -> init containers in order -> containers. On deletion: stop
+the containers within the grace period, report their final status, then delete the Pod with grace 0;
+the object goes away when the API server says so (finalizers may hold it), and only then are its
+address and directories released.
+"""
+
+import asyncio
+import contextlib
+import logging
+import shutil
+from ipaddress import IPv4Address
+from pathlib import Path
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from e2e.kubelet.env import ContainerConfigError, PodFields
+from e2e.kubelet.gpus import RESOURCE, InsufficientGpusError
+from e2e.kubelet.runtime import NodeRuntime
+from e2e.kubelet.status import PodState, now, pod_status
+from e2e.kubelet.supervisor import ContainerSupervisor, PodEnvironment
+from e2e.kubelet.volumes import VolumeError, materialize
+
+log = logging.getLogger(__name__)
+
+_TERMINAL = ("Succeeded", "Failed")
+
+
+def gpu_request(container: client.V1Container) -> int:
+    resources = container.resources
+    if resources is None:
+        return 0
+    value = (resources.limits or {}).get(RESOURCE) or (resources.requests or {}).get(RESOURCE) or "0"
+    return int(value)
+
+
+class PodWorker:
+    def __init__(self, runtime: NodeRuntime, pod: client.V1Pod) -> None:
+        self._runtime = runtime
+        self.pod = pod
+        self.uid: str = pod.metadata.uid
+        self.state = PodState(host_ip=runtime.host_ip)
+        self._env: PodEnvironment | None = None
+        self._supervisors: list[ContainerSupervisor] = []
+        self._address: IPv4Address | None = None
+        self._dirty = asyncio.Event()
+        self._deleting = asyncio.Event()
+        self._gone = asyncio.Event()
+        self._last_sent: dict[str, object] | None = None
+        self._pod_dir = runtime.config.pods_dir / self.uid
+        self.update(pod)
+
+    @property
+    def name(self) -> str:
+        return f"{self.pod.metadata.namespace}/{self.pod.metadata.name}"
+
+    def update(self, pod: client.V1Pod) -> None:
+        """A newer version of the Pod object."""
+        self.pod = pod
+        if self._env is not None:
+            self._env.pod = pod
+        if pod.metadata.deletion_timestamp is not None:
+            self._deleting.set()
+
+    def gone(self) -> None:
+        """The Pod object no longer exists."""
+        self._gone.set()
+        self._deleting.set()
+
+    def _notify(self) -> None:
+        self._dirty.set()
+
+    async def run(self) -> None:
+        already_over = (self.pod.status and self.pod.status.phase) in _TERMINAL
+        lifecycle = None if self._deleting.is_set() or already_over else asyncio.create_task(self._lifecycle())
+        reporter = asyncio.create_task(self._report_status())
+        try:
+            await self._deleting.wait()
+            grace = self._env.grace_seconds if self._env is not None else 0.0
+            await asyncio.gather(*(s.stop(grace) for s in self._supervisors))
+            await self._cancel(lifecycle)
+            self._release_gpus()
+            if not self._gone.is_set():
+                await self._flush_status()
+                await self._delete()
+            await self._gone.wait()
+        finally:
+            self.kill()
+            await self._cancel(lifecycle)
+            await self._cancel(reporter)
+            self._release_gpus()
+            if self._address is not None:
+                self._runtime.addresses.release(self._address)
+            shutil.rmtree(self._pod_dir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """Kill every container at once (a lost node, a kubelet shutting down)."""
+        for supervisor in self._supervisors:
+            supervisor.kill()
+
+    async def stop(self, grace_seconds: float) -> None:
+        await asyncio.gather(*(s.stop(grace_seconds) for s in self._supervisors))
+
+    @staticmethod
+    async def _cancel(task: "asyncio.Task[None] | None") -> None:
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def _release_gpus(self) -> None:
+        self._runtime.gpus.release(self.uid)
+        self.state.released = True
+        self._notify()
+
+    async def _fail(self, reason: str, message: str) -> None:
+        self.state.failed_reason, self.state.failed_message = reason, message
+        self._release_gpus()
+        await self._runtime.events.record(self.pod, "Warning", reason, message)
+
+    async def _lifecycle(self) -> None:
+        """A kubelet bug or an input it cannot handle fails this Pod, with the reason; the kubelet goes on."""
+        try:
+            await self._run_pod()
+        except Exception as error:
+            log.exception("cannot run %s", self.name)
+            self.kill()
+            await self._fail("KubeletError", f"the loopback kubelet cannot run this Pod: {error!r}")
+
+    async def _run_pod(self) -> None:
+        pod, spec = self.pod, self.pod.spec
+        self.state.start_time = now()
+        # Extended resources of init containers are reused by the app containers, as the device manager does.
+        wanted = max(
+            [sum(gpu_request(c) for c in spec.containers)] + [gpu_request(c) for c in spec.init_containers or []]
+        )
+        try:
+            uuids = self._runtime.gpus.allocate(self.uid, wanted) if wanted else []
+        except InsufficientGpusError as error:
+            await self._fail("UnexpectedAdmissionError", str(error))
+            return
+        self._address = self._runtime.addresses.host_ip if spec.host_network else self._runtime.addresses.allocate()
+        env = PodEnvironment(pod, str(self._address))
+        self._env = env
+        self.state.pod_ip = str(self._address)
+        offset = 0
+        for container in spec.containers:
+            env.gpus[container.name] = uuids[offset : offset + gpu_request(container)]
+            offset += gpu_request(container)
+        for container in spec.init_containers or []:
+            env.gpus[container.name] = uuids[: gpu_request(container)]
+        env.gpus = {name: held for name, held in env.gpus.items() if held}
+        policy = spec.restart_policy or "Always"
+        init = [
+            ContainerSupervisor(
+                self._runtime, env, c, restart_policy="Never" if policy == "Never" else "OnFailure", notify=self._notify
+            )
+            for c in spec.init_containers or []
+        ]
+        main = [
+            ContainerSupervisor(self._runtime, env, c, restart_policy=policy, notify=self._notify)
+            for c in spec.containers
+        ]
+        self._supervisors = init + main
+        self.state.init = [s.status for s in init]
+        self.state.containers = [s.status for s in main]
+        self._notify()
+        env.volumes = await self._volumes()
+        for supervisor in init:
+            await supervisor.run()
+            result = supervisor.status.terminated
+            if result is None or result.exit_code != 0:
+                code = result.exit_code if result else "nothing"
+                await self._fail("InitContainerFailed", f"init container {supervisor.spec.name} exited with {code}")
+                return
+        self.state.initialized = True
+        self._notify()
+        await asyncio.gather(*(s.run() for s in main))
+        self._release_gpus()
+
+    async def _volumes(self) -> dict[str, Path]:
+        """Retry until every volume is in place (a Secret may appear later), reporting FailedMount."""
+        assert self._env is not None
+        delay = 1.0
+        while True:
+            try:
+                fields = PodFields(self.pod, self._env.pod_ip, self._runtime.host_ip)
+                return await materialize(self.pod, self._pod_dir, fields, self._runtime.fetch)
+            except (VolumeError, ContainerConfigError, ApiException, OSError) as error:
+                message = str(error) if not isinstance(error, ApiException) else f"API error {error.status}"
+                await self._runtime.events.record(self.pod, "Warning", "FailedMount", message)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+
+    async def _report_status(self) -> None:
+        while True:
+            await self._dirty.wait()
+            self._dirty.clear()
+            await self._flush_status()
+            await asyncio.sleep(0.05)  # coalesce bursts of changes into one patch
+
+    async def _flush_status(self) -> None:
+        if self.state.start_time is None:
+            return  # never run here (first seen ending or ended): its status is not ours to write
+        body = pod_status(self.pod, self.state)
+        if body == self._last_sent:
+            return
+        meta = self.pod.metadata
+        try:
+            await self._runtime.core.patch_namespaced_pod_status(meta.name, meta.namespace, body)
+            self._last_sent = body
+        except ApiException as error:
+            if error.status in (404, 409):  # gone, or a new Pod of the same name (UID precondition)
+                return
+            log.warning("status of %s not patched (%s); retrying", self.name, error.reason)
+            asyncio.get_running_loop().call_later(1.0, self._notify)
+
+    async def _delete(self) -> None:
+        meta = self.pod.metadata
+        options = client.V1DeleteOptions(grace_period_seconds=0, preconditions=client.V1Preconditions(uid=self.uid))
+        while not self._gone.is_set():
+            try:
+                await self._runtime.core.delete_namespaced_pod(meta.name, meta.namespace, body=options)
+                return
+            except ApiException as error:
+                if error.status in (404, 409):
+                    return
+                log.warning("could not delete %s (%s); retrying", self.name, error.reason)
+            await asyncio.sleep(1.0)

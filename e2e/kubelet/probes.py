@@ -1,0 +1,85 @@
+"""startupProbe / readinessProbe / livenessProbe: httpGet, tcpSocket and exec, against the Pod's address."""
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+from kubernetes_asyncio import client
+
+from e2e.kubelet.addresses import require_loopback
+
+# Runs a command inside the container: (argv, timeout) -> (exit code, output).
+Exec = Callable[[list[str], float], Awaitable[tuple[int, str]]]
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    pod_ip: str
+    ports: dict[str, int]  # the container's named ports
+    exec: Exec
+
+
+def _host(given: str | None, target: ProbeTarget) -> str:
+    """The Pod's address unless the probe names a host, which must be loopback too (the network rule)."""
+    if not given:
+        return target.pod_ip
+    return "127.0.0.1" if given == "localhost" else str(require_loopback(given))
+
+
+def _port(value: int | str, target: ProbeTarget) -> int:
+    if isinstance(value, int) or str(value).isdigit():
+        return int(value)
+    if value not in target.ports:
+        raise ValueError(f"named port {value!r} is not declared by the container")
+    return target.ports[value]
+
+
+async def check(probe: client.V1Probe, target: ProbeTarget, session: aiohttp.ClientSession) -> tuple[bool, str]:
+    """One attempt; (success, why) where `why` explains a failure."""
+    timeout = float(probe.timeout_seconds or 1)
+    try:
+        if probe.http_get is not None:
+            get = probe.http_get
+            scheme = (get.scheme or "HTTP").lower()
+            url = f"{scheme}://{_host(get.host, target)}:{_port(get.port, target)}{get.path or '/'}"
+            headers = {h.name: h.value for h in get.http_headers or []}
+            async with session.get(
+                url, headers=headers, ssl=False, timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False
+            ) as response:
+                ok = 200 <= response.status < 400
+                return ok, f"HTTP probe failed with statuscode: {response.status}"
+        if probe.tcp_socket is not None:
+            host = _host(probe.tcp_socket.host, target)
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(host, _port(probe.tcp_socket.port, target)), timeout
+            )
+            writer.close()
+            return True, ""
+        if probe._exec is not None:
+            code, output = await target.exec(list(probe._exec.command or []), timeout)
+            return code == 0, f"exec probe exited with {code}: {output.strip()[-200:]}"
+    except (OSError, TimeoutError, aiohttp.ClientError, ValueError) as error:
+        return False, f"probe failed: {error!r}"
+    return False, "probe has no handler (httpGet, tcpSocket or exec)"
+
+
+async def results(probe: client.V1Probe, target: ProbeTarget) -> AsyncIterator[tuple[bool, str]]:
+    """Yield (healthy, why) each time the probe's outcome crosses its success or failure threshold."""
+    period = float(probe.period_seconds or 10)
+    success_threshold = probe.success_threshold or 1
+    failure_threshold = probe.failure_threshold or 3
+    await asyncio.sleep(float(probe.initial_delay_seconds or 0))
+    state: bool | None = None
+    successes = failures = 0
+    async with aiohttp.ClientSession() as session:
+        while True:
+            ok, why = await check(probe, target, session)
+            successes, failures = (successes + 1, 0) if ok else (0, failures + 1)
+            if ok and successes >= success_threshold and state is not True:
+                state = True
+                yield True, ""
+            elif not ok and failures >= failure_threshold and state is not False:
+                state = False
+                yield False, why
+            await asyncio.sleep(period)

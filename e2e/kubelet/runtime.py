@@ -1,0 +1,58 @@
+"""What a Pod worker needs from its Node and from the kubelet process, in one place."""
+
+import base64
+from dataclasses import dataclass
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from e2e.kubelet.addresses import AddressBlock
+from e2e.kubelet.config import KubeletConfig
+from e2e.kubelet.events import EventRecorder
+from e2e.kubelet.gpus import GpuAllocator
+from e2e.kubelet.images import ImageMap
+
+
+@dataclass(frozen=True)
+class NodeRuntime:
+    node: str
+    addresses: AddressBlock
+    gpus: GpuAllocator
+    core: client.CoreV1Api
+    events: EventRecorder
+    images: ImageMap
+    config: KubeletConfig
+
+    @property
+    def host_ip(self) -> str:
+        return str(self.addresses.host_ip)
+
+    def service_env(self) -> dict[str, str]:
+        """The variables a kubelet gives every container for the `kubernetes` Service, pointing at the
+        API server's loopback address instead of the ClusterIP (nothing may dial a ClusterIP here)."""
+        host, port = self.config.api_server_host, str(self.config.api_server_port)
+        url = f"tcp://{host}:{port}"
+        return {
+            "KUBERNETES_SERVICE_HOST": host,
+            "KUBERNETES_SERVICE_PORT": port,
+            "KUBERNETES_SERVICE_PORT_HTTPS": port,
+            "KUBERNETES_PORT": url,
+            "KUBERNETES_PORT_443_TCP": url,
+            "KUBERNETES_PORT_443_TCP_PROTO": "tcp",
+            "KUBERNETES_PORT_443_TCP_ADDR": host,
+            "KUBERNETES_PORT_443_TCP_PORT": port,
+        }
+
+    async def fetch(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
+        """A ConfigMap's or Secret's data (decoded), or None when it does not exist."""
+        try:
+            if kind == "secret":
+                secret = await self.core.read_namespaced_secret(name, namespace)
+                return {k: base64.b64decode(v).decode(errors="replace") for k, v in (secret.data or {}).items()}
+            config_map = await self.core.read_namespaced_config_map(name, namespace)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        binary = {k: base64.b64decode(v).decode(errors="replace") for k, v in (config_map.binary_data or {}).items()}
+        return {**binary, **(config_map.data or {})}

@@ -1,0 +1,290 @@
+"""One container's life: configure, start, probe, and restart per `restartPolicy` with a crash-loop back-off."""
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from e2e.kubelet import probes
+from e2e.kubelet.container import ContainerProcess
+from e2e.kubelet.env import ContainerConfigError, PodFields, expand, resolve_env
+from e2e.kubelet.gpus import VISIBLE_DEVICES_ENV
+from e2e.kubelet.images import REPO_ROOT, command_line
+from e2e.kubelet.logs import container_log
+from e2e.kubelet.runtime import NodeRuntime
+from e2e.kubelet.status import ContainerStatus, Terminated, now
+from e2e.kubelet.volumes import Mount, VolumeError, container_mounts
+
+log = logging.getLogger(__name__)
+
+# A container that ran this long before exiting starts its back-off afresh (a real kubelet: 10 min).
+_BACKOFF_RESET_SECONDS = 60.0
+
+
+class Backoff:
+    """First restart at once, then `initial` seconds, doubling up to `maximum`."""
+
+    def __init__(self, initial: float, maximum: float) -> None:
+        self._initial, self._maximum = initial, maximum
+        self._next = 0.0
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(max(self._next * 2, self._initial), self._maximum)
+        return delay
+
+    def reset(self) -> None:
+        self._next = 0.0
+
+
+@dataclass
+class PodEnvironment:
+    """What the containers of one Pod share; `pod` is replaced as the kubelet sees new versions."""
+
+    pod: client.V1Pod
+    pod_ip: str
+    volumes: dict[str, Path] = field(default_factory=dict)
+    gpus: dict[str, list[str]] = field(default_factory=dict)  # container name -> GPU UUIDs
+
+    @property
+    def grace_seconds(self) -> float:
+        meta, spec = self.pod.metadata, self.pod.spec
+        if meta.deletion_grace_period_seconds is not None:
+            return float(meta.deletion_grace_period_seconds)
+        return float(spec.termination_grace_period_seconds if spec.termination_grace_period_seconds is not None else 30)
+
+
+class ContainerSupervisor:
+    def __init__(
+        self,
+        runtime: NodeRuntime,
+        pod: PodEnvironment,
+        spec: client.V1Container,
+        *,
+        restart_policy: str,
+        notify: Callable[[], None],
+    ) -> None:
+        self._runtime, self._pod, self.spec = runtime, pod, spec
+        self._restart_policy = restart_policy
+        self._notify = notify
+        self.status = ContainerStatus(name=spec.name, image=spec.image or "")
+        self._process: ContainerProcess | None = None
+        self._env: dict[str, str] = {}
+        self._stopping = False
+        self._stopped = asyncio.Event()
+
+    async def _record(self, kind: str, reason: str, message: str) -> None:
+        await self._runtime.events.record(self._pod.pod, kind, reason, message, self.spec.name)
+
+    def _leave_terminated(self) -> None:
+        """A new run begins: the finished run becomes `lastState`."""
+        if self.status.terminated is not None:
+            self.status.last_terminated, self.status.terminated = self.status.terminated, None
+
+    def _set_waiting(self, reason: str, message: str | None = None) -> None:
+        self._leave_terminated()
+        self.status.state, self.status.reason, self.status.message = "waiting", reason, message
+        self.status.ready = False
+        self._notify()
+
+    async def _configure(self) -> tuple[list[str] | None, dict[str, str], list[Mount]]:
+        """(argv or None for a pause container, environment, mounts)."""
+        pod = self._pod.pod
+        fields = PodFields(pod, self._pod.pod_ip, self._runtime.host_ip)
+        pod_env = await resolve_env(self.spec, fields, self._runtime.service_env(), self._runtime.fetch)
+        if self.spec.name in self._pod.gpus:
+            pod_env[VISIBLE_DEVICES_ENV] = ",".join(self._pod.gpus[self.spec.name])
+        mounts = container_mounts(self.spec, self._pod.volumes)
+        entry = self._runtime.images.lookup(self.spec.image or "")
+        if entry is None:
+            return None, pod_env, mounts
+        argv = command_line(
+            entry,
+            [expand(a, pod_env) for a in self.spec.command] if self.spec.command else None,
+            [expand(a, pod_env) for a in self.spec.args] if self.spec.args else None,
+        )
+        if not argv:
+            raise ContainerConfigError(f"image {self.spec.image} has no command and the container gives none")
+        env = {**self._runtime.images.base_env(entry, self._pod.pod_ip), "HOSTNAME": self._hostname(), **pod_env}
+        return argv, env, mounts
+
+    def _hostname(self) -> str:
+        spec = self._pod.pod.spec
+        name: str = spec.hostname or self._pod.pod.metadata.name
+        return name[:63].rstrip("-.")
+
+    def _should_restart(self, code: int) -> bool:
+        if self._stopping:
+            return False
+        return self._restart_policy == "Always" or (self._restart_policy == "OnFailure" and code != 0)
+
+    async def run(self) -> None:
+        """Returns when the container is done for good (per restart policy), or is cancelled by `stop`."""
+        backoff = Backoff(
+            self._runtime.config.restart_backoff_initial_seconds, self._runtime.config.restart_backoff_max_seconds
+        )
+        while not self._stopping:
+            try:
+                argv, env, mounts = await self._configure()
+            except (ContainerConfigError, VolumeError, ApiException) as error:
+                message = str(error) if not isinstance(error, ApiException) else f"API error {error.status}"
+                self._set_waiting("CreateContainerConfigError", message)
+                await self._record("Warning", "Failed", f"Error: {message}")
+                await asyncio.sleep(max(backoff.next(), 1.0))
+                continue
+            if argv is None:
+                await self._run_pause()
+                return
+            code, ran = await self._run_once(argv, env, mounts)
+            if ran > _BACKOFF_RESET_SECONDS:
+                backoff.reset()
+            if not self._should_restart(code):
+                return
+            delay = backoff.next()
+            if delay > 0:
+                pod_name = self._pod.pod.metadata.name
+                message = f"back-off {delay:g}s restarting failed container={self.spec.name} pod={pod_name}"
+                self._set_waiting("CrashLoopBackOff", message)
+                await self._record("Warning", "BackOff", "Back-off restarting failed container")
+                await asyncio.sleep(delay)
+            # Together, as a kubelet reports a restart: the count and the run it replaces.
+            self._leave_terminated()
+            self.status.restart_count += 1
+
+    async def _run_pause(self) -> None:
+        """An image the kubelet has no command for: nothing runs, the container stays Running."""
+        self.status.state, self.status.started_at, self.status.started = "running", now(), True
+        self.status.container_id = f"loopback://pause/{self._pod.pod.metadata.uid}/{self.spec.name}"
+        self.status.ready = self.spec.readiness_probe is None
+        self._notify()
+        await self._record(
+            "Normal", "Started", f"Started container {self.spec.name} (pause: image not in the image map)"
+        )
+        await self._stopped.wait()
+        self._terminate(0, "Completed")
+
+    def _terminate(self, code: int, reason: str) -> None:
+        status = self.status
+        status.terminated = Terminated(code, reason, status.started_at, now(), status.container_id)
+        status.state, status.ready = "terminated", False
+        self._notify()
+
+    async def _run_once(self, argv: list[str], env: dict[str, str], mounts: list[Mount]) -> tuple[int, float]:
+        """Start the process and watch it and its probes; returns (exit code, seconds it ran)."""
+        meta = self._pod.pod.metadata
+        self._env = env
+        process = await ContainerProcess.start(
+            argv,
+            env=env,
+            cwd=Path(self.spec.working_dir) if self.spec.working_dir else REPO_ROOT,
+            hostname=self._hostname(),
+            mounts=mounts,
+            log=container_log(
+                self._runtime.config.logs_dir,
+                meta.namespace,
+                meta.name,
+                meta.uid,
+                self.spec.name,
+                self.status.restart_count,
+            ),
+        )
+        self._process = process
+        status = self.status
+        status.state, status.started_at, status.container_id = "running", process.started_at, process.container_id
+        status.started = self.spec.startup_probe is None
+        status.ready = status.started and self.spec.readiness_probe is None
+        self._notify()
+        await self._record("Normal", "Started", f"Started container {self.spec.name}")
+        probing = asyncio.create_task(self._probe(process))
+        try:
+            code = await process.wait()
+        finally:
+            probing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await probing
+            self._process = None
+        self._terminate(code, "Completed" if code == 0 else "Error")
+        return code, (now() - process.started_at).total_seconds()
+
+    def _target(self, process: ContainerProcess) -> probes.ProbeTarget:
+        ports = {p.name: p.container_port for p in self.spec.ports or [] if p.name}
+
+        async def run_in_container(argv: list[str], limit: float) -> tuple[int, str]:
+            return await process.exec(argv, env=self._env, cwd=REPO_ROOT, limit=limit)
+
+        return probes.ProbeTarget(self._pod.pod_ip, ports, run_in_container)
+
+    async def _probe(self, process: ContainerProcess) -> None:
+        """Startup probe first; then readiness (sets `ready`) and liveness (kills the container)."""
+        target = self._target(process)
+        if self.spec.startup_probe is not None:
+            async for ok, why in probes.results(self.spec.startup_probe, target):
+                if not ok:
+                    await self._kill_unhealthy(process, "Startup", why)
+                    return
+                break
+            self.status.started = True
+            self.status.ready = self.spec.readiness_probe is None
+            self._notify()
+        await asyncio.gather(self._readiness(target), self._liveness(process, target))
+
+    async def _readiness(self, target: probes.ProbeTarget) -> None:
+        if self.spec.readiness_probe is None:
+            return
+        async for ok, why in probes.results(self.spec.readiness_probe, target):
+            self.status.ready = ok
+            self._notify()
+            if not ok:
+                await self._record("Warning", "Unhealthy", f"Readiness probe failed: {why}")
+
+    async def _liveness(self, process: ContainerProcess, target: probes.ProbeTarget) -> None:
+        if self.spec.liveness_probe is None:
+            return
+        async for ok, why in probes.results(self.spec.liveness_probe, target):
+            if not ok:
+                await self._kill_unhealthy(process, "Liveness", why)
+                return
+
+    async def _kill_unhealthy(self, process: ContainerProcess, kind: str, why: str) -> None:
+        await self._record("Warning", "Unhealthy", f"{kind} probe failed: {why}")
+        await self._record(
+            "Normal", "Killing", f"Container {self.spec.name} failed {kind.lower()} probe, will be restarted"
+        )
+        await process.stop(self._pod.grace_seconds)
+
+    async def stop(self, grace_seconds: float) -> None:
+        """Stop for good: SIGTERM, SIGKILL after the grace period; no restart follows."""
+        self._stopping = True
+        self._stopped.set()
+        process = self._process
+        if process is None:
+            return
+        await self._record("Normal", "Killing", f"Stopping container {self.spec.name}")
+        deadline = asyncio.get_running_loop().time() + grace_seconds
+        hook = self.spec.lifecycle.pre_stop if self.spec.lifecycle is not None else None
+        if hook is not None:
+            # A preStop handler is a probe that runs once, within the grace period.
+            handler = client.V1Probe(
+                _exec=hook._exec,
+                http_get=hook.http_get,
+                tcp_socket=hook.tcp_socket,
+                timeout_seconds=max(1, int(grace_seconds)),
+            )
+            async with aiohttp.ClientSession() as session:
+                ok, why = await probes.check(handler, self._target(process), session)
+            if not ok:
+                await self._record("Warning", "FailedPreStopHook", why)
+        await process.stop(max(0.0, deadline - asyncio.get_running_loop().time()))
+
+    def kill(self) -> None:
+        """The node is lost: kill at once, report nothing."""
+        self._stopping = True
+        self._stopped.set()
+        if self._process is not None:
+            self._process.kill()

@@ -1,0 +1,146 @@
+"""The loopback kubelet's pure parts, without a cluster: expansion, env, image map, GPUs, addresses."""
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+from kubernetes_asyncio import client
+
+from e2e.kubelet.addresses import AddressBlock, require_loopback
+from e2e.kubelet.env import ContainerConfigError, PodFields, expand, resolve_env
+from e2e.kubelet.gpus import GpuAllocator, InsufficientGpusError, gpu_uuid
+from e2e.kubelet.images import DEFAULT_IMAGE_MAP, ImageEntry, ImageMap, ImageMapError, command_line
+from e2e.kubelet.supervisor import Backoff
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("$(A)-$(B)", "1-2"),
+        ("$$(A)", "$(A)"),
+        ("$(MISSING)", "$(MISSING)"),
+        ("$(A", "$(A"),
+        ("cost: $5", "cost: $5"),
+        ("trailing $", "trailing $"),
+        ("$$$(A)", "$1"),
+    ],
+)
+def test_expand_follows_kubernetes_rules(text: str, expected: str) -> None:
+    assert expand(text, {"A": "1", "B": "2"}) == expected
+
+
+def _pod() -> client.V1Pod:
+    return client.V1Pod(
+        metadata=client.V1ObjectMeta(name="p", namespace="ns", uid="u-1", labels={"team": "blue"}),
+        spec=client.V1PodSpec(containers=[], node_name="gpu-node-1"),
+    )
+
+
+async def test_env_resolution_order_and_references() -> None:
+    data = {("configmap", "ns", "cm"): {"level": "7", "bad key": "x"}, ("secret", "ns", "s"): {"pw": "hunter2"}}
+
+    async def fetch(kind: str, namespace: str, name: str) -> dict[str, str] | None:
+        return data.get((kind, namespace, name))
+
+    container = client.V1Container(
+        name="c",
+        env_from=[client.V1EnvFromSource(prefix="CM_", config_map_ref=client.V1ConfigMapEnvSource(name="cm"))],
+        env=[
+            client.V1EnvVar(
+                name="IP",
+                value_from=client.V1EnvVarSource(field_ref=client.V1ObjectFieldSelector(field_path="status.podIP")),
+            ),
+            client.V1EnvVar(name="URL", value="http://$(IP):$(CM_level)"),
+            client.V1EnvVar(
+                name="TEAM",
+                value_from=client.V1EnvVarSource(
+                    field_ref=client.V1ObjectFieldSelector(field_path="metadata.labels['team']")
+                ),
+            ),
+            client.V1EnvVar(
+                name="PW",
+                value_from=client.V1EnvVarSource(secret_key_ref=client.V1SecretKeySelector(name="s", key="pw")),
+            ),
+            client.V1EnvVar(
+                name="OPT",
+                value_from=client.V1EnvVarSource(
+                    config_map_key_ref=client.V1ConfigMapKeySelector(name="nope", key="k", optional=True)
+                ),
+            ),
+        ],
+    )
+    env = await resolve_env(container, PodFields(_pod(), "127.40.0.2", "127.40.0.1"), {"SVC": "1"}, fetch)
+    assert env == {
+        "SVC": "1",
+        "CM_level": "7",
+        "IP": "127.40.0.2",
+        "URL": "http://127.40.0.2:7",
+        "TEAM": "blue",
+        "PW": "hunter2",
+    }
+
+    missing = client.V1Container(
+        name="c",
+        env=[
+            client.V1EnvVar(
+                name="X",
+                value_from=client.V1EnvVarSource(config_map_key_ref=client.V1ConfigMapKeySelector(name="cm", key="k")),
+            )
+        ],
+    )
+    with pytest.raises(ContainerConfigError, match="key 'k' not found in configmap ns/cm"):
+        await resolve_env(missing, PodFields(_pod(), "127.40.0.2", "127.40.0.1"), {}, fetch)
+
+
+def test_image_map_follows_docker_command_rules(tmp_path: Path) -> None:
+    images = ImageMap([DEFAULT_IMAGE_MAP])
+    http = images.lookup("docker.io/dualpods/test-http:v9@sha256:abc")
+    assert http is not None
+    assert http.entrypoint[1:] == ["-m", "e2e.testapps.http_server"]
+    assert images.lookup("docker.io/library/python:3.11") == images.lookup("python")
+    assert images.lookup("registry.example/unknown:1") is None, "unknown images run as pause containers"
+
+    entry = ImageEntry(entrypoint=["ep"], cmd=["c1", "c2"])
+    assert command_line(entry, None, None) == ["ep", "c1", "c2"]
+    assert command_line(entry, None, ["a"]) == ["ep", "a"]
+    assert command_line(entry, ["cmd"], None) == ["cmd"]
+    assert command_line(entry, ["cmd"], ["a"]) == ["cmd", "a"]
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("images:\n  x:\n    entrypoint: ['{pyhton}']\n")
+    with pytest.raises(ImageMapError, match="pyhton"):
+        ImageMap([bad])
+
+
+def test_gpus_are_deterministic_and_exclusive() -> None:
+    assert gpu_uuid("n", 0) == gpu_uuid("n", 0) != gpu_uuid("n", 1) != gpu_uuid("m", 0)
+    gpus = GpuAllocator("n", 2)
+    first = gpus.allocate("pod-a", 1)
+    second = gpus.allocate("pod-b", 1)
+    assert set(first).isdisjoint(second)
+    with pytest.raises(InsufficientGpusError, match="Requested: 1, Available: 0"):
+        gpus.allocate("pod-c", 1)
+    gpus.release("pod-a")
+    assert gpus.allocate("pod-c", 1) == first
+
+
+def test_address_blocks_are_loopback_and_distinct(tmp_path: Path) -> None:
+    one, two = AddressBlock.claim(tmp_path), AddressBlock.claim(tmp_path)
+    try:
+        assert one.network != two.network
+        addresses = {one.allocate() for _ in range(5)} | {two.allocate() for _ in range(5)}
+        assert len(addresses) == 10
+        assert all(a in ipaddress.ip_network("127.0.0.0/8") for a in addresses)
+        assert one.host_ip not in addresses
+    finally:
+        one.release_block()
+        two.release_block()
+    with pytest.raises(ValueError, match=r"outside 127\.0\.0\.0/8"):
+        require_loopback("10.96.0.1")
+
+
+def test_backoff_restarts_at_once_then_doubles_to_a_cap() -> None:
+    backoff = Backoff(0.5, 2.0)
+    assert [backoff.next() for _ in range(5)] == [0.0, 0.5, 1.0, 2.0, 2.0]
+    backoff.reset()
+    assert backoff.next() == 0.0

@@ -1,0 +1,49 @@
+"""Waiting for a condition in a test, with a deadline and a failure message that says what was awaited."""
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, overload
+
+T = TypeVar("T")
+
+
+@overload
+async def wait_for(
+    check: Callable[[], Awaitable[T]], *, what: str, within: float = ..., interval: float = ...
+) -> T: ...
+@overload
+async def wait_for(check: Callable[[], T], *, what: str, within: float = ..., interval: float = ...) -> T: ...
+
+
+async def wait_for(
+    check: Callable[[], Any],
+    *,
+    what: str,
+    within: float = 30.0,
+    interval: float = 0.2,
+) -> Any:
+    """Call `check` (sync or async) until it returns something truthy, and return that.
+
+    An exception from `check` counts as "not yet" (an object may not exist yet); the last value and
+    the last exception are in the TimeoutError raised after `within` seconds.
+    """
+    deadline = time.monotonic() + within
+    last_value: object = None
+    last_error: BaseException | None = None
+    while True:
+        try:
+            result = check()
+            value = await result if inspect.isawaitable(result) else result
+            if value:
+                return value
+            last_value, last_error = value, None
+        except Exception as error:
+            last_error = error
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"timed out after {within:g} s waiting for {what}; last value {last_value!r}"
+                + (f", last error {last_error!r}" if last_error else "")
+            )
+        await asyncio.sleep(interval)
