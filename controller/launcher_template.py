@@ -1,0 +1,149 @@
+"""Launcher Pods made from a LauncherConfig: one definition shared by both controllers.
+
+The populator and the dual-pods controller must agree exactly on what a launcher made from a given
+LauncherConfig looks like, so both build it here. The template hash identifies the node-independent
+Pod: a launcher whose hash differs from its LauncherConfig's current one is stale. The config hash adds
+the node and is how the dual-pods controller finds the launchers it may bind on a node.
+"""
+
+import base64
+import copy
+import hashlib
+import json
+from typing import Any
+
+from api import keys
+from api.crds import API_VERSION, LauncherConfig
+
+Pod = dict[str, Any]
+
+# Sorted so that the same template always gives the same hash, however its lists were written.
+_SORTED_POD_LISTS = {"volumes": "name", "tolerations": None, "imagePullSecrets": "name"}
+_SORTED_CONTAINER_LISTS = {"volumeMounts": "mountPath", "ports": "containerPort", "envFrom": None}
+
+FORCED_ENV = {
+    # The launcher sees every GPU of the node and confines each instance with CUDA_VISIBLE_DEVICES.
+    "NVIDIA_VISIBLE_DEVICES": "all",
+    "NVIDIA_DRIVER_CAPABILITIES": "compute,utility",
+    # vLLM's /sleep, /wake_up and /is_sleeping routes.
+    "VLLM_SERVER_DEV_MODE": "1",
+}
+# What the launcher's --mock-gpus mode reads to find its node's entry in the gpu-map ConfigMap.
+DOWNWARD_ENV = {"NODE_NAME": "spec.nodeName", "NAMESPACE": "metadata.namespace"}
+GPU_RESOURCE = "nvidia.com/gpu"
+TOKEN_VOLUME = "dualpods-launcher-token"
+TOKEN_DIR = "/var/run/secrets/dualpods/launcher-token"
+
+
+class TemplateError(ValueError):
+    """A LauncherConfig whose podTemplate cannot make a launcher Pod."""
+
+
+def _sort_key(field: str | None) -> Any:
+    return (lambda item: str(item.get(field, ""))) if field else (lambda item: json.dumps(item, sort_keys=True))
+
+
+def _canonical_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    spec = copy.deepcopy(spec)
+    for name, field in _SORTED_POD_LISTS.items():
+        if isinstance(spec.get(name), list):
+            spec[name] = sorted(spec[name], key=_sort_key(field))
+    for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+        for name, field in _SORTED_CONTAINER_LISTS.items():
+            if isinstance(container.get(name), list):
+                container[name] = sorted(container[name], key=_sort_key(field))
+    return spec
+
+
+def _hash(text: str) -> str:
+    return base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
+
+
+def _set_env(container: dict[str, Any], name: str, entry: dict[str, Any]) -> None:
+    env = [e for e in container.get("env", []) if e.get("name") != name]
+    container["env"] = [*env, {"name": name, **entry}]
+
+
+def _patch_launcher_container(container: dict[str, Any], token_secret: str | None) -> None:
+    for name, value in FORCED_ENV.items():
+        _set_env(container, name, {"value": value})
+    for name, path in DOWNWARD_ENV.items():
+        if not any(e.get("name") == name for e in container.get("env", [])):
+            _set_env(container, name, {"valueFrom": {"fieldRef": {"fieldPath": path}}})
+    health = {"httpGet": {"path": "/health", "port": keys.LAUNCHER_PORT}}
+    container["livenessProbe"] = {
+        **health, "initialDelaySeconds": 10, "periodSeconds": 20, "timeoutSeconds": 1, "failureThreshold": 3,
+    }  # fmt: skip
+    # /health answers once vLLM is preloaded, and needs no token (E9).
+    container["readinessProbe"] = {
+        **health, "initialDelaySeconds": 2, "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3,
+    }  # fmt: skip
+    resources = container.setdefault("resources", {})
+    for kind in ("limits", "requests"):
+        if GPU_RESOURCE in resources.get(kind, {}):
+            resources[kind][GPU_RESOURCE] = "0"
+    if token_secret:
+        _set_env(container, "LAUNCHER_AUTH_TOKEN_FILE", {"value": f"{TOKEN_DIR}/token"})
+        mounts = [m for m in container.get("volumeMounts", []) if m.get("name") != TOKEN_VOLUME]
+        container["volumeMounts"] = [*mounts, {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True}]
+
+
+def node_independent_pod(config: LauncherConfig, token_secret: str | None = None) -> tuple[Pod, str]:
+    """The launcher Pod for `config` on any node, and its template hash."""
+    name = config.metadata.name
+    spec = _canonical_spec(config.spec.pod_template.spec)
+    containers = spec.get("containers") or []
+    launcher = next((c for c in containers if c.get("name") == keys.INFERENCE_SERVER_CONTAINER), None)
+    if launcher is None:
+        raise TemplateError(
+            f"LauncherConfig {name}: podTemplate.spec has no container named {keys.INFERENCE_SERVER_CONTAINER!r}"
+        )
+    _patch_launcher_container(launcher, token_secret)
+    if isinstance(spec.get("overhead"), dict):
+        spec["overhead"].pop(GPU_RESOURCE, None)
+    if token_secret:
+        volumes = [v for v in spec.get("volumes", []) if v.get("name") != TOKEN_VOLUME]
+        spec["volumes"] = [*volumes, {"name": TOKEN_VOLUME, "secret": {"secretName": token_secret}}]
+    template = config.spec.pod_template.metadata
+    pod: Pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": f"launcher-{name}-",
+            "namespace": config.metadata.namespace,
+            "labels": {
+                **template.labels,
+                keys.COMPONENT_LABEL: keys.LAUNCHER_COMPONENT,
+                keys.LAUNCHER_CONFIG_NAME_LABEL: name,
+                keys.SLEEPING_LABEL: "true",
+            },
+            "annotations": dict(template.annotations),
+            "ownerReferences": [
+                {
+                    "apiVersion": API_VERSION,
+                    "kind": config.RESOURCE.kind,
+                    "name": name,
+                    "uid": config.metadata.uid,
+                    "controller": False,
+                    "blockOwnerDeletion": False,
+                }
+            ],
+        },
+        "spec": spec,
+    }
+    template_hash = _hash(json.dumps(pod, sort_keys=True, separators=(",", ":")))
+    pod["metadata"]["annotations"][keys.LAUNCHER_TEMPLATE_HASH_ANNOTATION] = template_hash
+    return pod, template_hash
+
+
+def launcher_config_hash(template_hash: str, node: str) -> str:
+    return _hash(f"{template_hash};node={node}")
+
+
+def pod_for_node(node_independent: Pod, template_hash: str, node: str) -> Pod:
+    """A copy of the node-independent launcher Pod pinned to `node`."""
+    pod = copy.deepcopy(node_independent)
+    pod["metadata"]["labels"][keys.NODE_NAME_LABEL] = node
+    pod["metadata"]["annotations"][keys.LAUNCHER_CONFIG_HASH_ANNOTATION] = launcher_config_hash(template_hash, node)
+    pod["spec"].setdefault("nodeSelector", {})["kubernetes.io/hostname"] = node
+    return pod
