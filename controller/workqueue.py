@@ -17,6 +17,7 @@ K = TypeVar("K", bound=Hashable)
 
 BASE_DELAY_S = 0.005
 MAX_DELAY_S = 20.0  # FMA's cap
+QUIET_RETRIES = 8
 
 
 class WorkQueue(Generic[K]):
@@ -116,8 +117,10 @@ async def run_workers(queue: WorkQueue[K], reconcile: Reconcile[K], workers: int
                 raise
             except Exception as err:
                 delay = queue.add_rate_limited(key)
-                log.warning("%s: reconciling %s failed (retry %d in %.2f s): %s", queue.name, key,
-                            queue.retries(key), delay, err, exc_info=log.isEnabledFor(logging.DEBUG))  # fmt: skip
+                # Early retries are usually a state in transition (a Pod without an address yet).
+                level = logging.WARNING if queue.retries(key) > QUIET_RETRIES else logging.INFO
+                log.log(level, "%s: reconciling %s failed (retry %d in %.2f s): %s", queue.name, key,
+                        queue.retries(key), delay, err, exc_info=log.isEnabledFor(logging.DEBUG))  # fmt: skip
             else:
                 queue.forget(key)
                 if again is not None:

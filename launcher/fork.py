@@ -7,6 +7,7 @@ returns into the launcher's code: it ends with os._exit.
 
 import asyncio
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -22,11 +23,18 @@ def fork_instance(runtime: Runtime, argv: list[str], env: dict[str, str], log_pa
     """Start the instance; return its PID, which is also its process-group ID."""
     sys.stdout.flush()
     sys.stderr.flush()
+    # Until the child has dropped the launcher's signal handling, a signal sent to it would run the
+    # launcher's handler and reach the launcher's event loop through the inherited wakeup descriptor
+    # (a SIGTERM for a just-created instance would stop the launcher). Blocked signals wait instead.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, process_control.HANDLED_SIGNALS)
     pid = os.fork()
     if pid != 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         return pid
     exit_code = 1
     try:
+        process_control.reset_signals()
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         _become_instance(env, log_path, title)
         runtime.serve(argv)
         exit_code = 0
@@ -44,7 +52,6 @@ def _become_instance(env: dict[str, str], log_path: Path, title: str) -> None:
     os.setsid()
     setproctitle.setproctitle(title)
     process_control.die_with_parent()
-    process_control.reset_signals()
     process_control.close_inherited_descriptors()
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)

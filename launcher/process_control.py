@@ -55,10 +55,13 @@ def close_inherited_descriptors() -> None:
             os.close(fd)
 
 
+HANDLED_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD})
+
+
 def reset_signals() -> None:
     """Undo the parent's event-loop signal handling in a freshly forked child."""
     signal.set_wakeup_fd(-1)
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD):
+    for signum in HANDLED_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
 
 

@@ -249,3 +249,17 @@ async def test_a_crashed_instance_is_stopped_with_its_exit_code(
     async with http.post(f"{BASE}/victim/wake_up") as response:
         assert response.status == 409
         assert "is stopped (exit code -9)" in (await response.json())["detail"]
+
+
+async def test_deleting_an_instance_right_after_creating_it_never_stops_the_launcher(
+    launcher: LauncherProcess, http: aiohttp.ClientSession
+) -> None:
+    # A SIGTERM that reached a child before it dropped the launcher's signal handling used to be
+    # relayed to the launcher's own event loop, which then shut down.
+    for round_ in range(30):
+        await create(http, f"brief-{round_}")
+        async with http.delete(f"{BASE}/brief-{round_}") as response:
+            assert response.status == 200
+    async with http.get("/health") as response:
+        assert response.status == 200
+    assert instance_processes(launcher) == {}
