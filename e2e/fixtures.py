@@ -5,13 +5,15 @@ Fixtures:
                `cluster.kubelet.lose_node(name)` / `.add_node(name, gpus)` / `.publish_gpu_map(ns)`,
                `cluster.container_log(pod, container, previous=False)`, `cluster.state().apiserver_port`.
     api        a kubernetes-asyncio ApiClient with admin rights, closed after the test.
-    namespace  a fresh namespace (its default ServiceAccount ready for Pods), deleted after the test.
+    namespace  a fresh namespace (its default ServiceAccount ready for Pods), deleted after the test;
+               `fresh_namespace(api, label)` makes one for a wider scope (e.g. a module's scenario).
 Helpers: `e2e.waiting.wait_for(check, what=..., within=seconds)`.
 """
 
 import re
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import pytest
 from kubernetes_asyncio import client
@@ -38,10 +40,10 @@ async def api(cluster: LoopbackCluster) -> AsyncIterator[client.ApiClient]:
         yield api_client
 
 
-@pytest.fixture
-async def namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    """Named after the test; Pods can be created in it at once (its ServiceAccount token exists)."""
-    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+@asynccontextmanager
+async def fresh_namespace(api: client.ApiClient, label: str) -> AsyncIterator[str]:
+    """A new namespace named after `label` whose default ServiceAccount token exists; deleted afterwards."""
+    slug = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")[:40].strip("-")
     name = f"{slug}-{uuid.uuid4().hex[:5]}"
     core = client.CoreV1Api(api)
     await core.create_namespace({"metadata": {"name": name}})
@@ -51,9 +53,18 @@ async def namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> As
         return bool(account.secrets)
 
     await wait_for(default_account_has_token, what=f"the default ServiceAccount token in {name}")
-    yield name
     try:
-        await core.delete_namespace(name)
-    except ApiException as error:
-        if error.status != 404:
-            raise
+        yield name
+    finally:
+        try:
+            await core.delete_namespace(name)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+
+@pytest.fixture
+async def namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """Named after the test; Pods can be created in it at once (its ServiceAccount token exists)."""
+    async with fresh_namespace(api, request.node.name) as name:
+        yield name

@@ -1,7 +1,6 @@
 """The generated CRDs on the loopback cluster's real kube-apiserver (1.20): installed with a plain
 `kubectl apply` as a user would, Established, enforcing the schema, with a working status subresource."""
 
-import asyncio
 import json
 from typing import Any
 
@@ -22,9 +21,8 @@ from api.crds import (
     Status,
     parse_object,
 )
-from e2e.cluster.binaries import venv_tool
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.waiting import wait_for
+from e2e.crds import install_crds, kubectl
 
 EXAMPLES = CRD_DIR.parent / "examples"
 
@@ -35,37 +33,9 @@ def examples() -> list[dict[str, Any]]:
     return [doc for doc in docs if doc["apiVersion"] == API_VERSION]
 
 
-async def kubectl(cluster: LoopbackCluster, *args: str, stdin: str = "") -> str:
-    process = await asyncio.create_subprocess_exec(
-        str(venv_tool("kubectl")),
-        "--kubeconfig",
-        str(cluster.kubeconfig),
-        *args,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await process.communicate(stdin.encode())
-    assert process.returncode == 0, f"kubectl {' '.join(args)} failed: {err.decode()}"
-    return out.decode()
-
-
 @pytest.fixture
 async def crds(cluster: LoopbackCluster, api: client.ApiClient) -> None:
-    """The CRDs of config/crd/, installed (idempotently) and Established."""
-    # Client-side apply also proves the LauncherConfig CRD fits its last-applied annotation (256 KiB).
-    await kubectl(cluster, "apply", "-f", str(CRD_DIR))
-    extensions = client.ApiextensionsV1Api(api)
-
-    async def established() -> bool:
-        for kind in KINDS:
-            crd = await extensions.read_custom_resource_definition(kind.RESOURCE.crd_name)
-            conditions = {c.type: c.status for c in crd.status.conditions or []}
-            if conditions.get("Established") != "True" or conditions.get("NonStructuralSchema") == "True":
-                return False
-        return True
-
-    await wait_for(established, what="the three CRDs Established", within=30)
+    await install_crds(cluster, api)
 
 
 async def create(api: client.ApiClient, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:

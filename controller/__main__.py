@@ -1,0 +1,121 @@
+"""`python -m controller dual-pods|populator --namespace NS ...`: run one of the two controllers.
+
+Both serve Prometheus metrics on --metrics-port and, with --leader-elect, hold a Lease so that several
+replicas can run with one active (E11). A replica that loses the Lease exits, and Kubernetes restarts
+it as a follower.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from kubernetes_asyncio import client
+from prometheus_client import CollectorRegistry
+
+from controller.kube import api_client
+from controller.leader import LeaderElection, LostLeadership
+from controller.serving import serve_metrics
+
+log = logging.getLogger("controller")
+Run = Callable[[], Awaitable[None]]
+
+
+def build_dual_pods(
+    api: client.ApiClient, args: argparse.Namespace, registry: CollectorRegistry
+) -> Callable[[], Awaitable[None]]:
+    from controller.dualpods.controller import DualPodsController, DualPodsOptions
+
+    token = Path(args.launcher_token_file).read_text().strip() if args.launcher_token_file else None
+    options = DualPodsOptions(
+        workers=args.num_workers, launcher_token=token, launcher_token_secret=args.launcher_token_secret
+    )
+    return DualPodsController(api, args.namespace, options, registry).run
+
+
+def build_populator(
+    api: client.ApiClient, args: argparse.Namespace, registry: CollectorRegistry
+) -> Callable[[], Awaitable[None]]:
+    from controller.populator import Populator, PopulatorOptions
+
+    options = PopulatorOptions(
+        workers=args.num_workers,
+        expectation_timeout=args.expectation_timeout,
+        stuck_scheduling_threshold=args.stuck_scheduling_threshold,
+        stuck_starting_threshold=args.stuck_starting_threshold,
+        launcher_token_secret=args.launcher_token_secret,
+    )
+    return Populator(api, args.namespace, options, registry).run
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m controller", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    dual_pods = commands.add_parser("dual-pods", help="bind server-requesting Pods to server-providing Pods")
+    populator = commands.add_parser("populator", help="keep launcher Pods populated per LauncherPopulationPolicy")
+    for command, default_workers in ((dual_pods, 4), (populator, 4)):
+        command.add_argument("-n", "--namespace", required=True, help="the namespace the controller works in")
+        command.add_argument("--kubeconfig", help="default: in-cluster credentials, else ~/.kube/config")
+        command.add_argument("--leader-elect", action="store_true", help="hold a Lease; run several replicas")
+        command.add_argument("--leader-election-id", help="the Lease's name (default: dualpods-<command>)")
+        command.add_argument("--metrics-host", default=os.environ.get("POD_IP", "0.0.0.0"))
+        command.add_argument("--metrics-port", type=int, default=8002)
+        command.add_argument("--num-workers", type=int, default=default_workers)
+        command.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+        command.add_argument("--launcher-token-secret", help="Secret with the launchers' bearer token (E9)")
+    dual_pods.add_argument("--launcher-token-file", help="file holding the launchers' bearer token (E9)")
+    populator.add_argument("--expectation-timeout", type=float, default=5.0)
+    populator.add_argument("--stuck-scheduling-threshold", type=float, default=120.0)
+    populator.add_argument("--stuck-starting-threshold", type=float, default=450.0)
+    args = parser.parse_args(argv)
+    args.build = build_dual_pods if args.command == "dual-pods" else build_populator
+    return args
+
+
+async def run(args: argparse.Namespace) -> None:
+    api = await api_client(args.kubeconfig)
+    registry = CollectorRegistry()
+    metrics = await serve_metrics(registry, args.metrics_host, args.metrics_port)
+    controller = args.build(api, args, registry)
+    try:
+        if args.leader_elect:
+            identity = os.environ.get("POD_NAME") or socket.gethostname()
+            lease = args.leader_election_id or f"dualpods-{args.command}"
+            await LeaderElection(api, args.namespace, lease, identity).run(controller)
+        else:
+            await controller()
+    finally:
+        await metrics.cleanup()
+        await api.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+    loop = asyncio.new_event_loop()
+    task = loop.create_task(run(args))
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, task.cancel)
+    try:
+        loop.run_until_complete(task)
+    except asyncio.CancelledError:
+        log.info("%s controller stopped", args.command)
+    except LostLeadership as lost:
+        log.error("%s; exiting so that Kubernetes restarts this replica", lost)
+        sys.exit(1)
+    finally:
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+if __name__ == "__main__":
+    main()

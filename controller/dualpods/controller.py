@@ -1,0 +1,199 @@
+"""The dual-pods controller: informers, the launchers' watch streams, and the work queue, wired to
+the reconciler. This module only decides *which* inference servers to look at after each change."""
+
+import asyncio
+import functools
+import logging
+import time
+from dataclasses import dataclass
+
+import aiohttp
+from kubernetes_asyncio import client
+from prometheus_client import CollectorRegistry
+
+from api import keys
+from api.crds import InferenceServerConfig, LauncherConfig
+from controller.events import EventRecorder
+from controller.informer import Informer, Obj
+from controller.kube import custom_objects
+from controller.workqueue import WorkQueue, run_workers
+
+from . import pods
+from .http import HttpCaller
+from .launcher_client import LauncherClient
+from .launcher_views import LauncherViews
+from .metrics import DualPodsMetrics
+from .reconcile import (
+    BOUND_TO,
+    LAUNCHERS,
+    LAUNCHERS_BY_CONFIG_HASH,
+    REQUESTERS_BY_ISC,
+    REQUESTERS_ON_NODE,
+    Caches,
+    Options,
+    Reconciler,
+)
+from .requester_client import RequesterClient
+from .writer import PodWriter
+
+log = logging.getLogger(__name__)
+
+REQUESTER = "requester"
+ISC = "isc"
+Key = tuple[str, str]  # (REQUESTER, requester name) or (ISC, ISC name)
+
+
+@dataclass
+class DualPodsOptions:
+    workers: int = 4
+    launcher_token: str | None = None  # the bearer token launchers require (E9)
+    launcher_token_secret: str | None = None  # the Secret holding it, mounted into launchers we create
+
+
+class DualPodsController:
+    def __init__(
+        self, api: client.ApiClient, namespace: str, options: DualPodsOptions, registry: CollectorRegistry
+    ) -> None:
+        self.namespace = namespace
+        self.options = options
+        core = client.CoreV1Api(api)
+        self.caches = Caches(
+            pods=Informer("pods", functools.partial(core.list_namespaced_pod, namespace)),
+            nodes=Informer("nodes", core.list_node),
+            iscs=Informer("inferenceserverconfigs", custom_objects(api, namespace, InferenceServerConfig)),
+            lcs=Informer("launcherconfigs", custom_objects(api, namespace, LauncherConfig)),
+        )
+        self.caches.pods.add_index(BOUND_TO, _bound_to)
+        self.caches.pods.add_index(REQUESTERS_ON_NODE, _requester_node)
+        self.caches.pods.add_index(LAUNCHERS_BY_CONFIG_HASH, _launcher_config_hash)
+        self.caches.pods.add_index(REQUESTERS_BY_ISC, _requester_isc)
+        self.caches.pods.add_index(LAUNCHERS, lambda p: ["true"] if pods.is_launcher(p) else [])
+        self.metrics = DualPodsMetrics(registry)
+        self.queue: WorkQueue[Key] = WorkQueue("dual-pods")
+        self._api = api
+        self._session: aiohttp.ClientSession | None = None
+
+    async def run(self) -> None:
+        self._session = aiohttp.ClientSession()
+        http = HttpCaller(self._session, self.metrics, self.namespace)
+        launchers = LauncherClient(http, self.options.launcher_token)
+        self.views = LauncherViews(self._session, launchers, self._launcher_changed)
+        self.reconciler = Reconciler(
+            self.namespace,
+            self.caches,
+            self.views,
+            PodWriter(self._api, self.namespace),
+            launchers,
+            RequesterClient(http),
+            EventRecorder(self._api, "dual-pods-controller"),
+            self.metrics,
+            Options(launcher_token_secret=self.options.launcher_token_secret),
+        )
+        self.caches.pods.subscribe(self._pod_changed)
+        self.caches.nodes.subscribe(self._node_changed)
+        self.caches.iscs.subscribe(self._isc_changed)
+        self.caches.lcs.subscribe(self._lc_changed)
+        informers = [self.caches.pods, self.caches.nodes, self.caches.iscs, self.caches.lcs]
+        tasks = [asyncio.ensure_future(i.run()) for i in informers]
+        try:
+            await asyncio.gather(*(i.synced.wait() for i in informers))
+            log.info("caches synced; %d pods, %d nodes", len(self.caches.pods.items()), len(self.caches.nodes.items()))
+            tasks.append(asyncio.ensure_future(run_workers(self.queue, self._process, self.options.workers)))
+            await asyncio.gather(*tasks)
+        finally:
+            self.queue.shutdown()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self.views.close()
+            await self._session.close()
+
+    async def _process(self, key: Key) -> float | None:
+        kind, name = key
+        started = time.monotonic()
+        node = self._node_of(key)
+        try:
+            if kind == REQUESTER:
+                return await self.reconciler.reconcile_requester(name)
+            return await self.reconciler.reconcile_isc(name)
+        except Exception:
+            self.metrics.queue_retries.labels(node).inc()
+            raise
+        finally:
+            self.metrics.queue_work_seconds.labels(node).observe(time.monotonic() - started)
+            self.metrics.queue_depth.labels(node).set(len(self.queue))
+
+    def _node_of(self, key: Key) -> str:
+        pod = self.caches.pods.get(f"{self.namespace}/{key[1]}") if key[0] == REQUESTER else None
+        return (pods.node_name(pod) if pod else None) or ""
+
+    def _enqueue(self, key: Key) -> None:
+        self.metrics.queue_adds.labels(self._node_of(key)).inc()
+        self.queue.add(key)
+
+    def _enqueue_requesters_on(self, node: str | None) -> None:
+        for requester in self.caches.pods.by_index(REQUESTERS_ON_NODE, node or ""):
+            self._enqueue((REQUESTER, pods.name(requester)))
+
+    # ----- which inference servers a change concerns
+
+    def _pod_changed(self, old: Obj | None, new: Obj | None) -> None:
+        for pod in (p for p in (old, new) if p is not None):
+            if pods.is_requester(pod):
+                self._enqueue((REQUESTER, pods.name(pod)))
+            binding = pods.binding(pod)
+            if binding is not None:
+                self._enqueue((REQUESTER, binding.requester_name))
+            elif pods.is_launcher(pod):
+                self._enqueue_requesters_on(pods.node_name(pod))  # a spare launcher came, went or changed
+        if new is not None and pods.is_launcher(new):
+            running = pods.container_running(new) and not pods.is_failed(new)
+            self.views.track(pods.name(new), pods.pod_ip(new) if running else None)
+        elif old is not None and new is None and pods.is_launcher(old):
+            self.views.forget(pods.name(old))
+
+    def _launcher_changed(self, launcher: str) -> None:
+        pod = self.caches.pods.get(f"{self.namespace}/{launcher}")
+        if pod is None:
+            return
+        binding = pods.binding(pod)
+        if binding is not None:
+            self._enqueue((REQUESTER, binding.requester_name))
+        else:
+            self._enqueue_requesters_on(pods.node_name(pod))
+
+    def _node_changed(self, old: Obj | None, new: Obj | None) -> None:
+        self._enqueue_requesters_on(pods.name(new or old or {"metadata": {"name": ""}}))
+
+    def _isc_changed(self, old: Obj | None, new: Obj | None) -> None:
+        name = pods.name(new or old or {"metadata": {"name": ""}})
+        for requester in self.caches.pods.by_index(REQUESTERS_BY_ISC, name):
+            self._enqueue((REQUESTER, pods.name(requester)))
+        if old is not None and (new is None or old.get("spec") != new.get("spec")):
+            self._enqueue((ISC, name))
+
+    def _lc_changed(self, old: Obj | None, new: Obj | None) -> None:
+        name = pods.name(new or old or {"metadata": {"name": ""}})
+        for isc in self.caches.iscs.items():
+            if (isc.get("spec") or {}).get("launcherConfigName") == name:
+                self._isc_changed(isc, isc)
+
+
+def _bound_to(pod: Obj) -> list[str]:
+    binding = pods.binding(pod)
+    return [binding.requester_name] if binding else []
+
+
+def _requester_node(pod: Obj) -> list[str]:
+    node = pods.node_name(pod)
+    return [node] if node and pods.is_requester(pod) else []
+
+
+def _launcher_config_hash(pod: Obj) -> list[str]:
+    value = pods.annotations(pod).get(keys.LAUNCHER_CONFIG_HASH_ANNOTATION)
+    return [value] if value and pods.is_launcher(pod) else []
+
+
+def _requester_isc(pod: Obj) -> list[str]:
+    value = pods.annotations(pod).get(keys.INFERENCE_SERVER_CONFIG_ANNOTATION)
+    return [value] if value else []

@@ -1,0 +1,65 @@
+"""FMA's dual-pods controller metrics (E10: same names and labels, so dashboards carry over)."""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+ACTUATION_BUCKETS = (0, 1, 3, 5, 7.5, 10, 15, 30, 60, 120, 240, 480, 960, 1920)
+HTTP_BUCKETS = (0.001, 0.01, 0.1, 1, 2, 3, 5, 10, 30, 90, 270, 810)
+CREATE_BUCKETS = (0.001, 0.01, 0.1, 1, 2, 3, 4, 5)
+QUEUE_BUCKETS = tuple(4**k / 64 for k in range(7))
+
+
+class DualPodsMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.actuation_seconds = Histogram(
+            "fma_actuation_seconds",
+            "Requester container start to the reply to its first successful become-ready.",
+            ["exported_namespace", "path", "instancesDeleted", "isc_name"],
+            buckets=ACTUATION_BUCKETS,
+            registry=registry,
+        )
+        self.http_latency_seconds = Histogram(
+            "fma_http_latency_seconds",
+            "Latency of the controller's HTTP calls to requesters, launchers and model servers.",
+            ["purpose", "method", "exported_namespace", "isc_name", "status_code"],
+            buckets=HTTP_BUCKETS,
+            registry=registry,
+        )
+        self.launcher_create_seconds = Histogram(
+            "fma_launcher_create_seconds",
+            "API Create latency of launcher Pods the controller creates.",
+            ["exported_namespace", "lcfg_name", "success"],
+            buckets=CREATE_BUCKETS,
+            registry=registry,
+        )
+        self.duality = Gauge(
+            "fma_duality",
+            "1 while a requester is bound to a launcher instance, per GPU; 0 after.",
+            [
+                "exported_namespace",
+                "requester_name",
+                "exported_pod",
+                "exported_container",
+                "instance_id",
+                "UUID",
+                "node",
+            ],
+            registry=registry,
+        )
+        self.requester_count = Gauge(
+            "fma_requester_count", "Requesters carrying each InferenceServerConfig.", ["isc_name"], registry=registry
+        )
+        self.isc_count = Gauge(
+            "fma_isc_count", "InferenceServerConfigs per LauncherConfig.", ["launcher_config_name"], registry=registry
+        )
+        self.queue_adds = Counter("fma_dpc_innerqueue_adds", "Adds to the work queue.", ["node"], registry=registry)
+        self.queue_depth = Gauge("fma_dpc_innerqueue_depth", "Work queue length.", ["node"], registry=registry)
+        self.queue_retries = Counter(
+            "fma_dpc_innerqueue_retries", "Retries of failed work items.", ["node"], registry=registry
+        )
+        self.queue_work_seconds = Histogram(
+            "fma_dpc_innerqueue_work_duration_seconds",
+            "Time to process one work item.",
+            ["node"],
+            buckets=QUEUE_BUCKETS,
+            registry=registry,
+        )

@@ -1,0 +1,113 @@
+"""Reading Pods as the API server's JSON: the few facts the dual-pods controller needs of them."""
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from api import keys
+
+Pod = dict[str, Any]
+
+
+def meta(pod: Pod) -> dict[str, Any]:
+    metadata: dict[str, Any] = pod["metadata"]
+    return metadata
+
+
+def name(pod: Pod) -> str:
+    return str(meta(pod)["name"])
+
+
+def uid(pod: Pod) -> str:
+    return str(meta(pod)["uid"])
+
+
+def labels(pod: Pod) -> dict[str, str]:
+    return meta(pod).get("labels") or {}
+
+
+def annotations(pod: Pod) -> dict[str, str]:
+    return meta(pod).get("annotations") or {}
+
+
+def finalizers(pod: Pod) -> list[str]:
+    return list(meta(pod).get("finalizers") or [])
+
+
+def is_deleting(pod: Pod) -> bool:
+    return bool(meta(pod).get("deletionTimestamp"))
+
+
+def node_name(pod: Pod) -> str | None:
+    node: str | None = pod.get("spec", {}).get("nodeName")
+    return node
+
+
+def pod_ip(pod: Pod) -> str | None:
+    ip: str | None = pod.get("status", {}).get("podIP")
+    return ip
+
+
+def is_failed(pod: Pod) -> bool:
+    return pod.get("status", {}).get("phase") in ("Failed", "Succeeded")
+
+
+def is_ready(pod: Pod) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def container_status(pod: Pod, container: str = keys.INFERENCE_SERVER_CONTAINER) -> dict[str, Any]:
+    for status in pod.get("status", {}).get("containerStatuses") or []:
+        if status.get("name") == container:
+            found: dict[str, Any] = status
+            return found
+    return {}
+
+
+def container_running(pod: Pod) -> bool:
+    return "running" in (container_status(pod).get("state") or {})
+
+
+def container_ready(pod: Pod) -> bool:
+    return bool(container_status(pod).get("ready"))
+
+
+def container_started_at(pod: Pod) -> str | None:
+    running = (container_status(pod).get("state") or {}).get("running") or {}
+    started: str | None = running.get("startedAt")
+    return started
+
+
+def in_trouble(pod: Pod) -> bool:
+    """Restarted and not Ready: FMA deletes such a provider at unbind rather than reusing it."""
+    return int(container_status(pod).get("restartCount") or 0) > 0 and not is_ready(pod)
+
+
+def is_requester(pod: Pod) -> bool:
+    found = annotations(pod)
+    return keys.INFERENCE_SERVER_CONFIG_ANNOTATION in found or keys.SERVER_PATCH_ANNOTATION in found
+
+
+def is_launcher(pod: Pod) -> bool:
+    return keys.LAUNCHER_CONFIG_NAME_LABEL in labels(pod)
+
+
+@dataclass(frozen=True)
+class Binding:
+    """The `requester` annotation of a provider: the authoritative record of a binding."""
+
+    requester_uid: str
+    requester_name: str
+
+
+def binding(pod: Pod) -> Binding | None:
+    parts = annotations(pod).get(keys.REQUESTER_ANNOTATION, "").split(" ")
+    if len(parts) != 2 or not all(parts):
+        return None
+    return Binding(parts[0], parts[1])
+
+
+def json_annotation(pod: Pod, key: str) -> Any:
+    raw = annotations(pod).get(key)
+    return json.loads(raw) if raw else None

@@ -1,0 +1,518 @@
+"""Reconciling one inference server: a server-requesting Pod and the provider bound to it.
+
+Level-triggered and idempotent: each pass reads the informer caches and the launchers' reported
+instances, makes at most one decisive change (a write, a launcher call), and returns; the watch
+event that change causes brings the next pass. Every durable fact lives in API objects — the binding
+in the provider's `requester` annotation, the instance in the launcher's annotations, the GPUs in the
+requester's `accelerators` annotation — so a restarted controller carries on where it stopped.
+"""
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from pydantic import ValidationError
+
+from api import keys
+from api.crds import InferenceServerConfig, LauncherConfig
+from api.launcher import InstanceState, InstanceStatus, VllmConfig
+from controller.events import EventRecorder
+from controller.informer import Informer
+from controller.launcher_template import TemplateError, launcher_config_hash, node_independent_pod, pod_for_node
+
+from . import pods
+from .http import HttpError
+from .identity import instance_id, vllm_config
+from .launcher_client import LauncherClient
+from .launcher_views import LauncherViews
+from .metrics import DualPodsMetrics
+from .requester_client import RequesterClient, RequesterError
+from .routing import RoutingMetadata, from_isc, problems
+from .selection import Candidate, choose, instance_port
+from .writer import PodWriter, set_annotation, set_finalizer, set_label
+
+log = logging.getLogger(__name__)
+
+BOUND_TO = "bound-to"
+REQUESTERS_ON_NODE = "requesters-on-node"
+LAUNCHERS_BY_CONFIG_HASH = "launchers-by-config-hash"
+REQUESTERS_BY_ISC = "requesters-by-isc"
+LAUNCHERS = "launchers"
+
+RELAY_RECHECK_S = 10.0
+INSTANCE_ANNOTATIONS = (
+    keys.INSTANCE_ID_ANNOTATION,
+    keys.SERVER_PORT_ANNOTATION,
+    keys.VLLM_CONFIG_ANNOTATION,
+    keys.ISC_ROUTING_METADATA_ANNOTATION,
+)
+
+
+class RequesterProblem(Exception):
+    """Something the user should see in the requester's status; the work item retries with back-off."""
+
+
+@dataclass
+class Options:
+    launcher_token_secret: str | None = None
+
+
+@dataclass
+class Caches:
+    pods: Informer
+    nodes: Informer
+    iscs: Informer
+    lcs: Informer
+
+
+@dataclass
+class Memory:
+    """What is kept only in memory; losing it on restart costs at most a metric label or a re-sent POST."""
+
+    paths: dict[str, str] = field(default_factory=dict)  # requester UID -> cold / warm / hot
+    victims: dict[str, int] = field(default_factory=dict)  # requester UID -> instances deleted for it
+    relayed: dict[str, tuple[bool, float]] = field(default_factory=dict)  # requester UID -> (ready, when)
+    actuated: set[str] = field(default_factory=set)  # requester UIDs whose actuation was measured
+    errors: dict[str, list[str]] = field(default_factory=dict)  # requester UID -> errors last reported
+
+
+class Reconciler:
+    def __init__(
+        self,
+        namespace: str,
+        caches: Caches,
+        views: LauncherViews,
+        writer: PodWriter,
+        launchers: LauncherClient,
+        requesters: RequesterClient,
+        events: EventRecorder,
+        metrics: DualPodsMetrics,
+        options: Options,
+    ) -> None:
+        self.namespace = namespace
+        self.c = caches
+        self.views = views
+        self.writer = writer
+        self.launchers = launchers
+        self.requesters = requesters
+        self.events = events
+        self.metrics = metrics
+        self.options = options
+        self.memory = Memory()
+
+    def _pod(self, name: str) -> pods.Pod | None:
+        return self.c.pods.get(f"{self.namespace}/{name}")
+
+    # ----- one inference server
+
+    async def reconcile_requester(self, name: str) -> float | None:
+        requester = self._pod(name)
+        bound = self.c.pods.by_index(BOUND_TO, name)
+        mine = [p for p in bound if requester is not None and _bound_uid(p) == pods.uid(requester)]
+        for stale in (p for p in bound if p not in mine):  # bound to an earlier Pod of the same name
+            await self._release(stale, None)
+        if len(mine) > 1:
+            raise RuntimeError(f"requester {name} is bound to several providers: {[pods.name(p) for p in mine]}")
+        provider = mine[0] if mine else None
+        if requester is None:
+            if provider is not None:
+                await self._release(provider, None)
+            return None
+        try:
+            return await self._reconcile(requester, provider)
+        except RequesterProblem as problem:
+            await self._report(requester, [str(problem)])
+            raise
+        except RequesterError as problem:
+            await self._report(requester, [str(problem)])
+            raise
+
+    async def _reconcile(self, requester: pods.Pod, provider: pods.Pod | None) -> float | None:
+        wanted = provider is not None and pods.container_running(provider) and not pods.is_deleting(provider)
+        if keys.REQUESTER_FINALIZER in pods.finalizers(requester) and not wanted:
+            await self.writer.update(
+                requester, lambda p: set_finalizer(p, keys.REQUESTER_FINALIZER, False), "no running provider"
+            )
+            return None
+        if provider is not None and pods.is_deleting(provider):
+            if not pods.is_deleting(requester):
+                await self.writer.delete(requester, f"its provider {pods.name(provider)} is being deleted")
+            await self.writer.update(
+                provider, lambda p: set_finalizer(p, keys.PROVIDER_FINALIZER, False), "deletion relayed"
+            )
+            return None
+        if provider is not None and pods.is_deleting(requester):
+            await self._release(provider, requester)
+            return None
+        if pods.is_deleting(requester):
+            return None
+        node_name = pods.node_name(requester)
+        node = self.c.nodes.get(node_name) if node_name else None
+        if node is None or pods.is_deleting(node):
+            return None  # not scheduled yet, or its node is going away: Kubernetes will act
+        if pods.pod_ip(requester) is None:
+            raise RequesterProblem("no IP assigned yet")
+        isc_name = pods.annotations(requester).get(keys.INFERENCE_SERVER_CONFIG_ANNOTATION)
+        if isc_name is None:
+            raise RequesterProblem(
+                f"{keys.SERVER_PATCH_ANNOTATION} (direct providers) is not supported yet; "
+                f"use {keys.INFERENCE_SERVER_CONFIG_ANNOTATION}"
+            )
+        known_gpus = pods.annotations(requester).get(keys.ACCELERATORS_ANNOTATION)
+        if not known_gpus:
+            await self._record_gpus(requester, isc_name)
+            return None  # the update brings the next pass
+        gpus = known_gpus.split(",")
+        if provider is None:
+            if (node.get("spec") or {}).get("unschedulable"):
+                await self.writer.delete(requester, f"node {node_name} is cordoned and no provider is bound")
+                return None
+            return await self._bind(requester, str(node_name), gpus, isc_name)
+        return await self._serve(requester, provider, gpus, isc_name)
+
+    async def _record_gpus(self, requester: pods.Pod, isc_name: str) -> None:
+        """Ask the requester for its GPUs once; the annotation keeps them for every later pass."""
+        gpus = await self.requesters.gpu_uuids(requester, isc_name)
+        if not gpus:
+            raise RequesterProblem("the assigned set of GPUs is empty")
+        await self.writer.update(
+            requester, lambda p: set_annotation(p, keys.ACCELERATORS_ANNOTATION, ",".join(gpus)), "record GPUs"
+        )
+
+    # ----- binding a launcher
+
+    def _isc(self, name: str) -> InferenceServerConfig:
+        obj = self.c.iscs.get(f"{self.namespace}/{name}")
+        if obj is None:
+            raise RequesterProblem(f"InferenceServerConfig {name} does not exist")
+        try:
+            return InferenceServerConfig.from_k8s(obj)
+        except ValidationError as err:
+            raise RequesterProblem(f"InferenceServerConfig {name} is invalid: {err}") from None
+
+    def _launcher_config(self, name: str) -> LauncherConfig:
+        obj = self.c.lcs.get(f"{self.namespace}/{name}")
+        if obj is None:
+            raise RequesterProblem(f"LauncherConfig {name} does not exist")
+        try:
+            return LauncherConfig.from_k8s(obj)
+        except ValidationError as err:
+            raise RequesterProblem(f"LauncherConfig {name} is invalid: {err}") from None
+
+    async def _bind(self, requester: pods.Pod, node: str, gpus: list[str], isc_name: str) -> float | None:
+        isc = self._isc(isc_name)
+        lc = self._launcher_config(isc.spec.launcher_config_name)
+        try:
+            template, template_hash = node_independent_pod(lc, self.options.launcher_token_secret)
+        except TemplateError as err:
+            raise RequesterProblem(str(err)) from None
+        routing = from_isc(isc)
+        if found := problems(routing, template["metadata"]["labels"], template["metadata"]["annotations"]):
+            raise RequesterProblem(f"InferenceServerConfig {isc_name}: " + "; ".join(found))
+        wanted = instance_id(isc, gpus)
+        config = vllm_config(isc, gpus)
+        port = isc.spec.model_server_config.port
+        config_hash = launcher_config_hash(template_hash, node)
+        candidates, waiting = await self._candidates(config_hash, isc_name)
+        plan = choose(candidates, wanted, port, lc.spec.max_instances)
+        uid = pods.uid(requester)
+        if plan is None:
+            if waiting:
+                return None  # a launcher is starting; its readiness or watch brings us back
+            self.memory.paths[uid] = "cold"
+            await self._create_bound_launcher(requester, pod_for_node(template, template_hash, node), lc, wanted,
+                                              config, routing)  # fmt: skip
+            return None
+        launcher = self._pod(plan.launcher)
+        assert launcher is not None
+        pod_ip = str(pods.pod_ip(launcher))
+        for victim in plan.victims:
+            await self.launchers.delete_instance(pod_ip, victim, isc_name, pods.name(requester))
+        if plan.victims:
+            self.memory.victims[uid] = self.memory.victims.get(uid, 0) + len(plan.victims)
+        self.memory.paths.setdefault(uid, "hot" if plan.priority == "P1" else "warm")
+        log.info("binding requester %s to launcher %s (%s, %d deleted)", pods.name(requester), plan.launcher,
+                 plan.priority, len(plan.victims))  # fmt: skip
+        await self.writer.update(launcher, lambda p: _bind_metadata(p, requester, wanted, config, routing), "bind")
+        return None
+
+    async def _candidates(self, config_hash: str, isc_name: str) -> tuple[list[Candidate], bool]:
+        """Unbound launchers for this (LauncherConfig, node) whose instances are known, and whether
+        some others are still starting."""
+        candidates: list[Candidate] = []
+        waiting = False
+        for launcher in self.c.pods.by_index(LAUNCHERS_BY_CONFIG_HASH, config_hash):
+            if pods.is_failed(launcher) or pods.is_deleting(launcher) or pods.binding(launcher) is not None:
+                continue
+            view = self.views.get(pods.name(launcher))
+            pod_ip = pods.pod_ip(launcher)
+            if pod_ip is None or not pods.is_ready(launcher) or view is None or not view.synced:
+                waiting = True
+                continue
+            garbage = [s for s in view.instances.values()
+                       if s.status is InstanceStatus.STOPPED or instance_port(s) is None]  # fmt: skip
+            for state in garbage:
+                await self.launchers.delete_instance(pod_ip, state.instance_id, isc_name)
+            running = [s for s in view.instances.values() if s not in garbage]
+            candidates.append(Candidate(pods.name(launcher), running))
+        return candidates, waiting
+
+    async def _create_bound_launcher(
+        self,
+        requester: pods.Pod,
+        launcher: pods.Pod,
+        lc: LauncherConfig,
+        wanted: str,
+        config: VllmConfig,
+        routing: RoutingMetadata,
+    ) -> None:
+        """A new launcher, bound from birth so the populator never takes it for a spare."""
+        _bind_metadata(launcher, requester, wanted, config, routing)
+        started = time.monotonic()
+        success = "false"
+        try:
+            created = await self.writer.create(launcher)
+            success = "true"
+        finally:
+            self.metrics.launcher_create_seconds.labels(self.namespace, lc.metadata.name, success).observe(
+                time.monotonic() - started
+            )
+        log.info("created launcher %s bound to requester %s", pods.name(created), pods.name(requester))
+
+    # ----- serving through a bound launcher
+
+    async def _serve(self, requester: pods.Pod, launcher: pods.Pod, gpus: list[str], isc_name: str) -> float | None:
+        annotations = pods.annotations(launcher)
+        wanted = annotations.get(keys.INSTANCE_ID_ANNOTATION, "")
+        name = pods.name(requester)
+        pod_ip = pods.pod_ip(launcher)
+        view = self.views.get(pods.name(launcher))
+        reachable = pod_ip is not None and pods.is_ready(launcher) and view is not None and view.synced
+        state = view.instances.get(wanted) if view is not None and reachable else None
+        if reachable and state is None and pods.labels(requester).get(keys.INSTANCE_LABEL) == wanted:
+            await self._lose(requester, launcher, f"its instance {wanted} vanished from launcher")
+            return None
+        if await self._settle_requester(requester, launcher, gpus, instance=wanted if state else None):
+            return None  # the update brings the next pass
+        if not reachable or pod_ip is None:
+            return None  # the launcher is starting; its readiness or watch brings us back
+        if state is None:
+            config = VllmConfig.model_validate_json(annotations[keys.VLLM_CONFIG_ANNOTATION])
+            self.memory.paths.setdefault(pods.uid(requester), "warm")
+            try:
+                await self.launchers.create_instance(pod_ip, wanted, config, isc_name, name)
+            except HttpError as err:
+                if err.reply is not None and err.reply.status < 500:
+                    raise RequesterProblem(f"launcher {pods.name(launcher)} refused the instance: {err}") from None
+                raise
+            return None
+        if state.status is InstanceStatus.STOPPED:
+            await self._lose(requester, launcher, f"its instance {wanted} stopped with exit code {state.exit_code}")
+            return None
+        if not state.ready:
+            return None  # its READY event brings us back
+        if state.sleeping:
+            await self.launchers.wake(pod_ip, wanted, isc_name, name)
+            return None  # its AWAKE event brings us back
+        routing = RoutingMetadata.model_validate_json(annotations.get(keys.ISC_ROUTING_METADATA_ANNOTATION) or "{}")
+        other_labels = {k: v for k, v in pods.labels(launcher).items() if k not in routing.labels}
+        other_annotations = {k: v for k, v in annotations.items() if k not in routing.annotations}
+        if found := problems(routing, other_labels, other_annotations):
+            message = "; ".join(found)
+            await self.events.record(requester, "Warning", "OutdatedRoutingMetadata", message)
+            await self.writer.delete(requester, f"outdated routing metadata: {message}")
+            return None
+        await self.writer.update(launcher, lambda p: _serving_metadata(p, routing), "instance serving")
+        self._set_duality(launcher, 1)
+        return await self._relay(requester, isc_name)
+
+    def _set_duality(self, launcher: pods.Pod, value: float) -> None:
+        """fma_duality for each GPU of the launcher's binding (1 bound, 0 after)."""
+        binding = pods.binding(launcher)
+        config = pods.json_annotation(launcher, keys.VLLM_CONFIG_ANNOTATION) or {}
+        if binding is None:
+            return
+        for gpu in config.get("gpu_uuids") or []:
+            self.metrics.duality.labels(
+                self.namespace,
+                binding.requester_name,
+                pods.name(launcher),
+                keys.INFERENCE_SERVER_CONTAINER,
+                pods.annotations(launcher).get(keys.INSTANCE_ID_ANNOTATION, ""),
+                gpu,
+                str(pods.node_name(launcher)),
+            ).set(value)
+
+    async def _lose(self, requester: pods.Pod, launcher: pods.Pod, why: str) -> None:
+        """The bound instance is gone: delete the requester so its set makes a fresh one."""
+        await self.events.record(requester, "Warning", "InstanceLost", f"{why} {pods.name(launcher)}")
+        await self.writer.delete(requester, why)
+
+    async def _settle_requester(
+        self, requester: pods.Pod, launcher: pods.Pod, gpus: list[str], instance: str | None
+    ) -> bool:
+        """Bring the requester's metadata in line with its binding (finalizer, labels, GPUs, no errors);
+        True if that took a write."""
+        holding = pods.container_running(launcher)
+
+        def settle(pod: pods.Pod) -> None:
+            set_finalizer(pod, keys.REQUESTER_FINALIZER, holding)
+            set_label(pod, keys.DUAL_LABEL, pods.name(launcher))
+            if instance is not None:
+                set_label(pod, keys.INSTANCE_LABEL, instance)
+            set_annotation(pod, keys.ACCELERATORS_ANNOTATION, ",".join(gpus))
+            set_annotation(pod, keys.STATUS_ANNOTATION, _status_json([]))
+
+        self.memory.errors.pop(pods.uid(requester), None)
+        return await self.writer.update(requester, settle, "binding")
+
+    async def _relay(self, requester: pods.Pod, isc_name: str) -> float | None:
+        """Tell the requester it is ready; its kubelet's readiness probe then marks the Pod Ready."""
+        uid = pods.uid(requester)
+        if pods.container_ready(requester):
+            self.memory.relayed[uid] = (True, time.monotonic())
+            return None
+        last = self.memory.relayed.get(uid)
+        if last is not None and last[0] and time.monotonic() - last[1] < RELAY_RECHECK_S:
+            return RELAY_RECHECK_S - (time.monotonic() - last[1])
+        await self.requesters.relay_readiness(requester, True, isc_name)
+        self.memory.relayed[uid] = (True, time.monotonic())
+        log.info("Successfully relayed the readiness requesterName=%s", pods.name(requester))
+        if uid not in self.memory.actuated:
+            self.memory.actuated.add(uid)
+            started = pods.container_started_at(requester)
+            if started:
+                elapsed = (datetime.now().astimezone() - datetime.fromisoformat(started)).total_seconds()
+                self.metrics.actuation_seconds.labels(
+                    self.namespace, self.memory.paths.get(uid, "hot"), str(self.memory.victims.get(uid, 0)), isc_name
+                ).observe(max(0.0, elapsed))
+        return RELAY_RECHECK_S
+
+    async def _report(self, requester: pods.Pod, errors: list[str]) -> None:
+        uid = pods.uid(requester)
+        if self.memory.errors.get(uid) != errors:
+            self.memory.errors[uid] = errors
+            for error in errors:
+                await self.events.record(requester, "Warning", "ActuationProblem", error)
+        await self.writer.update(
+            requester, lambda p: set_annotation(p, keys.STATUS_ANNOTATION, _status_json(errors)), "status"
+        )
+
+    # ----- unbinding
+
+    async def _release(self, launcher: pods.Pod, requester: pods.Pod | None) -> None:
+        """Unbind `launcher` from a requester that is gone or going: its instance sleeps (or, if its
+        ISC changed meanwhile, is deleted) and the launcher becomes a spare again."""
+        if pods.is_deleting(launcher):
+            await self.writer.update(launcher, lambda p: set_finalizer(p, keys.PROVIDER_FINALIZER, False), "gone")
+            return
+        if pods.in_trouble(launcher):
+            await self.writer.delete(launcher, "unbinding a provider that restarted and is not ready")
+            return
+        annotations = pods.annotations(launcher)
+        routing = RoutingMetadata.model_validate_json(annotations.get(keys.ISC_ROUTING_METADATA_ANNOTATION) or "{}")
+        if any(pods.labels(launcher).get(k) == v for k, v in routing.labels.items()):
+            # Routing labels go first, so request routers drop the endpoint while it still serves.
+            await self.writer.update(launcher, lambda p: _remove_routing_labels(p, routing), "unbind: routing")
+            return
+        wanted = annotations.get(keys.INSTANCE_ID_ANNOTATION, "")
+        pod_ip = pods.pod_ip(launcher)
+        view = self.views.get(pods.name(launcher))
+        if pod_ip is not None and pods.container_running(launcher):
+            if view is None or not view.synced:
+                raise RuntimeError(f"launcher {pods.name(launcher)}'s instances are not known yet; cannot unbind")
+            state = view.instances.get(wanted)
+            if state is not None:
+                await self._put_away(launcher, pod_ip, state)
+        self._set_duality(launcher, 0)
+        await self.writer.update(launcher, _unbind_metadata, "unbind")
+        if requester is not None:
+            await self.writer.update(requester, lambda p: set_finalizer(p, keys.REQUESTER_FINALIZER, False), "unbound")
+
+    async def _put_away(self, launcher: pods.Pod, pod_ip: str, state: InstanceState) -> None:
+        isc_name = (state.annotations or {}).get(keys.INSTANCE_ISC_NAME, "")
+        if state.status is InstanceStatus.STOPPED or self._obsolete(state):
+            await self.launchers.delete_instance(pod_ip, state.instance_id, isc_name)
+        elif not state.sleeping:
+            await self.launchers.sleep(pod_ip, state.instance_id, isc_name, pods.name(launcher))
+
+    def _obsolete(self, state: InstanceState) -> bool:
+        """The instance's InferenceServerConfig changed (or is gone) since it was created."""
+        isc_name = (state.annotations or {}).get(keys.INSTANCE_ISC_NAME)
+        obj = self.c.iscs.get(f"{self.namespace}/{isc_name}") if isc_name else None
+        if obj is None:
+            return True
+        try:
+            isc = InferenceServerConfig.from_k8s(obj)
+        except ValidationError:
+            return True
+        return instance_id(isc, state.gpu_uuids or []) != state.instance_id
+
+    # ----- instances of a changed InferenceServerConfig
+
+    async def reconcile_isc(self, isc_name: str) -> float | None:
+        """Delete sleeping instances made from an older version of this ISC (awake ones go at unbind)."""
+        for launcher in self.c.pods.by_index(LAUNCHERS, "true"):
+            view = self.views.get(pods.name(launcher))
+            pod_ip = pods.pod_ip(launcher)
+            if view is None or not view.synced or pod_ip is None:
+                continue
+            bound_instance = pods.annotations(launcher).get(keys.INSTANCE_ID_ANNOTATION)
+            for state in list(view.instances.values()):
+                mine = (state.annotations or {}).get(keys.INSTANCE_ISC_NAME) == isc_name
+                idle = state.sleeping or state.status is InstanceStatus.STOPPED
+                if mine and idle and state.instance_id != bound_instance and self._obsolete(state):
+                    log.info("deleting obsolete instance %s of ISC %s on launcher %s", state.instance_id, isc_name,
+                             pods.name(launcher))  # fmt: skip
+                    await self.launchers.delete_instance(pod_ip, state.instance_id, isc_name)
+        return None
+
+
+def _bound_uid(pod: pods.Pod) -> str | None:
+    binding = pods.binding(pod)
+    return binding.requester_uid if binding else None
+
+
+def _status_json(errors: list[str]) -> str:
+    return json.dumps({"Errors": errors or None})
+
+
+def _bind_metadata(
+    launcher: pods.Pod, requester: pods.Pod, wanted: str, config: VllmConfig, routing: RoutingMetadata
+) -> None:
+    set_annotation(launcher, keys.REQUESTER_ANNOTATION, f"{pods.uid(requester)} {pods.name(requester)}")
+    set_annotation(launcher, keys.INSTANCE_ID_ANNOTATION, wanted)
+    set_annotation(launcher, keys.SERVER_PORT_ANNOTATION, str((config.annotations or {})[keys.INSTANCE_INFERENCE_PORT]))
+    set_annotation(launcher, keys.VLLM_CONFIG_ANNOTATION, config.model_dump_json(exclude_none=True))
+    set_annotation(launcher, keys.ISC_ROUTING_METADATA_ANNOTATION, routing.model_dump_json())
+    set_label(launcher, keys.DUAL_LABEL, pods.name(requester))
+    set_finalizer(launcher, keys.PROVIDER_FINALIZER, True)
+
+
+def _serving_metadata(launcher: pods.Pod, routing: RoutingMetadata) -> None:
+    set_label(launcher, keys.SLEEPING_LABEL, "false")
+    for key, value in routing.labels.items():
+        set_label(launcher, key, value)
+    for key, value in routing.annotations.items():
+        set_annotation(launcher, key, value)
+
+
+def _remove_routing_labels(launcher: pods.Pod, routing: RoutingMetadata) -> None:
+    for key in routing.labels:
+        set_label(launcher, key, None)
+
+
+def _unbind_metadata(launcher: pods.Pod) -> None:
+    routing = RoutingMetadata.model_validate_json(
+        pods.annotations(launcher).get(keys.ISC_ROUTING_METADATA_ANNOTATION) or "{}"
+    )
+    _remove_routing_labels(launcher, routing)
+    for key in routing.annotations:
+        set_annotation(launcher, key, None)
+    for key in (keys.REQUESTER_ANNOTATION, *INSTANCE_ANNOTATIONS):
+        set_annotation(launcher, key, None)
+    set_label(launcher, keys.DUAL_LABEL, None)
+    set_label(launcher, keys.SLEEPING_LABEL, "true")
+    set_finalizer(launcher, keys.PROVIDER_FINALIZER, False)

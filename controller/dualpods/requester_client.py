@@ -1,0 +1,47 @@
+"""The requester's SPI as the dual-pods controller uses it (FMA's contract)."""
+
+from typing import Any
+
+from api.keys import ADMIN_PORT_ANNOTATION, DEFAULT_ADMIN_PORT
+
+from . import pods
+from .http import HttpCaller, HttpError
+
+
+class RequesterError(Exception):
+    """The requester answered, but not usefully; the message is fit for its status."""
+
+
+class RequesterClient:
+    def __init__(self, http: HttpCaller) -> None:
+        self._http = http
+
+    @staticmethod
+    def _url(requester: pods.Pod, path: str) -> str:
+        port = pods.annotations(requester).get(ADMIN_PORT_ANNOTATION, str(DEFAULT_ADMIN_PORT))
+        return f"http://{pods.pod_ip(requester)}:{port}{path}"
+
+    async def gpu_uuids(self, requester: pods.Pod, isc_name: str) -> list[str]:
+        url = self._url(requester, "/v1/dual-pods/accelerators")
+        reply = await self._http.call("get_gpu_uuids", "GET", url, isc_name=isc_name, requester=pods.name(requester))
+        if not reply.ok:
+            raise RequesterError(f"the requester's GPU query failed: {reply.status} {reply.body}")
+        if not isinstance(reply.body, list) or not all(isinstance(u, str) for u in reply.body):
+            raise RequesterError(f"the requester's GPU query answered {reply.body!r}, not a list of UUIDs")
+        return list(reply.body)
+
+    async def memory_usage(self, requester: pods.Pod, isc_name: str) -> dict[str, int]:
+        """MiB in use on each of the requester's GPUs."""
+        url = self._url(requester, "/v1/dual-pods/accelerator-memory-usage")
+        body: Any = await self._http.expect_ok(
+            "get_accel_memory_usage", "GET", url, isc_name=isc_name, requester=pods.name(requester)
+        )
+        return {str(k): int(v) for k, v in body.items()}
+
+    async def relay_readiness(self, requester: pods.Pod, ready: bool, isc_name: str) -> None:
+        path, purpose = ("/v1/become-ready", "relay_ready") if ready else ("/v1/become-unready", "relay_unready")
+        try:
+            await self._http.expect_ok(purpose, "POST", self._url(requester, path), isc_name=isc_name,
+                                       requester=pods.name(requester))  # fmt: skip
+        except HttpError as err:
+            raise RequesterError(f"relaying readiness to the requester failed: {err}") from None

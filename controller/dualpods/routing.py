@@ -1,0 +1,48 @@
+"""An InferenceServerConfig's routing metadata: labels and annotations put on a bound provider.
+
+They are checked when a binding is made and applied only once the instance serves, so a provider is
+never an inference endpoint (e.g. of an InferencePool) before it can answer.
+"""
+
+from pydantic import BaseModel, Field
+
+from api.crds import InferenceServerConfig
+from api.labels import label_value_errors, qualified_name_errors
+
+RESERVED_DOMAINS = ("kubernetes.io", "k8s.io")  # and their subdomains, as Kubernetes reserves them
+OWN_PREFIX = "dual-pods.llm-d.ai"
+
+
+def _reserved(key: str) -> bool:
+    prefix = key.rpartition("/")[0]
+    return prefix == OWN_PREFIX or any(prefix == d or prefix.endswith("." + d) for d in RESERVED_DOMAINS)
+
+
+class RoutingMetadata(BaseModel):
+    """The committed set, as stored in the provider's isc-routing-metadata annotation."""
+
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+def from_isc(isc: InferenceServerConfig) -> RoutingMetadata:
+    server = isc.spec.model_server_config
+    return RoutingMetadata(labels=dict(server.labels), annotations=dict(server.annotations))
+
+
+def problems(routing: RoutingMetadata, pod_labels: dict[str, str], pod_annotations: dict[str, str]) -> list[str]:
+    """Why this metadata cannot go on a Pod that already carries `pod_labels` and `pod_annotations`."""
+    found: list[str] = []
+    for kind, entries, existing in (
+        ("label", routing.labels, pod_labels),
+        ("annotation", routing.annotations, pod_annotations),
+    ):
+        for key, value in entries.items():
+            found += [f"{kind} key {key!r}: {e}" for e in qualified_name_errors(key)]
+            if _reserved(key):
+                found.append(f"{kind} key {key!r} uses a reserved prefix")
+            if key in existing and existing[key] != value:
+                found.append(f"{kind} {key!r} is already on the Pod with another value")
+            if kind == "label":
+                found += [f"label {key!r} value {value!r}: {e}" for e in label_value_errors(value)]
+    return found

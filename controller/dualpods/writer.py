@@ -1,0 +1,73 @@
+"""Writes to Pods, each one optimistic: a stale cached object makes the write fail with 409 and the
+work item retries on a fresher cache, so two workers can never both bind one launcher."""
+
+import copy
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from . import pods
+
+log = logging.getLogger(__name__)
+
+
+class PodWriter:
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self._core = client.CoreV1Api(api)
+        self.namespace = namespace
+
+    async def update(self, pod: pods.Pod, mutate: Callable[[pods.Pod], None], why: str) -> bool:
+        """Apply `mutate` to a copy of `pod` and write it if anything changed; True if written."""
+        changed = copy.deepcopy(pod)
+        mutate(changed)
+        if changed == pod:
+            return False
+        log.info("k8s call start: update pod %s (%s)", pods.name(pod), why)
+        await self._core.replace_namespaced_pod(pods.name(pod), self.namespace, changed)
+        return True
+
+    async def create(self, pod: pods.Pod) -> pods.Pod:
+        log.info("k8s call start: create pod %s", pod["metadata"].get("generateName") or pods.name(pod))
+        response = await self._core.create_namespaced_pod(self.namespace, pod, _preload_content=False)
+        async with response:
+            if response.status >= 300:
+                raise ApiException(status=response.status, reason=await response.text())
+            created: dict[str, Any] = await response.json()
+        return created
+
+    async def delete(self, pod: pods.Pod, why: str) -> None:
+        """Delete exactly this incarnation (UID and resourceVersion preconditions); gone counts as done."""
+        log.info("k8s call start: delete pod %s (%s)", pods.name(pod), why)
+        body = {
+            "preconditions": {"uid": pods.uid(pod), "resourceVersion": pods.meta(pod)["resourceVersion"]},
+            "propagationPolicy": "Background",
+        }
+        try:
+            await self._core.delete_namespaced_pod(pods.name(pod), self.namespace, body=body)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+
+def set_annotation(pod: pods.Pod, key: str, value: str | None) -> None:
+    annotations = pod["metadata"].setdefault("annotations", {})
+    if value is None:
+        annotations.pop(key, None)
+    else:
+        annotations[key] = value
+
+
+def set_label(pod: pods.Pod, key: str, value: str | None) -> None:
+    labels = pod["metadata"].setdefault("labels", {})
+    if value is None:
+        labels.pop(key, None)
+    else:
+        labels[key] = value
+
+
+def set_finalizer(pod: pods.Pod, finalizer: str, present: bool) -> None:
+    current = [f for f in pod["metadata"].get("finalizers") or [] if f != finalizer]
+    pod["metadata"]["finalizers"] = [*current, finalizer] if present else current

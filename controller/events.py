@@ -1,0 +1,43 @@
+"""Kubernetes Events from the controllers: what a user sees in `kubectl describe`."""
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+
+
+class EventRecorder:
+    def __init__(self, api: client.ApiClient, component: str) -> None:
+        self._core = client.CoreV1Api(api)
+        self._component = component
+
+    async def record(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """Best effort: a failure to record is logged, never raised into the caller's work."""
+        meta = obj["metadata"]
+        now = datetime.now(UTC)
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(generate_name=f"{meta['name']}.", namespace=meta["namespace"]),
+            involved_object=client.V1ObjectReference(
+                api_version=obj.get("apiVersion", "v1"),
+                kind=obj.get("kind", "Pod"),
+                name=meta["name"],
+                namespace=meta["namespace"],
+                uid=meta.get("uid"),
+                resource_version=meta.get("resourceVersion"),
+            ),
+            reason=reason,
+            message=message,
+            type=type_,
+            source=client.V1EventSource(component=self._component),
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+        )
+        try:
+            await self._core.create_namespaced_event(meta["namespace"], event)
+        except (ApiException, OSError) as err:
+            log.warning("could not record event %s on %s: %s", reason, meta["name"], err)

@@ -1,0 +1,43 @@
+"""Installing the generated CRDs into the loopback cluster, as a user would: `kubectl apply`."""
+
+import asyncio
+
+from kubernetes_asyncio import client
+
+from api.crdgen import DEFAULT_OUT_DIR as CRD_DIR
+from api.crds import KINDS
+from e2e.cluster.binaries import venv_tool
+from e2e.cluster.cluster import LoopbackCluster
+from e2e.waiting import wait_for
+
+
+async def kubectl(cluster: LoopbackCluster, *args: str, stdin: str = "") -> str:
+    process = await asyncio.create_subprocess_exec(
+        str(venv_tool("kubectl")),
+        "--kubeconfig",
+        str(cluster.kubeconfig),
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await process.communicate(stdin.encode())
+    assert process.returncode == 0, f"kubectl {' '.join(args)} failed: {err.decode()}"
+    return out.decode()
+
+
+async def install_crds(cluster: LoopbackCluster, api: client.ApiClient) -> None:
+    """The CRDs of config/crd/, applied (idempotently) and Established."""
+    # Client-side apply also proves the LauncherConfig CRD fits its last-applied annotation (256 KiB).
+    await kubectl(cluster, "apply", "-f", str(CRD_DIR))
+    extensions = client.ApiextensionsV1Api(api)
+
+    async def established() -> bool:
+        for kind in KINDS:
+            crd = await extensions.read_custom_resource_definition(kind.RESOURCE.crd_name)
+            conditions = {c.type: c.status for c in crd.status.conditions or []}
+            if conditions.get("Established") != "True" or conditions.get("NonStructuralSchema") == "True":
+                return False
+        return True
+
+    await wait_for(established, what="the three CRDs Established", within=30)

@@ -1,0 +1,252 @@
+"""The dual-pods end-to-end setting: CRDs, gpu-map, objects a model-variant deployer creates, and the
+controller running as a real process against the loopback cluster (so tests can kill it)."""
+
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from api import keys
+from api.crds import GROUP, VERSION, CustomResource, InferenceServerConfig, LauncherConfig, LauncherPopulationPolicy
+from api.keys import LAUNCHER_PORT
+from e2e.cluster.cluster import LoopbackCluster
+from e2e.crds import install_crds
+from e2e.launcher_process import REPO, free_port, offline_environment
+from e2e.waiting import wait_for
+
+LAUNCHER_IMAGE = "dualpods/launcher"
+REQUESTER_IMAGE = "dualpods/requester"
+Obj = dict[str, Any]
+
+
+@dataclass
+class ControllerProcess:
+    namespace: str
+    kubeconfig: Path
+    log_path: Path
+    extra: list[str] = field(default_factory=list)
+    metrics_port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, command: str = "dual-pods") -> None:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "controller", command, "--namespace", self.namespace,
+                 "--kubeconfig", str(self.kubeconfig), "--metrics-host", "127.0.0.1",
+                 "--metrics-port", str(self.metrics_port), "--log-level", "debug", *self.extra],
+                cwd=REPO, env=offline_environment(self.log_path.parent), stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(sig)
+        try:
+            self.process.wait(20)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class DualPodsEnv:
+    def __init__(self, cluster: LoopbackCluster, api: client.ApiClient, namespace: str, work_dir: Path) -> None:
+        self.cluster = cluster
+        self.api = api
+        self.namespace = namespace
+        self.work_dir = work_dir
+        self.core = client.CoreV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.objects = client.CustomObjectsApi(api)
+        self.controller = ControllerProcess(namespace, cluster.kubeconfig, work_dir / "dual-pods.log")
+        self.populator = ControllerProcess(namespace, cluster.kubeconfig, work_dir / "populator.log")
+
+    async def setup(self) -> None:
+        await install_crds(self.cluster, self.api)
+        await self.cluster.kubelet.publish_gpu_map(self.namespace)
+        # Launchers read the gpu-map ConfigMap with their Pod's ServiceAccount (--mock-gpus).
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        await rbac.create_namespaced_role(self.namespace, {
+            "metadata": {"name": "read-configmaps"},
+            "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]}],
+        })  # fmt: skip
+        await rbac.create_namespaced_role_binding(self.namespace, {
+            "metadata": {"name": "read-configmaps"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-configmaps"},
+            "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": self.namespace}],
+        })  # fmt: skip
+
+    def teardown(self) -> None:
+        self.controller.stop()
+        self.populator.stop()
+
+    # ----- objects a model-variant deployer creates
+
+    async def create_launcher_config(self, name: str, max_instances: int, launcher_args: list[str]) -> None:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "LauncherConfig",
+            "metadata": {"name": name},
+            "spec": {
+                "maxInstances": max_instances,
+                "podTemplate": {
+                    "metadata": {"labels": {"from-launcher-config": "yes"}},
+                    "spec": {
+                        "terminationGracePeriodSeconds": 5,
+                        "containers": [
+                            {
+                                "name": keys.INFERENCE_SERVER_CONTAINER,
+                                "image": LAUNCHER_IMAGE,
+                                "args": ["--mock-gpus", "--stop-grace-seconds", "3", *launcher_args],
+                                "ports": [{"containerPort": LAUNCHER_PORT}],
+                            }
+                        ],
+                    },
+                },
+            },
+        }
+        await self._create(LauncherConfig, body)
+
+    async def create_isc(self, name: str, launcher_config: str, port: int, options: str, **extra: Any) -> None:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "InferenceServerConfig",
+            "metadata": {"name": name},
+            "spec": {
+                "launcherConfigName": launcher_config,
+                "modelServerConfig": {"port": port, "options": options, **extra},
+            },
+        }
+        await self._create(InferenceServerConfig, body)
+
+    async def create_population_policy(self, name: str, launcher_config: str, count: int) -> None:
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "LauncherPopulationPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "enhancedNodeSelector": {"labelSelector": {"matchLabels": {"nvidia.com/gpu.present": "true"}}},
+                "countForLauncher": [{"launcherConfigName": launcher_config, "launcherCount": count}],
+            },
+        }
+        await self._create(LauncherPopulationPolicy, body)
+
+    async def patch_isc(self, name: str, server_config: Obj) -> None:
+        plural = InferenceServerConfig.RESOURCE.plural
+        await self.objects.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, plural, name, {"spec": {"modelServerConfig": server_config}},
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+
+    async def _create(self, kind: type[CustomResource], body: Obj) -> None:
+        await self.objects.create_namespaced_custom_object(GROUP, VERSION, self.namespace, kind.RESOURCE.plural, body)
+
+    async def create_requesters(
+        self, name: str, isc: str, replicas: int = 1, gpus: int = 1, node: str | None = None, gpu: str | None = None
+    ) -> None:
+        """A ReplicaSet of server-requesting Pods, as FMA users write them. `gpu` pins one GPU the way
+        FMA's tests do: no GPU requested from the scheduler, the UUID given in NVIDIA_VISIBLE_DEVICES."""
+        count = "0" if gpu else str(gpus)
+        container: Obj = {
+            "name": keys.INFERENCE_SERVER_CONTAINER,
+            "image": REQUESTER_IMAGE,
+            "resources": {"limits": {"nvidia.com/gpu": count}, "requests": {"nvidia.com/gpu": count}},
+            "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 1},
+        }
+        if gpu:
+            container["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": gpu}]
+        template_spec: Obj = {"terminationGracePeriodSeconds": 5, "containers": [container]}
+        if node is not None:
+            template_spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+        await self.apps.create_namespaced_replica_set(self.namespace, {
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": {"app": name}},
+                "template": {
+                    "metadata": {
+                        "labels": {"app": name},
+                        "annotations": {keys.INFERENCE_SERVER_CONFIG_ANNOTATION: isc},
+                    },
+                    "spec": template_spec,
+                },
+            },
+        })  # fmt: skip
+
+    async def scale(self, replica_set: str, replicas: int) -> None:
+        await self.apps.patch_namespaced_replica_set_scale(
+            replica_set, self.namespace, {"spec": {"replicas": replicas}}
+        )
+
+    async def set_requester_isc(self, replica_set: str, isc: str) -> None:
+        await self.apps.patch_namespaced_replica_set(replica_set, self.namespace, {
+            "spec": {"template": {"metadata": {"annotations": {keys.INFERENCE_SERVER_CONFIG_ANNOTATION: isc}}}}
+        })  # fmt: skip
+
+    # ----- reading what happened
+
+    async def pods(self, label_selector: str | None = None) -> list[Obj]:
+        response = await self.core.list_namespaced_pod(self.namespace, label_selector=label_selector)
+        result: list[Obj] = self.api.sanitize_for_serialization(response.items)
+        return result
+
+    async def requesters(self, replica_set: str) -> list[Obj]:
+        return [p for p in await self.pods(f"app={replica_set}") if not p["metadata"].get("deletionTimestamp")]
+
+    async def launchers(self) -> list[Obj]:
+        return await self.pods(f"{keys.COMPONENT_LABEL}={keys.LAUNCHER_COMPONENT}")
+
+    async def ready_requester(self, replica_set: str, within: float = 120) -> Obj:
+        """The one live requester of the set, once it is Ready and bound."""
+
+        async def ready() -> Obj:
+            found = await self.requesters(replica_set)
+            if len(found) == 1 and _ready(found[0]) and keys.DUAL_LABEL in found[0]["metadata"].get("labels", {}):
+                return found[0]
+            return {}
+
+        try:
+            result: Obj = await wait_for(ready, what=f"a Ready, bound requester of {replica_set}", within=within)
+        except TimeoutError as err:
+            raise TimeoutError(f"{err}\n--- controller log ---\n{self.controller.log_tail()}") from None
+        return result
+
+    async def launcher_of(self, requester: Obj) -> Obj:
+        return await self.pod(requester["metadata"]["labels"][keys.DUAL_LABEL])
+
+    async def pod(self, name: str) -> Obj:
+        pod: Obj = self.api.sanitize_for_serialization(await self.core.read_namespaced_pod(name, self.namespace))
+        return pod
+
+    async def instances(self, launcher: Obj) -> dict[str, Any]:
+        url = f"http://{launcher['status']['podIP']}:{LAUNCHER_PORT}/v2/vllm/instances"
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            listing: dict[str, Any] = await response.json()
+        return listing
+
+    async def wait_gone(self, replica_set: str, within: float = 60) -> None:
+        await wait_for(
+            lambda: self._none_left(replica_set), what=f"all requesters of {replica_set} gone", within=within
+        )
+
+    async def _none_left(self, replica_set: str) -> bool:
+        return not await self.pods(f"app={replica_set}")
+
+    async def delete_pod(self, name: str) -> None:
+        try:
+            await self.core.delete_namespaced_pod(name, self.namespace)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+
+def _ready(pod: Obj) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions") or [])
