@@ -1,0 +1,5 @@
+"""The launcher-population controller: keeps the launcher Pods that LauncherPopulationPolicies ask for."""
+
+from controller.populator.populator import Populator, PopulatorOptions
+
+__all__ = ["Populator", "PopulatorOptions"]

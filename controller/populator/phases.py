@@ -1,0 +1,106 @@
+"""What state each launcher Pod is in, for `fma_launcher_pod_count` and for stuck detection.
+
+A launcher is bound while its `requester` annotation names a requester; otherwise it is stale when
+its template hash is not its LauncherConfig's current one; otherwise it is stuck when it has not
+become Ready within a threshold — since creation while unscheduled (`stuck_scheduling`), since the
+PodScheduled transition once scheduled (`stuck_starting`, so time in the scheduler queue is not
+blamed on start-up) — and plain unbound before that.
+"""
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from api import keys
+from controller.launcher_template import Pod
+
+
+class Phase(StrEnum):
+    BOUND = "bound"
+    UNBOUND = "unbound"
+    STUCK_SCHEDULING = "stuck_scheduling"
+    STUCK_STARTING = "stuck_starting"
+    STALE = "stale"
+
+
+STUCK = frozenset({Phase.STUCK_SCHEDULING, Phase.STUCK_STARTING})
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Seconds a launcher on the current template may take before it counts as stuck."""
+
+    scheduling: float
+    starting: float
+
+
+def is_bound(pod: Pod) -> bool:
+    """Bound per the authoritative record: a `requester` annotation of "<uid> <name>"."""
+    parts = pod["metadata"].get("annotations", {}).get(keys.REQUESTER_ANNOTATION, "").split(" ")
+    return len(parts) == 2 and all(parts)
+
+
+def is_deleting(pod: Pod) -> bool:
+    return pod["metadata"].get("deletionTimestamp") is not None
+
+
+def template_hash(pod: Pod) -> str | None:
+    hash_: str | None = pod["metadata"].get("annotations", {}).get(keys.LAUNCHER_TEMPLATE_HASH_ANNOTATION)
+    return hash_
+
+
+def _condition(pod: Pod, kind: str) -> Mapping[str, Any] | None:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if c.get("type") == kind and c.get("status") == "True"), None)
+
+
+def is_ready(pod: Pod) -> bool:
+    return _condition(pod, "Ready") is not None
+
+
+def _time(stamp: str) -> datetime:
+    return datetime.fromisoformat(stamp)
+
+
+def phase_of(
+    pod: Pod, current_hash: str | None, thresholds: Thresholds, now: datetime
+) -> tuple[Phase, datetime | None]:
+    """The launcher's phase and, while it may still become stuck, when it will (None otherwise).
+
+    `current_hash` is None while the LauncherConfig is missing or malformed: every unbound launcher
+    is then stale.
+    """
+    if is_bound(pod):
+        return Phase.BOUND, None
+    if current_hash is None or template_hash(pod) != current_hash:
+        return Phase.STALE, None
+    if is_ready(pod):
+        return Phase.UNBOUND, None
+    scheduled = _condition(pod, "PodScheduled")
+    if scheduled is not None and scheduled.get("lastTransitionTime"):
+        since, threshold, stuck = _time(scheduled["lastTransitionTime"]), thresholds.starting, Phase.STUCK_STARTING
+    else:
+        since, threshold, stuck = (
+            _time(pod["metadata"]["creationTimestamp"]),
+            thresholds.scheduling,
+            Phase.STUCK_SCHEDULING,
+        )
+    due = since + timedelta(seconds=threshold)
+    return (stuck, None) if now >= due else (Phase.UNBOUND, due)
+
+
+def tally(
+    pods: Iterable[Pod], current_hash: str | None, thresholds: Thresholds, now: datetime
+) -> tuple[Counter[Phase], datetime | None]:
+    """Launchers per phase, and the earliest moment one of them (not deleting) becomes stuck."""
+    counts: Counter[Phase] = Counter()
+    earliest: datetime | None = None
+    for pod in pods:
+        phase, due = phase_of(pod, current_hash, thresholds, now)
+        counts[phase] += 1
+        if due is not None and not is_deleting(pod) and (earliest is None or due < earliest):
+            earliest = due
+    return counts, earliest

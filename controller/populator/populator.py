@@ -1,0 +1,193 @@
+"""The launcher-population controller (FMA's launcher-populator), wired: informers, queues, workers.
+
+Four informers feed two queues. The digest queue has one worker, the digest's only writer: it turns
+LauncherConfig, policy and Node changes into the digest and into those objects' statuses, and adds
+the keys whose target changed to the key queue; a launcher Pod change adds its own key. The key
+queue's workers reconcile one (Node, LauncherConfig) key at a time each. Nothing polls: a key is looked
+at again only when something it depends on changes, or when one of its launchers will cross a stuck
+threshold.
+"""
+
+import asyncio
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from kubernetes_asyncio import client
+from prometheus_client import CollectorRegistry
+
+from api.crds import LauncherConfig, LauncherPopulationPolicy
+from controller.events import EventRecorder
+from controller.informer import Informer, Obj
+from controller.kube import custom_objects
+from controller.launcher_template import Pod
+from controller.populator.digest import Digest, digest_config, digest_policy
+from controller.populator.expectations import PendingExpectations
+from controller.populator.key import LauncherKey, launcher_key, selector
+from controller.populator.kubeapi import COMPONENT, KubeLauncherApi, StatusWriter
+from controller.populator.metrics import LauncherPodCount
+from controller.populator.nodes import NodeFacts
+from controller.populator.phases import Thresholds, is_deleting
+from controller.populator.reconcile import KeyReconciler
+from controller.workqueue import WorkQueue, run_workers
+
+log = logging.getLogger(__name__)
+
+BY_KEY = "key"
+BY_CONFIG = "config"
+
+
+@dataclass
+class PopulatorOptions:
+    workers: int = 4
+    """Workers reconciling (Node, LauncherConfig) keys."""
+    expectation_timeout: float = 5.0
+    """Seconds to wait for the cache to show a create or delete before listing from the API server."""
+    stuck_scheduling_threshold: float = 120.0
+    """Seconds an unscheduled launcher may take before it is stuck_scheduling."""
+    stuck_starting_threshold: float = 450.0
+    """Seconds a scheduled launcher may take to become Ready before it is stuck_starting."""
+    launcher_token_secret: str | None = None
+    """Secret holding the launchers' API token, mounted into every launcher Pod (E9)."""
+
+
+class DigestItem(NamedTuple):
+    kind: Literal["config", "policy", "node"]
+    name: str
+
+
+class Populator:
+    """The controller; it also serves the reconcile as its `LauncherCache`."""
+
+    def __init__(
+        self, api: client.ApiClient, namespace: str, options: PopulatorOptions, registry: CollectorRegistry
+    ) -> None:
+        core = client.CoreV1Api(api)
+        self._namespace = namespace
+        self._options = options
+        self._pods = Informer(
+            "launcher-pods", functools.partial(core.list_namespaced_pod, namespace), label_selector=selector()
+        )
+        self._pods.add_index(BY_KEY, lambda pod: [str(key)] if (key := launcher_key(pod)) else [])
+        self._pods.add_index(BY_CONFIG, lambda pod: [key.config] if (key := launcher_key(pod)) else [])
+        self._nodes = Informer("nodes", core.list_node)
+        self._configs = Informer("launcherconfigs", custom_objects(api, namespace, LauncherConfig))
+        self._policies = Informer(
+            "launcherpopulationpolicies", custom_objects(api, namespace, LauncherPopulationPolicy)
+        )
+        self._digest = Digest()
+        self._digest_queue: WorkQueue[DigestItem] = WorkQueue("populator-digest")
+        self._key_queue: WorkQueue[LauncherKey] = WorkQueue("populator-keys")
+        self._expectations = PendingExpectations(options.expectation_timeout)
+        self._metrics = LauncherPodCount(registry)
+        self._status = StatusWriter(client.CustomObjectsApi(api), namespace)
+        self._reconcile = KeyReconciler(
+            self._digest,
+            self,
+            KubeLauncherApi(core, EventRecorder(api, COMPONENT), namespace),
+            self._expectations,
+            self._metrics,
+            Thresholds(options.stuck_scheduling_threshold, options.stuck_starting_threshold),
+            recheck_after=options.expectation_timeout,
+        )
+        self._pods.subscribe(self._on_pod)
+        self._nodes.subscribe(self._on_node)
+        self._configs.subscribe(lambda old, new: self._on_object("config", old, new))
+        self._policies.subscribe(lambda old, new: self._on_object("policy", old, new))
+
+    async def run(self) -> None:
+        """Run the informers and, once they have synced and the digest is built, the workers; until cancelled."""
+        informers = (self._pods, self._nodes, self._configs, self._policies)
+        log.info("launcher populator starting in namespace %s with %s", self._namespace, self._options)
+        try:
+            async with asyncio.TaskGroup() as tasks:
+                for informer in informers:
+                    tasks.create_task(informer.run())
+                await asyncio.gather(*(informer.synced.wait() for informer in informers))
+                # The whole digest first, so no key is reconciled against a partial policy picture.
+                for node in self._nodes.items():
+                    self._update_node(node["metadata"]["name"])
+                for config in self._configs.items():
+                    self._update_config(config["metadata"]["name"])
+                for policy in self._policies.items():
+                    self._update_policy(policy["metadata"]["name"])
+                log.info("launcher populator synced: %d launcher Pods", len(self._pods.items()))
+                tasks.create_task(run_workers(self._digest_queue, self._process, 1))
+                tasks.create_task(run_workers(self._key_queue, self._reconcile, self._options.workers))
+        finally:
+            self._digest_queue.shutdown()
+            self._key_queue.shutdown()
+
+    # ----- the cache, as the key reconcile reads it
+
+    def launchers(self, key: LauncherKey) -> list[Pod]:
+        return self._pods.by_index(BY_KEY, str(key))
+
+    def has_node(self, name: str) -> bool:
+        return self._nodes.get(name) is not None
+
+    # ----- informer events
+
+    def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
+        if new is not None and (key := launcher_key(new)) is not None:
+            self._expectations.observe_creation(key, new["metadata"]["uid"])
+            if is_deleting(new):
+                self._expectations.observe_deletion(key, new["metadata"]["uid"])
+        elif new is None and old is not None and (key := launcher_key(old)) is not None:
+            self._expectations.observe_deletion(key, old["metadata"]["uid"])
+        for pod in (old, new):
+            if pod is not None and (key := launcher_key(pod)) is not None:
+                self._key_queue.add(key)
+
+    def _on_node(self, old: Obj | None, new: Obj | None) -> None:
+        if old is None or new is None or NodeFacts.from_k8s(old) != NodeFacts.from_k8s(new):
+            self._digest_queue.add(DigestItem("node", (new or old or {})["metadata"]["name"]))
+
+    def _on_object(self, kind: Literal["config", "policy"], old: Obj | None, new: Obj | None) -> None:
+        self._digest_queue.add(DigestItem(kind, (new or old or {})["metadata"]["name"]))
+
+    # ----- digesting (the digest worker only)
+
+    async def _process(self, item: DigestItem) -> None:
+        match item.kind:
+            case "config":
+                config = self._update_config(item.name)
+                if config is not None:
+                    error = self._digest.config_error(item.name)
+                    await self._status.write(LauncherConfig, config, [error] if error else [])
+            case "policy":
+                policy = self._update_policy(item.name)
+                if policy is not None:
+                    await self._status.write(LauncherPopulationPolicy, policy, self._digest.policy_errors(item.name))
+            case "node":
+                self._update_node(item.name)
+
+    def _update_config(self, name: str) -> Obj | None:
+        config = self._configs.get(f"{self._namespace}/{name}")
+        # One being deleted counts as missing: no new launchers for it, and the old ones are left to the
+        # garbage collector (or, orphaned, to the user).
+        digest = None
+        if config is not None and config["metadata"].get("deletionTimestamp") is None:
+            digest = digest_config(config, self._options.launcher_token_secret)
+        if self._digest.set_config(name, digest):
+            state = "missing or being deleted" if digest is None else digest.error or f"template {digest.template_hash}"
+            log.info("LauncherConfig %s: %s", name, state)
+            for policy in self._digest.policies_naming(name):
+                self._digest_queue.add(DigestItem("policy", policy))
+            launchers = {key for pod in self._pods.by_index(BY_CONFIG, name) if (key := launcher_key(pod))}
+            for key in self._digest.keys_for_config(name) | launchers:
+                self._key_queue.add(key)
+        self._metrics.set_config_exists(name, config is not None)
+        return config
+
+    def _update_policy(self, name: str) -> Obj | None:
+        policy = self._policies.get(f"{self._namespace}/{name}")
+        for key in self._digest.set_policy(name, digest_policy(policy) if policy is not None else None):
+            self._key_queue.add(key)
+        return policy
+
+    def _update_node(self, name: str) -> None:
+        node = self._nodes.get(name)
+        for key in self._digest.set_node(name, NodeFacts.from_k8s(node) if node is not None else None):
+            self._key_queue.add(key)

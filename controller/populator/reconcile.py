@@ -1,0 +1,146 @@
+"""The reconcile of one (Node, LauncherConfig) key: publish its launchers' phases, then bring their
+number to the digest's target.
+
+Bound launchers are never deleted and count toward the target. Unbound launchers made from an older
+template are deleted (with UID and resourceVersion preconditions, so a launcher bound meanwhile
+survives: such a conflict counts as present). Surplus unbound launchers are deleted not-Ready and
+newest first. New launchers are created only once nothing of the key is being deleted, so a node
+never holds old and new launchers at once, and every create and delete is remembered until the
+cache shows it, so a lagging cache never causes a second create.
+"""
+
+import logging
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Protocol
+
+from controller.launcher_template import Pod, pod_for_node
+from controller.populator.digest import Digest, Target
+from controller.populator.expectations import Expectations, PendingExpectations
+from controller.populator.key import LauncherKey
+from controller.populator.kubeapi import DeleteOutcome, LauncherApi
+from controller.populator.metrics import LauncherPodCount
+from controller.populator.phases import Thresholds, is_bound, is_deleting, is_ready, phase_of, tally, template_hash
+from controller.populator.stuck import report_stuck
+
+log = logging.getLogger(__name__)
+
+
+class LauncherCache(Protocol):
+    """The informer caches, as the reconcile reads them."""
+
+    def launchers(self, key: LauncherKey) -> list[Pod]: ...
+    def has_node(self, name: str) -> bool: ...
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _sooner(*delays: float | None) -> float | None:
+    return min((d for d in delays if d is not None), default=None)
+
+
+def _keep_order(pod: Pod) -> tuple[bool, str, str]:
+    """Ready launchers first, then the oldest: surplus ones are deleted from the end."""
+    meta = pod["metadata"]
+    return not is_ready(pod), meta.get("creationTimestamp", ""), meta["name"]
+
+
+class KeyReconciler:
+    """The key queue's reconcile function; its collaborators are passed in so tests can fake them."""
+
+    def __init__(
+        self,
+        digest: Digest,
+        cache: LauncherCache,
+        api: LauncherApi,
+        expectations: PendingExpectations,
+        metrics: LauncherPodCount,
+        thresholds: Thresholds,
+        recheck_after: float,
+        clock: Callable[[], datetime] = _utc_now,
+    ) -> None:
+        self._digest = digest
+        self._cache = cache
+        self._api = api
+        self._expectations = expectations
+        self._metrics = metrics
+        self._thresholds = thresholds
+        self._recheck_after = recheck_after
+        self._clock = clock
+
+    async def __call__(self, key: LauncherKey) -> float | None:
+        """Returns when to look at the key again: at the next stuck threshold crossing, or sooner while
+        deletions or expectations are pending."""
+        now = self._clock()
+        target = self._digest.target(key)
+        cached = self._cache.launchers(key)
+        counts, due = tally(cached, target.template_hash if target else None, self._thresholds, now)
+        self._metrics.publish(key, counts)
+        again = (due - now).total_seconds() if due is not None else None
+        if target is None:
+            log.debug("%s: hands-off, its LauncherConfig is missing or malformed", key)
+            return again
+        if not self._cache.has_node(key.node):
+            log.debug("%s: the node is gone", key)
+            return again
+        match self._expectations.check(key):
+            case Expectations.WAITING:
+                return _sooner(again, self._expectations.remaining(key))
+            case Expectations.TIMED_OUT:
+                log.info("%s: the cache has not shown recent creates and deletes; listing from the API server", key)
+                launchers = await self._api.list_launchers(key)
+                self._expectations.reset(key)
+            case Expectations.SATISFIED:
+                launchers = cached
+        return _sooner(again, await self._converge(key, target, launchers, now))
+
+    async def _converge(self, key: LauncherKey, target: Target, launchers: list[Pod], now: datetime) -> float | None:
+        live = [pod for pod in launchers if not is_deleting(pod)]
+        bound = [pod for pod in live if is_bound(pod)]
+        unbound = [pod for pod in live if not is_bound(pod)]
+        current = sorted((p for p in unbound if template_hash(p) == target.template_hash), key=_keep_order)
+        stale = [p for p in unbound if template_hash(p) != target.template_hash]
+
+        outcomes = [await self._delete(key, pod, "its template is outdated") for pod in stale]
+        diff = target.count - (len(bound) + len(current) + outcomes.count(DeleteOutcome.CONFLICT))
+        kept = list(current)
+        surplus = -diff
+        while surplus > 0 and kept:
+            # A launcher picked here is not reported as stuck even if its delete conflicts: the next
+            # reconcile decides again whether it stays.
+            outcome = await self._delete(key, kept.pop(), f"more launchers than the target {target.count}")
+            outcomes.append(outcome)
+            surplus -= outcome is not DeleteOutcome.CONFLICT
+
+        await report_stuck(
+            self._api, [(pod, phase_of(pod, target.template_hash, self._thresholds, now)[0]) for pod in [*bound, *kept]]
+        )
+        unsettled = (
+            len(launchers) > len(live) or DeleteOutcome.DELETED in outcomes or DeleteOutcome.CONFLICT in outcomes
+        )
+        if unsettled:
+            if diff > 0:
+                log.info("%s: %d launchers to create once the deletions are done", key, diff)
+            return self._recheck_after
+        for _ in range(diff):
+            created = await self._api.create(pod_for_node(target.template, target.template_hash, key.node))
+            uid = created["metadata"]["uid"]
+            if self._cached(key, uid) is None:
+                self._expectations.expect_creation(key, uid)
+        return None
+
+    async def _delete(self, key: LauncherKey, pod: Pod, why: str) -> DeleteOutcome:
+        log.info("%s: deleting launcher %s: %s", key, pod["metadata"]["name"], why)
+        outcome = await self._api.delete(pod)
+        uid = pod["metadata"]["uid"]
+        cached = self._cached(key, uid)
+        if outcome is DeleteOutcome.DELETED and cached is not None and not is_deleting(cached):
+            self._expectations.expect_deletion(key, uid)
+        return outcome
+
+    def _cached(self, key: LauncherKey, uid: str) -> Pod | None:
+        """The cache's copy of the Pod `uid`: when it is already there (or already deleting), the informer
+        has seen the change and nothing needs to be expected."""
+        return next((pod for pod in self._cache.launchers(key) if pod["metadata"]["uid"] == uid), None)

@@ -1,0 +1,133 @@
+"""Policy digestion: a key's target is the largest count among the policies that select its Node and
+name its LauncherConfig, 0 when none does, hands-off while the LauncherConfig is missing or malformed;
+the digest says which keys and policies a change affects, and what the policies' statuses report.
+(Selector matching itself is tested in tests/test_crds.py.)"""
+
+from typing import Any
+
+from controller.populator.digest import Digest, digest_config, digest_policy
+from controller.populator.key import LauncherKey
+from controller.populator.nodes import NodeFacts
+from tests.test_populator_fakes import config_manifest, node, policy_manifest
+
+GPU = {"nvidia.com/gpu.present": "true"}
+
+
+def gpu_policy(counts: dict[str, int], **allocatable: dict[str, Any]) -> dict[str, Any]:
+    manifest = policy_manifest(counts, GPU)
+    manifest["spec"]["enhancedNodeSelector"]["allocatableResources"] = allocatable
+    return manifest
+
+
+def digest_of(*policies: dict[str, Any], configs: tuple[str, ...] = ("a", "b")) -> Digest:
+    digest = Digest()
+    digest.set_node("gpu-8", node("gpu-8", GPU, **{"nvidia.com/gpu": "8"}))
+    digest.set_node("gpu-2", node("gpu-2", GPU, **{"nvidia.com/gpu": "2"}))
+    digest.set_node("cpu", node("cpu"))
+    for name in configs:
+        digest.set_config(name, digest_config(config_manifest(name), None))
+    for index, manifest in enumerate(policies):
+        digest.set_policy(f"p{index}", digest_policy(manifest))
+    return digest
+
+
+def counts(digest: Digest, config: str) -> dict[str, int | None]:
+    return {n: (t.count if (t := digest.target(LauncherKey(n, config))) else None) for n in ("gpu-8", "gpu-2", "cpu")}
+
+
+def test_the_target_is_the_largest_count_among_the_policies_that_select_the_node() -> None:
+    digest = digest_of(
+        gpu_policy({"a": 1, "b": 3}),
+        gpu_policy({"a": 4}, **{"nvidia.com/gpu": {"min": 8}}),
+        gpu_policy({"a": 2}, **{"nvidia.com/gpu": {"max": 4}}),
+    )
+    assert counts(digest, "a") == {"gpu-8": 4, "gpu-2": 2, "cpu": 0}
+    assert counts(digest, "b") == {"gpu-8": 3, "gpu-2": 3, "cpu": 0}
+
+
+def test_a_negative_count_asks_for_none() -> None:
+    assert counts(digest_of(gpu_policy({"a": -3})), "a") == {"gpu-8": 0, "gpu-2": 0, "cpu": 0}
+
+
+def test_hands_off_while_the_launcher_config_is_missing_or_malformed() -> None:
+    digest = digest_of(gpu_policy({"a": 1, "b": 1, "ghost": 1}))
+    digest.set_config("b", digest_config(config_manifest("b", container="sidecar"), None))
+    assert counts(digest, "ghost") == {"gpu-8": None, "gpu-2": None, "cpu": None}
+    assert counts(digest, "b") == {"gpu-8": None, "gpu-2": None, "cpu": None}
+    assert digest.config_error("b") == "LauncherConfig b: podTemplate.spec has no container named 'inference-server'"
+    target = digest.target(LauncherKey("gpu-8", "a"))
+    assert target is not None
+    assert target.template["metadata"]["annotations"]["dual-pods.llm-d.ai/launcher-populator-template-hash"] == (
+        target.template_hash
+    )
+
+
+def test_a_launcher_config_the_models_refuse_is_malformed_too() -> None:
+    manifest = config_manifest("a")
+    manifest["spec"]["maxInstances"] = 0
+    digest = digest_config(manifest, None)
+    assert digest.template is None
+    assert digest.error == "LauncherConfig a: spec.maxInstances: Input should be greater than or equal to 1"
+
+
+def test_policy_errors_name_their_unusable_launcher_configs_and_their_own_problems() -> None:
+    bad = policy_manifest({"ghost": 1, "a": 1, "b": 1})
+    bad["spec"]["enhancedNodeSelector"]["labelSelector"] = {
+        "matchExpressions": [{"key": "zone", "operator": "Sometimes", "values": ["x"]}]
+    }
+    digest = digest_of(bad)
+    digest.set_config("b", digest_config(config_manifest("b", container="sidecar"), None))
+    [selector_error, *references] = digest.policy_errors("p0")
+    assert selector_error.startswith("invalid enhancedNodeSelector: labelSelector.matchExpressions.0.operator: ")
+    assert references == [
+        'LauncherConfig "ghost" referenced in CountForLauncher does not exist',
+        'LauncherConfig "b" referenced in CountForLauncher is malformed: '
+        "LauncherConfig b: podTemplate.spec has no container named 'inference-server'",
+    ]
+    assert counts(digest, "a") == {"gpu-8": 0, "gpu-2": 0, "cpu": 0}, "an unparseable selector selects no Node"
+
+
+def test_policy_and_node_changes_return_exactly_the_keys_whose_target_changed() -> None:
+    digest = digest_of()
+    assert digest.set_policy("p", digest_policy(gpu_policy({"a": 1}))) == {
+        LauncherKey("gpu-8", "a"),
+        LauncherKey("gpu-2", "a"),
+    }
+    assert digest.set_policy("q", digest_policy(gpu_policy({"a": 1, "b": 2}))) == {
+        LauncherKey("gpu-8", "b"),
+        LauncherKey("gpu-2", "b"),
+    }
+    assert digest.set_node("cpu", node("cpu", {**GPU, "zone": "x"})) == {
+        LauncherKey("cpu", "a"),
+        LauncherKey("cpu", "b"),
+    }
+    assert digest.set_node("cpu", node("cpu", {**GPU, "zone": "y"})) == set()
+    assert digest.set_node("gpu-2", None) == {LauncherKey("gpu-2", "a"), LauncherKey("gpu-2", "b")}
+    assert digest.set_policy("q", None) == {LauncherKey("gpu-8", "b"), LauncherKey("cpu", "b")}
+    assert digest.keys_for_config("a") == {LauncherKey("gpu-8", "a"), LauncherKey("cpu", "a")}
+    assert digest.policies_naming("a") == ["p"]
+
+
+def test_a_launcher_config_change_matters_when_it_appears_goes_or_changes_validity_or_template() -> None:
+    digest = Digest()
+    good = digest_config(config_manifest("a"), None)
+    assert digest.set_config("a", good)
+    assert not digest.set_config("a", digest_config(config_manifest("a"), None)), "same template"
+    changed = config_manifest("a")
+    changed["spec"]["podTemplate"]["metadata"] = {"labels": {"rev": "2"}}
+    assert digest.set_config("a", digest_config(changed, None))
+    assert not digest.set_config("a", digest_config(changed, None))
+    assert digest.set_config("a", digest_config(config_manifest("a", container="sidecar"), None))
+    assert digest.set_config("a", None)
+    assert not digest.set_config("a", None)
+
+
+def test_node_facts_ignore_what_policies_cannot_select_on() -> None:
+    def node_object(heartbeat: str, gpus: str = "8") -> dict[str, Any]:
+        return {
+            "metadata": {"name": "n", "labels": GPU, "resourceVersion": heartbeat},
+            "status": {"allocatable": {"nvidia.com/gpu": gpus}, "conditions": [{"lastHeartbeatTime": heartbeat}]},
+        }
+
+    assert NodeFacts.from_k8s(node_object("1")) == NodeFacts.from_k8s(node_object("2"))
+    assert NodeFacts.from_k8s(node_object("1")) != NodeFacts.from_k8s(node_object("1", gpus="4"))

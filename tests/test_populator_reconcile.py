@@ -1,0 +1,162 @@
+"""The reconcile of one (Node, LauncherConfig) key against in-memory fakes: creates up to the target
+from the node-specialised template, never deletes bound launchers, replaces stale ones, deletes the
+surplus not-Ready and newest first, creates nothing while anything is being deleted, never creates
+twice on a lagging cache, and keeps hands-off while the LauncherConfig is missing or malformed."""
+
+from datetime import timedelta
+
+from api import keys
+from controller.launcher_template import launcher_config_hash
+from controller.populator.digest import Digest, digest_config, digest_policy
+from controller.populator.metrics import NAME
+from tests.test_populator_fakes import (
+    CONFIG,
+    EXPECTATION_TIMEOUT,
+    KEY,
+    NODE,
+    NOW,
+    FakeCluster,
+    FakeMonotonic,
+    config_manifest,
+    current_hash,
+    digest_for,
+    launcher,
+    policy_manifest,
+    reconciler,
+)
+
+CURRENT = current_hash(digest_for(1))
+OLDER = NOW - timedelta(minutes=5)
+
+
+async def test_creates_the_target_from_the_node_specialised_template_once() -> None:
+    cluster = FakeCluster()
+    reconcile, expectations, _ = reconciler(cluster, digest_for(2))
+    assert await reconcile(KEY) is None
+    assert cluster.creates == 2
+    for pod in cluster.pods.values():
+        assert pod["metadata"]["labels"][keys.NODE_NAME_LABEL] == NODE
+        assert pod["metadata"]["annotations"][keys.LAUNCHER_TEMPLATE_HASH_ANNOTATION] == CURRENT
+        assert pod["metadata"]["annotations"][keys.LAUNCHER_CONFIG_HASH_ANNOTATION] == launcher_config_hash(
+            CURRENT, NODE
+        )
+        assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": NODE}
+    cluster.sync(expectations)
+    await reconcile(KEY)
+    assert cluster.creates == 2
+
+
+async def test_a_lagging_cache_never_causes_a_second_create() -> None:
+    cluster = FakeCluster()
+    clock = FakeMonotonic()
+    reconcile, _, _ = reconciler(cluster, digest_for(1), clock)
+    await reconcile(KEY)
+    clock.now += 1
+    assert await reconcile(KEY) == EXPECTATION_TIMEOUT - 1, "waits for the cache until the timeout"
+    assert (cluster.creates, cluster.lists) == (1, 0)
+
+    clock.now += EXPECTATION_TIMEOUT  # the cache never caught up: ask the API server
+    await reconcile(KEY)
+    assert (cluster.creates, cluster.lists) == (1, 1)
+    await reconcile(KEY)
+    assert cluster.lists == 1, "expectations were reset"
+
+
+async def test_bound_launchers_are_never_deleted_and_count_toward_the_target() -> None:
+    bound = launcher("bound", "older-hash", bound=True)
+    cluster = FakeCluster(bound, launcher("spare", CURRENT, ready=True))
+    reconcile, _, _ = reconciler(cluster, digest_for(1))
+    await reconcile(KEY)
+    assert cluster.names() == {"bound"}
+    assert cluster.creates == 0
+
+    at_zero = FakeCluster(bound)
+    reconcile, _, _ = reconciler(at_zero, digest_for(0))
+    await reconcile(KEY)
+    assert at_zero.names() == {"bound"}
+
+
+async def test_a_requester_annotation_that_names_no_requester_does_not_bind() -> None:
+    odd = launcher("odd", "older-hash")
+    odd["metadata"]["annotations"][keys.REQUESTER_ANNOTATION] = "only-a-uid"
+    cluster = FakeCluster(odd)
+    reconcile, _, _ = reconciler(cluster, digest_for(0))
+    await reconcile(KEY)
+    assert cluster.names() == set()
+
+
+async def test_stale_launchers_are_replaced_once_their_deletion_is_done() -> None:
+    cluster = FakeCluster(launcher("old", "older-hash", ready=True))
+    cluster.graceful = True
+    reconcile, expectations, _ = reconciler(cluster, digest_for(1))
+    assert await reconcile(KEY) == EXPECTATION_TIMEOUT
+    assert cluster.creates == 0, "no old and new launchers at once"
+
+    cluster.sync(expectations)  # the cache shows it terminating
+    assert await reconcile(KEY) == EXPECTATION_TIMEOUT
+    assert cluster.creates == 0
+
+    del cluster.pods["old"]  # its grace period is over
+    cluster.sync(expectations)
+    await reconcile(KEY)
+    assert cluster.creates == 1
+
+
+async def test_a_stale_launcher_whose_delete_conflicts_still_counts() -> None:
+    cluster = FakeCluster(launcher("old", "older-hash"))
+    cluster.conflicting.add("old")  # e.g. bound meanwhile
+    reconcile, _, _ = reconciler(cluster, digest_for(1))
+    assert await reconcile(KEY) == EXPECTATION_TIMEOUT
+    assert (cluster.names(), cluster.creates) == ({"old"}, 0)
+
+
+async def test_the_surplus_goes_not_ready_and_newest_first() -> None:
+    cluster = FakeCluster(
+        launcher("ready-old", CURRENT, created=OLDER, ready=True),
+        launcher("ready-new", CURRENT, ready=True),
+        launcher("starting-old", CURRENT, created=OLDER),
+        launcher("starting-new", CURRENT),
+    )
+    reconcile, _, _ = reconciler(cluster, digest_for(2))
+    await reconcile(KEY)
+    assert cluster.names() == {"ready-old", "ready-new"}
+    reconcile, _, _ = reconciler(cluster, digest_for(1))
+    cluster.sync()
+    await reconcile(KEY)
+    assert cluster.names() == {"ready-old"}
+
+
+async def test_nothing_is_created_while_a_launcher_is_being_deleted() -> None:
+    cluster = FakeCluster(launcher("going", CURRENT, deleting=True))
+    reconcile, _, _ = reconciler(cluster, digest_for(2))
+    assert await reconcile(KEY) == EXPECTATION_TIMEOUT
+    assert cluster.creates == 0
+
+
+async def test_hands_off_while_the_launcher_config_is_missing_or_malformed() -> None:
+    pods = [launcher("a", CURRENT, ready=True), launcher("b", "older-hash")]
+    missing = Digest()
+    missing.set_policy("policy", digest_policy(policy_manifest({CONFIG: 5})))
+    malformed = digest_for(5)
+    malformed.set_config(CONFIG, digest_config(config_manifest(container="sidecar"), None))
+    for digest in (missing, malformed):
+        cluster = FakeCluster(*pods)
+        reconcile, _, registry = reconciler(cluster, digest)
+        await reconcile(KEY)
+        assert (cluster.names(), cluster.creates) == ({"a", "b"}, 0)
+        assert registry.get_sample_value(NAME, {"lcfg_name": CONFIG, "phase": "stale"}) == 2
+
+
+async def test_a_key_no_policy_asks_for_loses_its_unbound_launchers() -> None:
+    cluster = FakeCluster(launcher("spare", CURRENT, ready=True), launcher("bound", CURRENT, bound=True))
+    reconcile, _, _ = reconciler(cluster, digest_for(None))
+    await reconcile(KEY)
+    assert cluster.names() == {"bound"}
+
+
+async def test_a_gone_node_is_left_alone_but_still_counted() -> None:
+    cluster = FakeCluster(launcher("a", CURRENT, ready=True), nodes=())
+    reconcile, _, registry = reconciler(cluster, digest_for(0))
+    await reconcile(KEY)
+    assert cluster.names() == {"a"}
+    assert registry.get_sample_value(NAME, {"lcfg_name": CONFIG, "phase": "unbound"}) == 1
