@@ -1,10 +1,6 @@
-"""The dual-pods end-to-end setting: CRDs, gpu-map, objects a model-variant deployer creates, and the
-controller running as a real process against the loopback cluster (so tests can kill it)."""
+"""The dual-pods end-to-end setting: CRDs, gpu-map, the controllers installed by the Helm chart, and
+the objects a model-variant deployer creates."""
 
-import signal
-import subprocess
-import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,46 +11,14 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from api import keys
 from api.crds import GROUP, VERSION, CustomResource, InferenceServerConfig, LauncherConfig, LauncherPopulationPolicy
 from api.keys import LAUNCHER_PORT
+from e2e.chart import InstalledControllers
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import install_crds
-from e2e.launcher_process import REPO, free_port, offline_environment
 from e2e.waiting import wait_for
 
 LAUNCHER_IMAGE = "dualpods/launcher"
 REQUESTER_IMAGE = "dualpods/requester"
 Obj = dict[str, Any]
-
-
-@dataclass
-class ControllerProcess:
-    namespace: str
-    kubeconfig: Path
-    log_path: Path
-    extra: list[str] = field(default_factory=list)
-    metrics_port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-
-    def start(self, command: str = "dual-pods") -> None:
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "controller", command, "--namespace", self.namespace,
-                 "--kubeconfig", str(self.kubeconfig), "--metrics-host", "127.0.0.1",
-                 "--metrics-port", str(self.metrics_port), "--log-level", "debug", *self.extra],
-                cwd=REPO, env=offline_environment(self.log_path.parent), stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.send_signal(sig)
-        try:
-            self.process.wait(20)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-
-    def log_tail(self, lines: int = 60) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
 
 class DualPodsEnv:
@@ -66,8 +30,7 @@ class DualPodsEnv:
         self.core = client.CoreV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.objects = client.CustomObjectsApi(api)
-        self.controller = ControllerProcess(namespace, cluster.kubeconfig, work_dir / "dual-pods.log")
-        self.populator = ControllerProcess(namespace, cluster.kubeconfig, work_dir / "populator.log")
+        self.controllers = InstalledControllers(cluster, api, namespace, work_dir)
 
     async def setup(self) -> None:
         await install_crds(self.cluster, self.api)
@@ -84,9 +47,8 @@ class DualPodsEnv:
             "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": self.namespace}],
         })  # fmt: skip
 
-    def teardown(self) -> None:
-        self.controller.stop()
-        self.populator.stop()
+    async def teardown(self) -> None:
+        await self.controllers.uninstall()
 
     # ----- objects a model-variant deployer creates
 
@@ -216,7 +178,7 @@ class DualPodsEnv:
         try:
             result: Obj = await wait_for(ready, what=f"a Ready, bound requester of {replica_set}", within=within)
         except TimeoutError as err:
-            raise TimeoutError(f"{err}\n--- controller log ---\n{self.controller.log_tail()}") from None
+            raise TimeoutError(f"{err}\n{await self.controllers.log_tail()}") from None
         return result
 
     async def launcher_of(self, requester: Obj) -> Obj:

@@ -1,0 +1,116 @@
+"""The controllers installed with the Helm chart, running as Pods through the loopback kubelet, as a
+platform engineer would install them; tests can restart or kill them like any Pod."""
+
+import asyncio
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+from kubernetes_asyncio import client
+
+from e2e.cluster.binaries import venv_tool
+from e2e.cluster.cluster import LoopbackCluster
+from e2e.launcher_process import REPO
+from e2e.waiting import wait_for
+
+CHART = REPO / "charts" / "dualpods"
+DUAL_PODS = "dual-pods-controller"
+POPULATOR = "launcher-populator"
+
+
+async def helm(cluster: LoopbackCluster, work_dir: Path, *args: str) -> str:
+    """Run helm against the loopback cluster with its state kept in `work_dir`."""
+    home = work_dir / "helm-home"
+    home.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache"),
+           "XDG_CONFIG_HOME": str(home / "config"), "XDG_DATA_HOME": str(home / "data")}  # fmt: skip
+    process = await asyncio.create_subprocess_exec(
+        str(venv_tool("helm")), "--kubeconfig", str(cluster.kubeconfig), *args,
+        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await process.communicate()
+    if process.returncode != 0:
+        raise RuntimeError(f"helm {' '.join(args)} failed: {err.decode()}")
+    return out.decode()
+
+
+@dataclass
+class InstalledControllers:
+    """A release of the chart in one namespace."""
+
+    cluster: LoopbackCluster
+    api: client.ApiClient
+    namespace: str
+    work_dir: Path
+    release: str = "dualpods"
+
+    async def install(self, *settings: str) -> None:
+        args = [f"--set={s}" for s in settings]
+        await helm(self.cluster, self.work_dir, "install", self.release, str(CHART), "-n", self.namespace, *args)
+        for component in (DUAL_PODS, POPULATOR):
+            await self.wait_running(component)
+
+    async def uninstall(self) -> None:
+        await helm(self.cluster, self.work_dir, "uninstall", self.release, "-n", self.namespace)
+
+    async def pods(self, component: str) -> list[Any]:
+        core = client.CoreV1Api(self.api)
+        found = await core.list_namespaced_pod(
+            self.namespace,
+            label_selector=f"app.kubernetes.io/instance={self.release},app.kubernetes.io/component={component}",
+        )
+        return [p for p in found.items if p.metadata.deletion_timestamp is None]
+
+    async def wait_running(self, component: str, replicas: int = 1) -> list[Any]:
+        async def ready() -> list[Any]:
+            found = await self.pods(component)
+            ok = [p for p in found if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+            return ok if len(ok) >= replicas else []
+
+        result: list[Any] = await wait_for(ready, what=f"{component} Ready", within=60)
+        return result
+
+    def processes(self, component: str) -> list[psutil.Process]:
+        """The controller processes of this release (containers run as local processes here)."""
+        command = "dual-pods" if component == DUAL_PODS else "populator"
+        found = []
+        for process in psutil.process_iter(["cmdline"]):
+            line = process.info["cmdline"] or []
+            if "controller" in line and command in line and f"--namespace={self.namespace}" in line:
+                found.append(process)
+        return found
+
+    def kill(self, component: str = DUAL_PODS) -> None:
+        """SIGKILL the controller, as a crash would; the kubelet restarts its container."""
+        for process in self.processes(component):
+            process.send_signal(signal.SIGKILL)
+
+    async def restart(self, component: str = DUAL_PODS) -> None:
+        """Delete the controller's Pod; its Deployment makes a new one."""
+        core = client.CoreV1Api(self.api)
+        old = {p.metadata.name for p in await self.pods(component)}
+        for name in old:
+            await core.delete_namespaced_pod(name, self.namespace)
+
+        async def replaced() -> bool:
+            names = {p.metadata.name for p in await self.wait_running(component)}
+            return bool(names) and not names & old
+
+        await wait_for(replaced, what=f"{component} replaced", within=60)
+
+    async def metrics(self, component: str = DUAL_PODS) -> str:
+        pod = (await self.pods(component))[0]
+        async with aiohttp.ClientSession() as http, http.get(f"http://{pod.status.pod_ip}:8002/metrics") as response:
+            return await response.text()
+
+    async def log_tail(self, component: str = DUAL_PODS, lines: int = 80) -> str:
+        """The end of the controller container's log, for failure messages."""
+        tails = []
+        for pod in await self.pods(component):
+            text = self.cluster.container_log(pod, "controller")
+            tails.append(f"--- {pod.metadata.name} ---\n" + "\n".join(text.splitlines()[-lines:]))
+        return "\n".join(tails)
