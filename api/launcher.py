@@ -34,6 +34,7 @@ class ProcessStats(BaseModel):
     processes: int
     rss_bytes: int
     cpu_percent: float
+    gpu_memory_bytes: int | None = None  # None where NVML is not available
 
 
 class InstanceState(BaseModel):

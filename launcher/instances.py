@@ -35,6 +35,7 @@ from . import process_control
 from .errors import BackendError, BadRequest, Conflict, NotFound
 from .events import EventLog
 from .fork import fork_instance
+from .gpu_usage import gpu_memory_by_pid
 from .gpus import GpuInventory
 from .metrics import LauncherMetrics
 from .process_stats import ProcessTreeStats
@@ -83,7 +84,7 @@ class Instance:
     def running(self) -> bool:
         return self.status is InstanceStatus.RUNNING
 
-    def state(self, detail: bool = False) -> InstanceState:
+    def state(self, detail: bool = False, gpu_usage: dict[int, int] | None = None) -> InstanceState:
         return InstanceState(
             status=self.status,
             instance_id=self.id,
@@ -99,7 +100,7 @@ class Instance:
             defaults_applied=self.defaults_applied or None,
             port=self.port,
             exit_code=self.exit_code,
-            process=self.stats.sample() if detail and self.stats and self.running else None,
+            process=self.stats.sample(gpu_usage) if detail and self.stats and self.running else None,
         )
 
 
@@ -140,16 +141,17 @@ class InstanceManager:
     async def state(self, instance_id: str) -> InstanceState:
         instance = self.get(instance_id)
         await self._refresh_sleep_state(instance)
-        return instance.state(detail=True)
+        return instance.state(detail=True, gpu_usage=gpu_memory_by_pid())
 
     async def list_detailed(self) -> AllInstancesState:
         instances = list(self._instances.values())
         await asyncio.gather(*(self._refresh_sleep_state(i) for i in instances))
+        gpu_usage = gpu_memory_by_pid()
         return AllInstancesState(
             revision=self.events.revision,
             total_instances=len(instances),
             running_instances=sum(i.running for i in instances),
-            instances=[i.state(detail=True) for i in instances],
+            instances=[i.state(detail=True, gpu_usage=gpu_usage) for i in instances],
         )
 
     def list_ids(self) -> InstanceIds:

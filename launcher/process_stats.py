@@ -12,7 +12,8 @@ class ProcessTreeStats:
         self._pid = pid
         self._handles: dict[int, psutil.Process] = {}
 
-    def sample(self) -> ProcessStats | None:
+    def sample(self, gpu_usage: dict[int, int] | None) -> ProcessStats | None:
+        """`gpu_usage`: GPU bytes per PID (gpu_usage.gpu_memory_by_pid), None where unknown."""
         try:
             root = psutil.Process(self._pid)
             tree = [root, *root.children(recursive=True)]
@@ -30,4 +31,10 @@ class ProcessTreeStats:
                 continue
             handles[process.pid] = handle
         self._handles = handles
-        return ProcessStats(pid=self._pid, processes=len(handles), rss_bytes=rss, cpu_percent=round(cpu, 1))
+        return ProcessStats(
+            pid=self._pid,
+            processes=len(handles),
+            rss_bytes=rss,
+            cpu_percent=round(cpu, 1),
+            gpu_memory_bytes=sum(gpu_usage.get(pid, 0) for pid in handles) if gpu_usage is not None else None,
+        )

@@ -16,13 +16,14 @@ from datetime import datetime
 from pydantic import ValidationError
 
 from api import keys
-from api.crds import InferenceServerConfig, LauncherConfig
+from api.crds import InferenceServerConfig, LauncherConfig, SleeperBudget
 from api.launcher import InstanceState, InstanceStatus, VllmConfig
 from controller.events import EventRecorder
 from controller.informer import Informer
 from controller.launcher_template import TemplateError, launcher_config_hash, node_independent_pod, pod_for_node
 
 from . import pods
+from .budget import Sleeper, gpu_victim, gpus_over_budget, host_victims
 from .http import HttpError
 from .identity import instance_id, vllm_config
 from .launcher_client import LauncherClient
@@ -314,6 +315,8 @@ class Reconciler:
         if not state.ready:
             return None  # its READY event brings us back
         if state.sleeping:
+            if await self._evicted_for_wake(requester, launcher, pod_ip, wanted, gpus, isc_name):
+                return None  # the DELETED event brings us back
             await self.launchers.wake(pod_ip, wanted, isc_name, name)
             return None  # its AWAKE event brings us back
         routing = RoutingMetadata.model_validate_json(annotations.get(keys.ISC_ROUTING_METADATA_ANNOTATION) or "{}")
@@ -436,7 +439,69 @@ class Reconciler:
         if state.status is InstanceStatus.STOPPED or self._obsolete(state):
             await self.launchers.delete_instance(pod_ip, state.instance_id, isc_name)
         elif not state.sleeping:
-            await self.launchers.sleep(pod_ip, state.instance_id, isc_name, pods.name(launcher))
+            if await self._fits_host_budget(launcher, pod_ip, state.instance_id, isc_name):
+                await self.launchers.sleep(pod_ip, state.instance_id, isc_name, pods.name(launcher))
+            else:
+                await self.launchers.delete_instance(pod_ip, state.instance_id, isc_name)
+
+    # ----- memory budgets of sleeping instances (E3)
+
+    def _sleeper_budget(self, launcher: pods.Pod) -> SleeperBudget | None:
+        name = pods.labels(launcher).get(keys.LAUNCHER_CONFIG_NAME_LABEL, "")
+        obj = self.c.lcs.get(f"{self.namespace}/{name}")
+        try:
+            return LauncherConfig.from_k8s(obj).spec.sleeper_budget if obj is not None else None
+        except ValidationError:
+            return None
+
+    async def _fits_host_budget(self, launcher: pods.Pod, pod_ip: str, instance: str, isc_name: str) -> bool:
+        """Make room for one more sleeper in host memory: False if even alone it would not fit."""
+        budget = self._sleeper_budget(launcher)
+        if budget is None or budget.host_memory_bytes is None:
+            return True
+        listing = await self.launchers.list_instances(pod_ip, isc_name)
+        states = {s.instance_id: s for s in listing.instances}
+        # What goes to sleep stays in host memory plus, at most, what it held on the GPU (its weights).
+        process = states[instance].process if instance in states else None
+        incoming = (process.rss_bytes + (process.gpu_memory_bytes or 0)) if process else 0
+        victims = host_victims(_sleepers(listing.instances, exclude=instance), incoming, int(budget.host_memory_bytes))
+        if victims is None:
+            await self._note_budget(launcher, f"instance {instance} would hold {incoming} bytes asleep, more than "
+                                    f"the host budget {budget.host_memory_bytes}; deleting it instead")  # fmt: skip
+            return False
+        for victim in victims:
+            await self._note_budget(launcher, f"deleting sleeping instance {victim} to keep sleepers within the "
+                                    f"host budget {budget.host_memory_bytes}")  # fmt: skip
+            await self.launchers.delete_instance(pod_ip, victim, isc_name)
+        return True
+
+    async def _evicted_for_wake(
+        self, requester: pods.Pod, launcher: pods.Pod, pod_ip: str, instance: str, gpus: list[str], isc_name: str
+    ) -> bool:
+        """Before waking: if a GPU carries more than the sleepers may hold, delete the least recently
+        used sleeper there (True), or refuse the wake with a reason if none can go."""
+        budget = self._sleeper_budget(launcher)
+        if budget is None or budget.gpu_memory_bytes is None:
+            return False
+        over = gpus_over_budget(await self.requesters.memory_usage(requester, isc_name), gpus,
+                                int(budget.gpu_memory_bytes))  # fmt: skip
+        if not over:
+            return False
+        listing = await self.launchers.list_instances(pod_ip, isc_name)
+        victim = gpu_victim(_sleepers(listing.instances, exclude=instance), over)
+        if victim is None:
+            used = ", ".join(f"{gpu}: {mib} MiB" for gpu, mib in over.items())
+            raise RequesterProblem(
+                f"not waking instance {instance}: its GPUs already hold more than the sleeper budget "
+                f"{budget.gpu_memory_bytes} bytes ({used}) and no sleeping instance of this launcher can go"
+            )
+        await self._note_budget(launcher, f"deleting sleeping instance {victim} to free GPU memory for {instance}")
+        await self.launchers.delete_instance(pod_ip, victim, isc_name, pods.name(requester))
+        return True
+
+    async def _note_budget(self, launcher: pods.Pod, message: str) -> None:
+        log.info("launcher %s: %s", pods.name(launcher), message)
+        await self.events.record(launcher, "Normal", "SleeperBudget", message)
 
     def _obsolete(self, state: InstanceState) -> bool:
         """The instance's InferenceServerConfig changed (or is gone) since it was created."""
@@ -468,6 +533,19 @@ class Reconciler:
                              pods.name(launcher))  # fmt: skip
                     await self.launchers.delete_instance(pod_ip, state.instance_id, isc_name)
         return None
+
+
+def _sleepers(states: list[InstanceState], exclude: str) -> list[Sleeper]:
+    return [
+        Sleeper(
+            s.instance_id,
+            s.revision,
+            s.process.rss_bytes if s.process else 0,
+            frozenset(s.gpu_uuids or []),
+        )
+        for s in states
+        if s.sleeping and s.status is InstanceStatus.RUNNING and s.instance_id != exclude
+    ]
 
 
 def _bound_uid(pod: pods.Pod) -> str | None:
