@@ -78,16 +78,21 @@ class InstalledControllers:
         """The controller processes of this release (containers run as local processes here)."""
         command = "dual-pods" if component == DUAL_PODS else "populator"
         found = []
-        for process in psutil.process_iter(["cmdline"]):
+        for process in psutil.process_iter(["cmdline", "name"]):
             line = process.info["cmdline"] or []
+            if process.info["name"] == "unshare":  # the kubelet's namespace wrapper, not the controller
+                continue
             if "controller" in line and command in line and f"--namespace={self.namespace}" in line:
                 found.append(process)
         return found
 
-    def kill(self, component: str = DUAL_PODS) -> None:
-        """SIGKILL the controller, as a crash would; the kubelet restarts its container."""
-        for process in self.processes(component):
+    def kill(self, component: str = DUAL_PODS) -> int:
+        """SIGKILL the controller, as a crash would (the kubelet restarts its container); how many
+        processes were killed (none while the container waits to be restarted)."""
+        processes = self.processes(component)
+        for process in processes:
             process.send_signal(signal.SIGKILL)
+        return len(processes)
 
     async def restart(self, component: str = DUAL_PODS) -> None:
         """Delete the controller's Pod; its Deployment makes a new one."""
