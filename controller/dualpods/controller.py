@@ -21,7 +21,7 @@ from controller.workqueue import WorkQueue, run_workers
 from . import pods
 from .http import HttpCaller
 from .launcher_client import LauncherClient
-from .launcher_views import LauncherViews
+from .launcher_views import LauncherView, LauncherViews
 from .metrics import DualPodsMetrics
 from .reconcile import (
     BOUND_TO,
@@ -77,7 +77,7 @@ class DualPodsController:
         self._session = aiohttp.ClientSession()
         http = HttpCaller(self._session, self.metrics, self.namespace)
         launchers = LauncherClient(http, self.options.launcher_token)
-        self.views = LauncherViews(self._session, launchers, self._launcher_changed)
+        self.views = LauncherViews(self._session, launchers, self._launcher_changed, self._launcher_listed)
         self.reconciler = Reconciler(
             self.namespace,
             self.caches,
@@ -161,6 +161,12 @@ class DualPodsController:
             self._enqueue((REQUESTER, binding.requester_name))
         else:
             self._enqueue_requesters_on(pods.node_name(pod))
+
+    def _launcher_listed(self, view: LauncherView) -> None:
+        """A launcher's instances seen in full: check those of each ISC for obsolescence (an ISC may
+        have changed while this controller was not watching)."""
+        for isc in {(s.annotations or {}).get(keys.INSTANCE_ISC_NAME) for s in view.instances.values()} - {None}:
+            self._enqueue((ISC, str(isc)))
 
     def _node_changed(self, old: Obj | None, new: Obj | None) -> None:
         self._enqueue_requesters_on(pods.name(new or old or {"metadata": {"name": ""}}))

@@ -3,7 +3,8 @@
 For each launcher Pod with an address, one task lists the launcher's instances and then follows
 `/v2/vllm/instances/watch?since=<revision>`; after a disconnect it resumes from the last revision, and
 after a 410 it lists again. Each change calls `on_change(launcher name)`, so the controller reacts
-within milliseconds of an instance becoming ready, sleeping, waking or stopping.
+within milliseconds of an instance becoming ready, sleeping, waking or stopping; each full list also
+calls `on_listed(view)`, so instances made while the controller was away get looked at.
 """
 
 import asyncio
@@ -43,11 +44,16 @@ class GoneError(Exception):
 
 class LauncherViews:
     def __init__(
-        self, session: aiohttp.ClientSession, client: LauncherClient, on_change: Callable[[str], None]
+        self,
+        session: aiohttp.ClientSession,
+        client: LauncherClient,
+        on_change: Callable[[str], None],
+        on_listed: Callable[[LauncherView], None],
     ) -> None:
         self._session = session
         self._client = client
         self._on_change = on_change
+        self._on_listed = on_listed
         self._views: dict[str, LauncherView] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
@@ -100,6 +106,7 @@ class LauncherViews:
         view.instances = {state.instance_id: state for state in listing.instances}
         view.revision = listing.revision
         view.synced = True
+        self._on_listed(view)
         self._on_change(launcher)
 
     async def _watch(self, launcher: str, view: LauncherView) -> None:

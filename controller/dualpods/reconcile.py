@@ -28,11 +28,11 @@ from .budget import Sleeper, gpu_victim, gpus_over_budget, host_victims
 from .http import HttpError
 from .identity import instance_id, vllm_config
 from .launcher_client import LauncherClient
-from .launcher_views import LauncherViews
+from .launcher_views import LauncherView, LauncherViews
 from .metrics import DualPodsMetrics
 from .requester_client import RequesterClient, RequesterError
 from .routing import RoutingMetadata, from_isc, problems
-from .selection import Candidate, choose, instance_port
+from .selection import Candidate, choose, instance_port, plan_for
 from .writer import PodWriter, set_annotation, set_finalizer, set_label
 
 log = logging.getLogger(__name__)
@@ -252,14 +252,12 @@ class Reconciler:
             return None
         launcher = self._pod(plan.launcher)
         assert launcher is not None
-        pod_ip = str(pods.pod_ip(launcher))
-        for victim in plan.victims:
-            await self.launchers.delete_instance(pod_ip, victim, isc_name, pods.name(requester))
-        if plan.victims:
-            self.memory.victims[uid] = self.memory.victims.get(uid, 0) + len(plan.victims)
+        if found := problems(routing, pods.labels(launcher), pods.annotations(launcher)):
+            raise RequesterProblem(f"InferenceServerConfig {isc_name} on launcher {plan.launcher}: " + "; ".join(found))
         self.memory.paths.setdefault(uid, "hot" if plan.priority == "P1" else "warm")
-        log.info("binding requester %s to launcher %s (%s, %d deleted)", pods.name(requester), plan.launcher,
-                 plan.priority, len(plan.victims))  # fmt: skip
+        log.info("binding requester %s to launcher %s (%s)", pods.name(requester), plan.launcher, plan.priority)
+        # The bind write is the claim: optimistic, so of two requesters choosing one launcher only one
+        # wins. Room for the instance is made afterwards, by the winner alone (see _make_room).
         await self.writer.update(launcher, lambda p: _bind_metadata(p, requester, wanted, config, routing), "bind")
         return None
 
@@ -319,22 +317,30 @@ class Reconciler:
         if reachable and state is None and pods.labels(requester).get(keys.INSTANCE_LABEL) == wanted:
             await self._lose(requester, launcher, f"its instance {wanted} vanished from launcher")
             return None
-        if await self._settle_requester(requester, launcher, gpus, instance=wanted if state else None):
+        running = state is not None and state.status is InstanceStatus.RUNNING
+        if await self._settle_requester(requester, launcher, gpus, instance=wanted if running else None):
             return None  # the update brings the next pass
-        if not reachable or pod_ip is None:
+        if not reachable or pod_ip is None or view is None:
             return None  # the launcher is starting; its readiness or watch brings us back
+        served = pods.labels(requester).get(keys.INSTANCE_LABEL) == wanted
+        if state is not None and state.status is InstanceStatus.STOPPED:
+            if served:
+                await self._lose(requester, launcher, f"its instance {wanted} stopped with exit code {state.exit_code}")
+            else:  # it stopped before it ever served this requester: start it afresh
+                await self.launchers.delete_instance(pod_ip, wanted, isc_name, name)
+            return None
         if state is None:
+            await self._make_room(requester, launcher, pod_ip, view, wanted, isc_name)
             config = VllmConfig.model_validate_json(annotations[keys.VLLM_CONFIG_ANNOTATION])
             self.memory.paths.setdefault(pods.uid(requester), "warm")
             try:
                 await self.launchers.create_instance(pod_ip, wanted, config, isc_name, name)
             except HttpError as err:
+                if err.reply is not None and err.reply.status == 409 and "already exists" in str(err.reply.body):
+                    return None  # created by an earlier pass; its events have not arrived yet
                 if err.reply is not None and err.reply.status < 500:
                     raise RequesterProblem(f"launcher {pods.name(launcher)} refused the instance: {err}") from None
                 raise
-            return None
-        if state.status is InstanceStatus.STOPPED:
-            await self._lose(requester, launcher, f"its instance {wanted} stopped with exit code {state.exit_code}")
             return None
         if not state.ready:
             return None  # its READY event brings us back
@@ -354,6 +360,26 @@ class Reconciler:
         await self.writer.update(launcher, lambda p: _serving_metadata(p, routing), "instance serving")
         self._set_duality(launcher, 1)
         return await self._relay(requester, isc_name)
+
+    async def _make_room(
+        self, requester: pods.Pod, launcher: pods.Pod, pod_ip: str, view: LauncherView, wanted: str, isc_name: str
+    ) -> None:
+        """Before creating the bound instance: delete the sleeping instances on its port and the least
+        recently used others beyond the LauncherConfig's maxInstances (FMA's reclaim)."""
+        lc_obj = self.c.lcs.get(f"{self.namespace}/{pods.labels(launcher).get(keys.LAUNCHER_CONFIG_NAME_LABEL, '')}")
+        try:
+            max_instances = LauncherConfig.from_k8s(lc_obj).spec.max_instances if lc_obj else None
+        except ValidationError:
+            max_instances = None
+        port = int(pods.annotations(launcher).get(keys.SERVER_PORT_ANNOTATION, "0"))
+        others = [s for s in view.instances.values() if s.instance_id != wanted]
+        plan = plan_for(Candidate(pods.name(launcher), others), wanted, port, max_instances or len(others) + 1)
+        uid = pods.uid(requester)
+        for victim in plan.victims:
+            log.info("deleting instance %s on launcher %s to make room for %s", victim, pods.name(launcher), wanted)
+            await self.launchers.delete_instance(pod_ip, victim, isc_name, pods.name(requester))
+        if plan.victims:
+            self.memory.victims[uid] = self.memory.victims.get(uid, 0) + len(plan.victims)
 
     def _set_duality(self, launcher: pods.Pod, value: float) -> None:
         """fma_duality for each GPU of the launcher's binding (1 bound, 0 after)."""
@@ -461,7 +487,9 @@ class Reconciler:
 
     async def _put_away(self, launcher: pods.Pod, pod_ip: str, state: InstanceState) -> None:
         isc_name = (state.annotations or {}).get(keys.INSTANCE_ISC_NAME, "")
-        if state.status is InstanceStatus.STOPPED or self._obsolete(state):
+        if state.status is InstanceStatus.STOPPED or not state.ready or self._obsolete(state):
+            # A stopped, still loading or outdated instance is not worth keeping asleep; waiting for a
+            # load to finish would hold the requester's deletion, and its GPUs, for that long.
             await self.launchers.delete_instance(pod_ip, state.instance_id, isc_name)
         elif not state.sleeping:
             if await self._fits_host_budget(launcher, pod_ip, state.instance_id, isc_name):

@@ -41,8 +41,8 @@ def problems(routing: RoutingMetadata, pod_labels: dict[str, str], pod_annotatio
             found += [f"{kind} key {key!r}: {e}" for e in qualified_name_errors(key)]
             if _reserved(key):
                 found.append(f"{kind} key {key!r} uses a reserved prefix")
-            if key in existing and existing[key] != value:
-                found.append(f"{kind} {key!r} is already on the Pod with another value")
+            if key in existing:  # even with the same value: unbinding removes the key, the Pod's own with it
+                found.append(f"{kind} {key!r} is already on the Pod")
             if kind == "label":
                 found += [f"label {key!r} value {value!r}: {e}" for e in label_value_errors(value)]
     return found

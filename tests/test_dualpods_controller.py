@@ -1,0 +1,181 @@
+"""Which inference servers the dual-pods controller looks at after each change (controller.py's handlers).
+
+The handlers are called as the informers would call them, with (old, new) objects, on a controller
+whose caches are filled by hand; the test reads the keys they put in the work queue.
+"""
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from controller.dualpods.controller import ISC as ISC_KEY
+from controller.dualpods.controller import REQUESTER, DualPodsController, Key
+from controller.dualpods.launcher_views import LauncherView
+from controller.informer import Obj
+from tests.test_dualpods_fakes import (
+    ISC,
+    LAUNCHER,
+    NODE,
+    REQ,
+    Harness,
+    bound,
+    harness,
+    inst,
+    isc_obj,
+    launcher_obj,
+    lc_obj,
+    node_obj,
+    requester_obj,
+)
+
+
+@pytest.fixture
+async def h() -> AsyncIterator[Harness]:
+    async with harness() as made:
+        made.controller.views = made.views
+        yield made
+
+
+async def queued(controller: DualPodsController) -> set[Key]:
+    """Empty the work queue; what was in it."""
+    found: set[Key] = set()
+    while len(controller.queue):
+        key = await controller.queue.get()
+        assert key is not None
+        controller.queue.done(key)
+        found.add(key)
+    return found
+
+
+def elsewhere(pod: Obj) -> Obj:
+    pod["spec"]["nodeName"] = "node-b"
+    return pod
+
+
+def with_rv(obj: Obj, rv: str) -> Obj:
+    obj["metadata"]["resourceVersion"] = rv
+    return obj
+
+
+@pytest.fixture
+def requesters(h: Harness) -> None:
+    """Requesters "a" and "b" on NODE ("b" with another ISC), "c" on another node."""
+    h.put(requester_obj("a", "a-uid"), requester_obj("b", "b-uid", isc="isc2"), elsewhere(requester_obj("c", "c-uid")))
+
+
+async def test_a_requester_change_queues_that_requester(h: Harness) -> None:
+    old, new = requester_obj(), with_rv(requester_obj(ready=True), "2")
+    h.controller._pod_changed(old, new)
+    assert await queued(h.controller) == {(REQUESTER, REQ)}
+
+
+@pytest.mark.usefixtures("requesters")
+async def test_a_bound_launcher_change_queues_only_its_requester(h: Harness) -> None:
+    launcher = bound(launcher_obj(), requester_obj())
+    h.controller._pod_changed(launcher, with_rv(bound(launcher_obj(ready=False), requester_obj()), "2"))
+    assert await queued(h.controller) == {(REQUESTER, REQ)}
+
+
+@pytest.mark.usefixtures("requesters")
+async def test_a_spare_launcher_change_queues_the_requesters_on_its_node(h: Harness) -> None:
+    h.controller._pod_changed(None, launcher_obj())
+    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "b")}
+
+
+@pytest.mark.usefixtures("requesters")
+async def test_a_launcher_getting_bound_queues_both_its_requester_and_its_node(h: Harness) -> None:
+    h.controller._pod_changed(launcher_obj(), with_rv(bound(launcher_obj(), requester_obj()), "2"))
+    assert await queued(h.controller) == {(REQUESTER, REQ), (REQUESTER, "a"), (REQUESTER, "b")}
+
+
+@pytest.mark.usefixtures("requesters")
+async def test_an_unrelated_pod_queues_nothing(h: Harness) -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "ns", "uid": "w"},
+           "spec": {"nodeName": NODE}, "status": {}}  # fmt: skip
+    h.controller._pod_changed(None, pod)
+    assert await queued(h.controller) == set()
+    assert h.views.tracked == []
+
+
+@pytest.mark.usefixtures("requesters")
+async def test_a_node_change_queues_the_requesters_on_it(h: Harness) -> None:
+    h.controller._node_changed(node_obj(), node_obj(unschedulable=True))
+    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "b")}
+
+
+@pytest.mark.usefixtures("requesters")
+async def test_an_isc_spec_change_queues_its_requesters_and_its_instance_gc(h: Harness) -> None:
+    h.controller._isc_changed(isc_obj(), isc_obj(options="--model /models/b", rv="2"))
+    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "c"), (ISC_KEY, ISC)}
+
+
+@pytest.mark.usefixtures("requesters")
+async def test_an_isc_metadata_change_queues_only_its_requesters(h: Harness) -> None:
+    changed = isc_obj(rv="2")
+    changed["metadata"]["labels"] = {"team": "x"}
+    h.controller._isc_changed(isc_obj(), changed)
+    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "c")}
+
+
+@pytest.mark.usefixtures("requesters")
+async def test_a_new_isc_queues_its_requesters(h: Harness) -> None:
+    h.controller._isc_changed(None, isc_obj())
+    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "c")}
+
+
+@pytest.mark.usefixtures("requesters")
+async def test_a_deleted_isc_queues_its_requesters_and_its_instance_gc(h: Harness) -> None:
+    h.controller._isc_changed(isc_obj(), None)
+    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "c"), (ISC_KEY, ISC)}
+
+
+@pytest.mark.usefixtures("requesters")
+async def test_a_launcher_config_change_queues_the_requesters_of_its_iscs(h: Harness) -> None:
+    other = isc_obj("isc2")
+    other["spec"]["launcherConfigName"] = "another-lc"
+    h.put(isc_obj(), other)
+    h.controller._lc_changed(lc_obj(), with_rv(lc_obj(max_instances=3), "2"))
+    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "c")}
+
+
+@pytest.mark.usefixtures("requesters")
+async def test_a_launchers_instances_changing_queues_its_requester_or_its_node(h: Harness) -> None:
+    h.put(launcher_obj(), bound(launcher_obj("launcher-bound"), requester_obj()))
+    h.controller._launcher_changed("launcher-bound")
+    assert await queued(h.controller) == {(REQUESTER, REQ)}
+    h.controller._launcher_changed(LAUNCHER)
+    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "b")}
+    h.controller._launcher_changed("launcher-gone")
+    assert await queued(h.controller) == set()
+
+
+@pytest.mark.parametrize(
+    ("launcher", "address"),
+    [
+        (launcher_obj(ip="10.0.1.9"), "10.0.1.9"),
+        (launcher_obj(ip=None, running=False), None),
+        (launcher_obj(ip="10.0.1.9", running=False), None),
+        (launcher_obj(ip="10.0.1.9", failed=True), None),
+    ],
+    ids=["running", "pending", "not running", "failed"],
+)
+async def test_launchers_watch_streams_are_followed_while_they_run(
+    h: Harness, launcher: Obj, address: str | None
+) -> None:
+    h.controller._pod_changed(None, launcher)
+    assert h.views.tracked == [(LAUNCHER, address)]
+
+
+async def test_a_deleted_launchers_watch_stream_is_dropped(h: Harness) -> None:
+    h.controller._pod_changed(launcher_obj(), None)
+    assert h.views.forgotten == [LAUNCHER]
+
+
+async def test_a_launcher_listed_in_full_has_its_iscs_checked_for_obsolete_instances(h: Harness) -> None:
+    # After a restart the controller saw no ISC change; the first full list of each launcher is when
+    # instances made from an ISC that changed meanwhile get found.
+    view = LauncherView(pod_ip="10.0.1.1")
+    for instance, isc in (("I1i", "isc-x"), ("I2i", "isc-y"), ("I3i", "isc-x")):
+        view.instances[instance] = inst(instance, isc=isc)
+    h.controller._launcher_listed(view)
+    assert await queued(h.controller) == {(ISC_KEY, "isc-x"), (ISC_KEY, "isc-y")}

@@ -1,0 +1,517 @@
+"""Builders and in-memory fakes shared by the dual-pods controller's unit tests (this module holds no tests).
+
+The Reconciler is driven with the real informer caches (filled through `Informer._apply`, no API
+server) and the real metrics, and with fakes for everything that talks to the outside: the Pod writer
+(the API server), the launcher and requester HTTP clients, the launchers' watch streams and the Event
+recorder. Every fake call lands in one journal, so a test can assert what was written, deleted and
+called, and in which order. e2e/test_dualpods_launcher.py runs the same logic against a real cluster.
+"""
+
+import copy
+import itertools
+import json
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes_asyncio import client
+from prometheus_client import CollectorRegistry
+
+from api import keys
+from api.crds import API_VERSION, InferenceServerConfig, LauncherConfig
+from api.launcher import AllInstancesState, InstanceState, InstanceStatus, ProcessStats, VllmConfig
+from controller.dualpods.controller import DualPodsController, DualPodsOptions
+from controller.dualpods.identity import instance_id, vllm_config
+from controller.dualpods.launcher_client import LauncherClient
+from controller.dualpods.launcher_views import LauncherView, LauncherViews
+from controller.dualpods.reconcile import Options, Reconciler
+from controller.dualpods.requester_client import RequesterClient
+from controller.dualpods.routing import from_isc
+from controller.dualpods.writer import PodWriter
+from controller.events import EventRecorder
+from controller.informer import Informer, Obj, object_key
+from controller.launcher_template import node_independent_pod, pod_for_node
+
+NS = "ns"
+NODE = "node-a"
+GPU0 = "GPU-0000"
+GPU1 = "GPU-1111"
+ISC = "isc"
+LC = "lc"
+PORT = 8005
+REQ = "req"
+REQ_UID = "req-uid"
+LAUNCHER = "launcher-1"
+STARTED_AT = "2026-01-01T00:00:00+00:00"
+LC_LABEL = "from-launcher-config"
+ROUTING_LABEL = "example.com/pool"
+ROUTING_ANNOTATION = "example.com/note"
+
+
+# ----- builders
+
+
+def node_obj(name: str = NODE, *, unschedulable: bool = False, deleting: bool = False) -> Obj:
+    metadata: dict[str, Any] = {"name": name, "uid": f"{name}-uid", "resourceVersion": "1"}
+    if deleting:
+        metadata["deletionTimestamp"] = STARTED_AT
+    return {"apiVersion": "v1", "kind": "Node", "metadata": metadata, "spec": {"unschedulable": unschedulable}}
+
+
+def lc_obj(max_instances: int = 2, labels: dict[str, str] | None = None, budget: dict[str, int] | None = None) -> Obj:
+    """A LauncherConfig; `budget` is its E3 sleeperBudget (hostMemoryBytes, gpuMemoryBytes)."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "LauncherConfig",
+        "metadata": {"name": LC, "namespace": NS, "uid": "lc-uid", "resourceVersion": "1"},
+        "spec": {
+            "maxInstances": max_instances,
+            "podTemplate": {
+                "metadata": {"labels": {LC_LABEL: "yes", **(labels or {})}},
+                "spec": {"containers": [{"name": keys.INFERENCE_SERVER_CONTAINER, "image": "launcher:1"}]},
+            },
+            "sleeperBudget": budget or {},
+        },
+    }
+
+
+def isc_obj(
+    name: str = ISC,
+    *,
+    port: int = PORT,
+    options: str = "--model /models/a",
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    rv: str = "1",
+) -> Obj:
+    """An ISC; by default with one routing label and one routing annotation."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "InferenceServerConfig",
+        "metadata": {"name": name, "namespace": NS, "uid": f"{name}-uid", "resourceVersion": rv},
+        "spec": {
+            "launcherConfigName": LC,
+            "modelServerConfig": {
+                "port": port,
+                "options": options,
+                "labels": {ROUTING_LABEL: "a"} if labels is None else labels,
+                "annotations": {ROUTING_ANNOTATION: "x"} if annotations is None else annotations,
+            },
+        },
+    }
+
+
+def wanted_id(isc: Obj | None = None, gpus: Iterable[str] = (GPU0,)) -> str:
+    return instance_id(InferenceServerConfig.from_k8s(isc or isc_obj()), list(gpus))
+
+
+def requester_obj(
+    name: str = REQ,
+    uid: str = REQ_UID,
+    *,
+    ip: str | None = "10.0.0.5",
+    gpus: Iterable[str] | None = (GPU0,),
+    isc: str | None = ISC,
+    ready: bool = False,
+    finalizer: bool = False,
+    deleting: bool = False,
+    labels: dict[str, str] | None = None,
+    rv: str = "1",
+) -> Obj:
+    """A server-requesting Pod on NODE, its container running; `gpus` None: not yet recorded."""
+    annotations: dict[str, str] = {}
+    if isc is not None:
+        annotations[keys.INFERENCE_SERVER_CONFIG_ANNOTATION] = isc
+    if gpus is not None:
+        annotations[keys.ACCELERATORS_ANNOTATION] = ",".join(gpus)
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": NS,
+        "uid": uid,
+        "resourceVersion": rv,
+        "labels": {"app": "requesters", **(labels or {})},
+        "annotations": annotations,
+        "finalizers": [keys.REQUESTER_FINALIZER] if finalizer else [],
+    }
+    if deleting:
+        metadata["deletionTimestamp"] = STARTED_AT
+    status: dict[str, Any] = {
+        "phase": "Running",
+        "containerStatuses": [
+            {"name": keys.INFERENCE_SERVER_CONTAINER, "ready": ready, "restartCount": 0,
+             "state": {"running": {"startedAt": STARTED_AT}}},
+        ],
+    }  # fmt: skip
+    if ip is not None:
+        status["podIP"] = ip
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {"nodeName": NODE}, "status": status}
+
+
+def launcher_obj(
+    name: str = LAUNCHER,
+    *,
+    ip: str | None = "10.0.1.1",
+    ready: bool = True,
+    running: bool = True,
+    restarts: int = 0,
+    deleting: bool = False,
+    failed: bool = False,
+    lc: Obj | None = None,
+) -> Obj:
+    """An unbound launcher on NODE, made from the LauncherConfig as the controllers make them."""
+    template, template_hash = node_independent_pod(LauncherConfig.from_k8s(lc or lc_obj()))
+    pod = pod_for_node(template, template_hash, NODE)
+    metadata = pod["metadata"]
+    del metadata["generateName"]
+    metadata.update(name=name, uid=f"{name}-uid", resourceVersion="1", finalizers=[])
+    if deleting:
+        metadata["deletionTimestamp"] = STARTED_AT
+    pod["spec"]["nodeName"] = NODE
+    state = {"running": {"startedAt": STARTED_AT}} if running else {"waiting": {"reason": "ContainerCreating"}}
+    pod["status"] = {
+        "phase": "Failed" if failed else "Running",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        "containerStatuses": [
+            {"name": keys.INFERENCE_SERVER_CONTAINER, "ready": ready, "restartCount": restarts, "state": state}
+        ],
+    }
+    if ip is not None:
+        pod["status"]["podIP"] = ip
+    return pod
+
+
+def bound(
+    launcher: Obj,
+    requester: Obj,
+    *,
+    isc: Obj | None = None,
+    gpus: Iterable[str] = (GPU0,),
+    serving: bool = False,
+    routing_json: str | None = None,
+) -> Obj:
+    """`launcher` bound to `requester` as the bind write leaves it; `serving`: also as the serving write
+    leaves it (sleeping=false and the ISC's routing metadata applied)."""
+    model = InferenceServerConfig.from_k8s(isc or isc_obj())
+    config = vllm_config(model, list(gpus))
+    routing = from_isc(model)
+    pod = copy.deepcopy(launcher)
+    metadata = pod["metadata"]
+    metadata["annotations"].update({
+        keys.REQUESTER_ANNOTATION: f"{requester['metadata']['uid']} {requester['metadata']['name']}",
+        keys.INSTANCE_ID_ANNOTATION: instance_id(model, list(gpus)),
+        keys.SERVER_PORT_ANNOTATION: str(model.spec.model_server_config.port),
+        keys.VLLM_CONFIG_ANNOTATION: config.model_dump_json(exclude_none=True),
+        keys.ISC_ROUTING_METADATA_ANNOTATION: routing_json or routing.model_dump_json(),
+    })  # fmt: skip
+    metadata["labels"][keys.DUAL_LABEL] = requester["metadata"]["name"]
+    metadata["finalizers"] = [*metadata.get("finalizers", []), keys.PROVIDER_FINALIZER]
+    if serving:
+        metadata["labels"].update({keys.SLEEPING_LABEL: "false", **routing.labels})
+        metadata["annotations"].update(routing.annotations)
+    return pod
+
+
+def inst(
+    instance: str,
+    *,
+    isc: str = ISC,
+    port: int = PORT,
+    gpus: Iterable[str] = (GPU0,),
+    sleeping: bool = True,
+    ready: bool = True,
+    stopped: bool = False,
+    revision: int = 1,
+    rss: int | None = None,
+    gpu_bytes: int | None = None,
+) -> InstanceState:
+    """An instance as a launcher reports it, made by the controller for `isc`; `rss` and `gpu_bytes`:
+    the memory its processes hold."""
+    process = None
+    if rss is not None:
+        process = ProcessStats(pid=1, processes=1, rss_bytes=rss, cpu_percent=0.0, gpu_memory_bytes=gpu_bytes)
+    return InstanceState(
+        status=InstanceStatus.STOPPED if stopped else InstanceStatus.RUNNING,
+        instance_id=instance,
+        revision=revision,
+        options=f"--model /models/a --port {port}",
+        gpu_uuids=list(gpus),
+        annotations={keys.INSTANCE_ISC_NAME: isc, keys.INSTANCE_INFERENCE_PORT: str(port)},
+        ready=ready,
+        sleeping=sleeping,
+        exit_code=1 if stopped else None,
+        process=process,
+    )
+
+
+def status_errors(pod: Obj) -> list[str] | None:
+    errors: list[str] | None = json.loads(pod["metadata"]["annotations"][keys.STATUS_ANNOTATION])["Errors"]
+    return errors
+
+
+# ----- fakes
+
+
+@dataclass
+class Call:
+    """One thing the Reconciler did to the outside world."""
+
+    kind: str  # update / create / delete (Pods), create_instance / delete_instance / sleep / wake / list
+    # (launchers), gpu_uuids / memory_usage / relay (requesters), event
+    target: str  # the Pod's name, or the instance ID for launcher calls
+    detail: Any = None  # the written Pod, the delete preconditions, the call's arguments, the Event
+
+
+class Journal(list[Call]):
+    def kinds(self) -> list[tuple[str, str]]:
+        return [(c.kind, c.target) for c in self]
+
+    def of(self, kind: str) -> list[Call]:
+        return [c for c in self if c.kind == kind]
+
+    def written(self, name: str) -> Obj:
+        """The last version of Pod `name` that was written (updated or created)."""
+        pods = [c.detail for c in self if c.kind in ("update", "create") and c.target == name]
+        assert pods, f"{name} was not written: {self.kinds()}"
+        last: Obj = pods[-1]
+        return last
+
+
+class FakeWriter(PodWriter):
+    """A fake PodWriter: the real one needs an API server. Each write goes into the journal and into the
+    pod cache the way the API server and the informer would show it (a new resourceVersion; a delete of
+    a Pod with finalizers only marks it; a deleting Pod goes once its last finalizer is removed), so a
+    test can run several passes in a row."""
+
+    def __init__(self, journal: Journal, cache: Informer) -> None:
+        self.namespace = NS
+        self.journal = journal
+        self.cache = cache
+        self._versions = itertools.count(100)
+        self._serial = itertools.count(1)
+
+    def _store(self, pod: Obj) -> None:
+        pod = copy.deepcopy(pod)
+        pod["metadata"]["resourceVersion"] = str(next(self._versions))
+        gone = pod["metadata"].get("deletionTimestamp") and not pod["metadata"].get("finalizers")
+        self.cache._apply(object_key(pod), None if gone else pod)
+
+    async def update(self, pod: Obj, mutate: Callable[[Obj], None], why: str) -> bool:
+        changed = copy.deepcopy(pod)
+        mutate(changed)
+        if changed == pod:
+            return False
+        self.journal.append(Call("update", pod["metadata"]["name"], changed))
+        self._store(changed)
+        return True
+
+    async def create(self, pod: Obj) -> Obj:
+        created = copy.deepcopy(pod)
+        serial = next(self._serial)
+        metadata = created["metadata"]
+        metadata.update(name=f"{metadata['generateName']}{serial}", uid=f"created-{serial}-uid", namespace=NS)
+        self.journal.append(Call("create", metadata["name"], copy.deepcopy(created)))
+        self._store(created)
+        return created
+
+    async def delete(self, pod: Obj, why: str) -> None:
+        metadata = pod["metadata"]
+        self.journal.append(
+            Call("delete", metadata["name"], {"uid": metadata["uid"], "rv": metadata["resourceVersion"]})
+        )
+        current = self.cache.get(object_key(pod))
+        if current is not None:
+            current = copy.deepcopy(current)
+            current["metadata"]["deletionTimestamp"] = STARTED_AT
+            self._store(current)
+
+
+class FakeViews(LauncherViews):
+    """A fake LauncherViews: the real one follows each launcher's watch stream over HTTP. A test puts in
+    what each launcher reports, and FakeLauncherClient changes it as the launcher's events would."""
+
+    def __init__(self) -> None:
+        self.views: dict[str, LauncherView] = {}
+        self.tracked: list[tuple[str, str | None]] = []
+        self.forgotten: list[str] = []
+
+    def get(self, launcher: str) -> LauncherView | None:
+        return self.views.get(launcher)
+
+    def put(self, launcher: Obj, *states: InstanceState, synced: bool = True) -> LauncherView:
+        view = LauncherView(
+            pod_ip=launcher["status"].get("podIP", ""),
+            instances={s.instance_id: s for s in states},
+            revision=max((s.revision for s in states), default=0),
+            synced=synced,
+        )
+        self.views[launcher["metadata"]["name"]] = view
+        return view
+
+    def at(self, pod_ip: str) -> LauncherView:
+        return next(v for v in self.views.values() if v.pod_ip == pod_ip)
+
+    # What the controller's event handlers call.
+    def track(self, launcher: str, pod_ip: str | None) -> None:
+        self.tracked.append((launcher, pod_ip))
+
+    def forget(self, launcher: str) -> None:
+        self.forgotten.append(launcher)
+
+
+class FakeLauncherClient(LauncherClient):
+    """A fake LauncherClient: the real one calls launcher Pods over HTTP (covered by the launcher's own
+    tests and e2e). Calls go into the journal and change the FakeViews as the launcher would: a created
+    instance appears starting, a deleted one disappears, sleep and wake flip `sleeping`. `refusal`, when
+    set, is what the next instance creations raise."""
+
+    def __init__(self, journal: Journal, views: FakeViews) -> None:
+        self.journal = journal
+        self.views = views
+        self.refusal: Exception | None = None
+
+    def _change(self, pod_ip: str, instance: str, **update: Any) -> None:
+        view = self.views.at(pod_ip)
+        view.revision += 1
+        state = view.instances[instance]
+        view.instances[instance] = state.model_copy(update={**update, "revision": view.revision})
+
+    async def list_instances(self, pod_ip: str, isc_name: str = "") -> AllInstancesState:
+        self.journal.append(Call("list", pod_ip))
+        view = self.views.at(pod_ip)
+        running = [s for s in view.instances.values() if s.status is InstanceStatus.RUNNING]
+        return AllInstancesState(revision=view.revision, total_instances=len(view.instances),
+                                 running_instances=len(running), instances=list(view.instances.values()))  # fmt: skip
+
+    async def create_instance(
+        self, pod_ip: str, instance_id: str, config: VllmConfig, isc_name: str, requester: str
+    ) -> InstanceState:
+        self.journal.append(Call("create_instance", instance_id, (pod_ip, config, isc_name, requester)))
+        if self.refusal is not None:
+            raise self.refusal
+        view = self.views.at(pod_ip)
+        view.revision += 1
+        state = InstanceState(
+            status=InstanceStatus.RUNNING, instance_id=instance_id, revision=view.revision, options=config.options,
+            gpu_uuids=config.gpu_uuids, annotations=config.annotations,
+        )  # fmt: skip
+        view.instances[instance_id] = state
+        return state
+
+    async def delete_instance(self, pod_ip: str, instance_id: str, isc_name: str = "", requester: str = "") -> None:
+        self.journal.append(Call("delete_instance", instance_id, pod_ip))
+        self.views.at(pod_ip).instances.pop(instance_id, None)
+
+    async def sleep(self, pod_ip: str, instance_id: str, isc_name: str, requester: str) -> None:
+        self.journal.append(Call("sleep", instance_id, pod_ip))
+        self._change(pod_ip, instance_id, sleeping=True)
+
+    async def wake(self, pod_ip: str, instance_id: str, isc_name: str, requester: str) -> None:
+        self.journal.append(Call("wake", instance_id, pod_ip))
+        self._change(pod_ip, instance_id, sleeping=False)
+
+
+class FakeRequesterClient(RequesterClient):
+    """A fake RequesterClient: the real one calls the requester's SPI over HTTP (covered by
+    tests/test_requester.py and e2e). `gpus` is what the accelerator query answers (or raises);
+    `relay_error`, when set, is what relaying readiness raises."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.gpus: list[str] | Exception = [GPU0]
+        self.relay_error: Exception | None = None
+        self.memory_mib: dict[str, int] = {}
+
+    async def gpu_uuids(self, requester: Obj, isc_name: str) -> list[str]:
+        self.journal.append(Call("gpu_uuids", requester["metadata"]["name"]))
+        if isinstance(self.gpus, Exception):
+            raise self.gpus
+        return list(self.gpus)
+
+    async def memory_usage(self, requester: Obj, isc_name: str) -> dict[str, int]:
+        self.journal.append(Call("memory_usage", requester["metadata"]["name"]))
+        return dict(self.memory_mib)
+
+    async def relay_readiness(self, requester: Obj, ready: bool, isc_name: str) -> None:
+        self.journal.append(Call("relay", requester["metadata"]["name"], ready))
+        if self.relay_error is not None:
+            raise self.relay_error
+
+
+class FakeEvents(EventRecorder):
+    """A fake EventRecorder: the real one creates Event objects through the API server."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    async def record(self, obj: Obj, type_: str, reason: str, message: str) -> None:
+        self.journal.append(Call("event", obj["metadata"]["name"], (type_, reason, message)))
+
+
+class Harness:
+    """A Reconciler over the controller's own caches and indexes, filled by hand, with the fakes above."""
+
+    def __init__(self, controller: DualPodsController, registry: CollectorRegistry) -> None:
+        self.controller = controller
+        self.caches = controller.caches
+        self.registry = registry
+        self.journal = Journal()
+        self.views = FakeViews()
+        self.writer = FakeWriter(self.journal, self.caches.pods)
+        self.launchers = FakeLauncherClient(self.journal, self.views)
+        self.requesters = FakeRequesterClient(self.journal)
+        self.reconciler = Reconciler(
+            NS, self.caches, self.views, self.writer, self.launchers, self.requesters, FakeEvents(self.journal),
+            controller.metrics, Options(),
+        )  # fmt: skip
+
+    def _informer(self, obj: Obj) -> Informer:
+        return {
+            "Pod": self.caches.pods,
+            "Node": self.caches.nodes,
+            "InferenceServerConfig": self.caches.iscs,
+            "LauncherConfig": self.caches.lcs,
+        }[obj["kind"]]
+
+    def put(self, *objs: Obj) -> None:
+        """Objects as the informers would show them once the API server has them (replacing any
+        cached version, whatever its resourceVersion)."""
+        for obj in objs:
+            self._informer(obj)._apply(object_key(obj), None)
+            self._informer(obj)._apply(object_key(obj), copy.deepcopy(obj))
+
+    def remove(self, obj: Obj) -> None:
+        self._informer(obj)._apply(object_key(obj), None)
+
+    def pod(self, name: str) -> Obj:
+        pod = self.caches.pods.get(f"{NS}/{name}")
+        assert pod is not None, f"Pod {name} is not in the cache"
+        return pod
+
+    def has_pod(self, name: str) -> bool:
+        return self.caches.pods.get(f"{NS}/{name}") is not None
+
+    async def reconcile(self, name: str = REQ) -> float | None:
+        return await self.reconciler.reconcile_requester(name)
+
+    async def drive(self, name: str = REQ, passes: int = 10) -> list[Call]:
+        """Reconcile until a pass does nothing, as the watch event of each write would; returns what was done."""
+        start = len(self.journal)
+        for _ in range(passes):
+            before = len(self.journal)
+            await self.reconcile(name)
+            if len(self.journal) == before:
+                return self.journal[start:]
+        raise AssertionError(f"still busy after {passes} passes: {self.journal.kinds()[start:]}")
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        value: float | None = self.registry.get_sample_value(name, labels)
+        return value
+
+
+@asynccontextmanager
+async def harness() -> AsyncIterator[Harness]:
+    """A Harness; the controller only lends its caches and metrics, and its API client never connects."""
+    registry = CollectorRegistry()
+    async with client.ApiClient() as api:
+        yield Harness(DualPodsController(api, NS, DualPodsOptions(), registry), registry)

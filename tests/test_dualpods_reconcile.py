@@ -1,0 +1,973 @@
+"""The dual-pods Reconciler (fma.md §2.4-§2.10), one behaviour per test, against in-memory fakes.
+
+Each test fills the informer caches by hand, runs one pass (or, with `drive`, passes until nothing more
+happens, as the watch events of each write would), and asserts what reached the outside world: the
+Pods written, created and deleted, the launcher and requester calls, the Events, the metrics. The fakes
+are in tests/test_dualpods_fakes.py.
+"""
+
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import pytest
+
+from api import keys
+from api.launcher import VllmConfig
+from controller.dualpods.http import HttpError, Reply
+from controller.dualpods.reconcile import RELAY_RECHECK_S, SPI_STARTUP_RETRY_S, RequesterProblem
+from controller.dualpods.requester_client import RequesterError
+from controller.informer import Obj
+from tests.test_dualpods_fakes import (
+    GPU0,
+    GPU1,
+    ISC,
+    LAUNCHER,
+    LC,
+    LC_LABEL,
+    NODE,
+    NS,
+    PORT,
+    REQ,
+    REQ_UID,
+    ROUTING_ANNOTATION,
+    ROUTING_LABEL,
+    Harness,
+    bound,
+    harness,
+    inst,
+    isc_obj,
+    launcher_obj,
+    lc_obj,
+    node_obj,
+    requester_obj,
+    status_errors,
+    wanted_id,
+)
+
+WANTED = wanted_id()
+INSTANCE_ANNOTATIONS = (
+    keys.INSTANCE_ID_ANNOTATION,
+    keys.SERVER_PORT_ANNOTATION,
+    keys.VLLM_CONFIG_ANNOTATION,
+    keys.ISC_ROUTING_METADATA_ANNOTATION,
+)
+
+
+@pytest.fixture
+async def h() -> AsyncIterator[Harness]:
+    async with harness() as made:
+        made.put(node_obj(), isc_obj(), lc_obj())
+        yield made
+
+
+def labels(pod: Obj) -> dict[str, str]:
+    found: dict[str, str] = pod["metadata"].get("labels") or {}
+    return found
+
+
+def annotations(pod: Obj) -> dict[str, str]:
+    found: dict[str, str] = pod["metadata"].get("annotations") or {}
+    return found
+
+
+def finalizers(pod: Obj) -> list[str]:
+    found: list[str] = pod["metadata"].get("finalizers") or []
+    return found
+
+
+def settled(requester: Obj, launcher: str = LAUNCHER, instance: str = WANTED) -> Obj:
+    """`requester` as the controller settles it once bound (§2.4 step 11)."""
+    requester["metadata"]["finalizers"] = [keys.REQUESTER_FINALIZER]
+    requester["metadata"]["labels"].update({keys.DUAL_LABEL: launcher, keys.INSTANCE_LABEL: instance})
+    requester["metadata"]["annotations"][keys.STATUS_ANNOTATION] = '{"Errors": null}'
+    return requester
+
+
+def serving_pair(h: Harness, *, ready: bool = False, deleting: bool = False) -> tuple[Obj, Obj]:
+    """A requester bound to a launcher whose instance serves, as a completed actuation leaves them."""
+    requester = settled(requester_obj(ready=ready, deleting=deleting))
+    launcher = bound(launcher_obj(), requester, serving=True)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, sleeping=False))
+    return requester, launcher
+
+
+def duality(h: Harness) -> float | None:
+    """fma_duality of REQ bound to LAUNCHER's instance WANTED on GPU0."""
+    return h.metric(
+        "fma_duality",
+        exported_namespace=NS,
+        requester_name=REQ,
+        exported_pod=LAUNCHER,
+        exported_container=keys.INFERENCE_SERVER_CONTAINER,
+        instance_id=WANTED,
+        UUID=GPU0,
+        node=NODE,
+    )
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat()
+
+
+def refused(status: int) -> HttpError:
+    return HttpError("create_instance", "http://10.0.1.1:8001/v2/vllm/instances/x", Reply(status, {"detail": "no"}))
+
+
+# ----- §2.4 steps 1-5: lifecycle of the pair
+
+
+async def test_both_pods_gone_does_nothing(h: Harness) -> None:
+    assert await h.reconcile() is None
+    assert h.journal == []
+
+
+async def test_the_memory_of_a_requester_is_dropped_once_both_pods_are_gone(h: Harness) -> None:
+    other = requester_obj("other", "other-uid")
+    h.put(other)
+    memory = h.reconciler.memory
+    for uid in (REQ_UID, "other-uid"):
+        memory.paths[uid] = "warm"
+        memory.victims[uid] = 1
+        memory.relayed[uid] = (True, 0.0)
+        memory.actuated.add(uid)
+        memory.errors[uid] = ["x"]
+    await h.reconcile()
+    assert h.journal == []
+    for table in (memory.paths, memory.victims, memory.relayed, memory.errors, memory.actuated):
+        assert set(table) == {"other-uid"}
+
+
+async def test_requester_finalizer_is_removed_when_no_provider_is_bound(h: Harness) -> None:
+    h.put(requester_obj(finalizer=True))
+    await h.reconcile()
+    assert h.journal.kinds() == [("update", REQ)]
+    assert keys.REQUESTER_FINALIZER not in finalizers(h.journal.written(REQ))
+
+
+async def test_requester_finalizer_is_removed_when_the_providers_container_is_not_running(h: Harness) -> None:
+    requester = requester_obj(finalizer=True)
+    h.put(requester, bound(launcher_obj(running=False), requester))
+    await h.reconcile()
+    assert h.journal.kinds() == [("update", REQ)]
+    assert keys.REQUESTER_FINALIZER not in finalizers(h.journal.written(REQ))
+
+
+async def test_provider_being_deleted_deletes_the_requester_then_releases_the_provider(h: Harness) -> None:
+    requester = requester_obj(rv="7")
+    h.put(requester, bound(launcher_obj(deleting=True), requester))
+    await h.reconcile()
+    assert h.journal.kinds() == [("delete", REQ), ("update", LAUNCHER)]
+    assert h.journal[0].detail == {"uid": REQ_UID, "rv": "7"}  # exactly this incarnation
+    assert keys.PROVIDER_FINALIZER not in finalizers(h.journal.written(LAUNCHER))
+
+
+async def test_provider_being_deleted_with_the_requester_already_going_only_releases_the_provider(
+    h: Harness,
+) -> None:
+    requester = requester_obj(deleting=True)
+    h.put(requester, bound(launcher_obj(deleting=True), requester))
+    await h.reconcile()
+    assert h.journal.kinds() == [("update", LAUNCHER)]
+    assert keys.PROVIDER_FINALIZER not in finalizers(h.journal.written(LAUNCHER))
+
+
+async def test_unbind_removes_routing_labels_first_then_sleeps_then_unbinds_in_one_write(h: Harness) -> None:
+    _, launcher = serving_pair(h, deleting=True)
+
+    await h.reconcile()
+    assert h.journal.kinds() == [("update", LAUNCHER)]
+    first = h.journal.written(LAUNCHER)
+    assert ROUTING_LABEL not in labels(first)
+    expected = {k: v for k, v in labels(launcher).items() if k != ROUTING_LABEL}
+    assert labels(first) == expected  # the labels only: still bound, still serving
+    assert annotations(first) == annotations(launcher)
+
+    h.journal.clear()
+    await h.reconcile()
+    assert h.journal.kinds() == [("sleep", WANTED), ("update", LAUNCHER), ("update", REQ)]
+    unbound = h.journal.written(LAUNCHER)
+    for key in (keys.REQUESTER_ANNOTATION, ROUTING_ANNOTATION, *INSTANCE_ANNOTATIONS):
+        assert key not in annotations(unbound)
+    assert keys.DUAL_LABEL not in labels(unbound)
+    assert labels(unbound)[keys.SLEEPING_LABEL] == "true"
+    assert keys.PROVIDER_FINALIZER not in finalizers(unbound)
+    assert labels(unbound)[LC_LABEL] == "yes"  # the LauncherConfig's own metadata stays
+    assert keys.LAUNCHER_CONFIG_HASH_ANNOTATION in annotations(unbound)
+    assert keys.REQUESTER_FINALIZER not in finalizers(h.journal.written(REQ))
+
+    assert duality(h) == 0
+
+    h.journal.clear()
+    assert not h.has_pod(REQ)  # its last finalizer went
+    await h.reconcile()
+    assert h.journal == []
+    assert h.views.get(LAUNCHER) is not None
+    assert h.views.views[LAUNCHER].instances[WANTED].sleeping
+
+
+@pytest.mark.parametrize(
+    ("why", "isc_after"),
+    [("its ISC changed", isc_obj(options="--model /models/b", rv="2")), ("its ISC is gone", None)],
+)
+async def test_unbind_deletes_an_obsolete_awake_instance_instead_of_sleeping_it(
+    h: Harness, why: str, isc_after: Obj | None
+) -> None:
+    requester = requester_obj(finalizer=True, deleting=True)
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, sleeping=False))
+    if isc_after is None:
+        h.remove(isc_obj())
+    else:
+        h.put(isc_after)
+    await h.reconcile()
+    assert h.journal.kinds() == [("delete_instance", WANTED), ("update", LAUNCHER), ("update", REQ)], why
+
+
+async def test_unbind_deletes_a_stopped_instance(h: Harness) -> None:
+    requester = requester_obj(finalizer=True, deleting=True)
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, stopped=True))
+    await h.reconcile()
+    assert h.journal.kinds() == [("delete_instance", WANTED), ("update", LAUNCHER), ("update", REQ)]
+
+
+async def test_unbind_deletes_an_instance_still_loading_instead_of_waiting_for_it(h: Harness) -> None:
+    # Waiting for a model load to finish just to put it to sleep would hold the requester's deletion,
+    # and its GPUs in the scheduler's books, for that long.
+    requester = requester_obj(finalizer=True, deleting=True)
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, ready=False, sleeping=False))
+    await h.reconcile()
+    assert h.journal.kinds() == [("delete_instance", WANTED), ("update", LAUNCHER), ("update", REQ)]
+
+
+async def test_unbind_leaves_an_instance_that_already_sleeps(h: Harness) -> None:
+    requester = requester_obj(finalizer=True, deleting=True)
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, sleeping=True))
+    await h.reconcile()
+    assert h.journal.kinds() == [("update", LAUNCHER), ("update", REQ)]
+
+
+async def test_unbind_of_a_launcher_without_address_makes_no_launcher_call(h: Harness) -> None:
+    requester = requester_obj(deleting=True)
+    h.put(requester, bound(launcher_obj(ip=None, ready=False, running=False), requester))
+    await h.reconcile()
+    assert h.journal.kinds() == [("update", LAUNCHER)]
+    assert keys.REQUESTER_ANNOTATION not in annotations(h.journal.written(LAUNCHER))
+
+
+async def test_unbind_when_the_requester_is_already_gone(h: Harness) -> None:
+    requester = requester_obj()
+    launcher = bound(launcher_obj(), requester)
+    h.put(launcher)
+    h.views.put(launcher, inst(WANTED, sleeping=False))
+    await h.reconcile()
+    assert h.journal.kinds() == [("sleep", WANTED), ("update", LAUNCHER)]
+    assert keys.REQUESTER_ANNOTATION not in annotations(h.journal.written(LAUNCHER))
+
+
+async def test_unbind_deletes_a_provider_in_trouble_instead(h: Harness) -> None:
+    """Restarted and not Ready: FMA's courtesy deletion rather than reuse."""
+    requester = requester_obj(finalizer=True, deleting=True)
+    h.put(requester, bound(launcher_obj(ready=False, restarts=2), requester))
+    await h.reconcile()
+    assert h.journal.kinds() == [("delete", LAUNCHER)]
+    assert h.journal[0].detail == {"uid": f"{LAUNCHER}-uid", "rv": "1"}
+
+
+async def test_unbind_waits_while_the_launchers_instances_are_unknown(h: Harness) -> None:
+    requester = requester_obj(finalizer=True, deleting=True)
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, synced=False)
+    with pytest.raises(RuntimeError, match="not known yet"):
+        await h.reconcile()
+    assert h.journal == []
+
+
+async def test_a_provider_bound_to_an_earlier_requester_of_the_same_name_is_released(h: Harness) -> None:
+    earlier = requester_obj(uid="earlier-uid")
+    launcher = bound(launcher_obj(), earlier)
+    h.put(launcher, requester_obj(uid="later-uid"))
+    h.remove(node_obj())  # so that the later requester's own pass stops right after
+    h.views.put(launcher, inst(WANTED))
+    await h.reconcile()
+    assert h.journal.kinds() == [("update", LAUNCHER)]
+    assert keys.REQUESTER_ANNOTATION not in annotations(h.journal.written(LAUNCHER))
+
+
+# ----- §2.4 steps 6-10: before binding
+
+
+@pytest.mark.parametrize("node", ["missing", "deleting"])
+async def test_nothing_happens_while_the_node_is_missing_or_going(h: Harness, node: str) -> None:
+    h.remove(node_obj())
+    if node == "deleting":
+        h.put(node_obj(deleting=True))
+    h.put(requester_obj(), launcher_obj())
+    h.views.put(launcher_obj())
+    assert await h.reconcile() is None
+    assert h.journal == []
+
+
+async def test_a_requester_without_an_ip_yet_is_left_alone(h: Harness) -> None:
+    """A normal moment of a Pod's start (a deliberate departure from FMA's `no IP assigned yet` error)."""
+    h.put(requester_obj(ip=None, gpus=None))
+    assert await h.reconcile() is None
+    assert h.journal == []
+
+
+async def test_a_problem_is_a_status_error_an_event_and_a_retry_once(h: Harness) -> None:
+    h.remove(isc_obj())
+    h.put(requester_obj())
+    with pytest.raises(RequesterProblem):
+        await h.reconcile()
+    assert h.journal.kinds() == [("event", REQ), ("update", REQ)]
+    assert h.journal[0].detail == ("Warning", "ActuationProblem", "InferenceServerConfig isc does not exist")
+    assert status_errors(h.pod(REQ)) == ["InferenceServerConfig isc does not exist"]
+
+    h.journal.clear()
+    with pytest.raises(RequesterProblem):
+        await h.reconcile()
+    assert h.journal == []  # the same problem again: no second Event, no write
+
+
+async def test_gpus_are_asked_once_and_recorded_in_the_accelerators_annotation(h: Harness) -> None:
+    h.requesters.gpus = [GPU0, GPU1]
+    h.put(requester_obj(gpus=None))
+    assert await h.reconcile() is None
+    assert h.journal.kinds() == [("gpu_uuids", REQ), ("update", REQ)]
+    assert annotations(h.pod(REQ))[keys.ACCELERATORS_ANNOTATION] == f"{GPU0},{GPU1}"
+
+    h.journal.clear()
+    await h.reconcile()
+    assert h.journal.of("gpu_uuids") == []
+
+
+async def test_an_empty_gpu_set_is_a_status_error(h: Harness) -> None:
+    h.requesters.gpus = []
+    h.put(requester_obj(gpus=None))
+    with pytest.raises(RequesterProblem):
+        await h.reconcile()
+    assert status_errors(h.pod(REQ)) == ["the assigned set of GPUs is empty"]
+    assert keys.ACCELERATORS_ANNOTATION not in annotations(h.pod(REQ))
+
+
+async def test_a_failed_gpu_query_is_a_status_error(h: Harness) -> None:
+    h.requesters.gpus = RequesterError("the requester's GPU query failed: 500 no GPUs found")
+    h.put(requester_obj(gpus=None))
+    with pytest.raises(RequesterError):
+        await h.reconcile()
+    assert status_errors(h.pod(REQ)) == ["the requester's GPU query failed: 500 no GPUs found"]
+
+
+def unreachable() -> HttpError:
+    return HttpError("get_gpu_uuids", "http://10.0.0.5:8081/v1/dual-pods/accelerators", None, ConnectionRefusedError())
+
+
+async def test_a_requester_still_starting_is_asked_for_its_gpus_again_soon(h: Harness) -> None:
+    requester = requester_obj(gpus=None)
+    requester["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": now()}}
+    h.put(requester)
+    h.requesters.gpus = unreachable()
+    assert await h.reconcile() == SPI_STARTUP_RETRY_S
+    assert h.journal.kinds() == [("gpu_uuids", REQ)]  # no status error, no Event
+
+
+async def test_a_requester_that_never_answers_is_a_status_error(h: Harness) -> None:
+    h.put(requester_obj(gpus=None))  # started long ago
+    h.requesters.gpus = unreachable()
+    with pytest.raises(RequesterProblem):
+        await h.reconcile()
+    (error,) = status_errors(h.pod(REQ)) or []
+    assert error.startswith("cannot query the requester's GPUs: get_gpu_uuids: ")
+
+
+async def test_a_direct_mode_requester_is_a_status_error(h: Harness) -> None:
+    requester = requester_obj(isc=None)
+    requester["metadata"]["annotations"][keys.SERVER_PATCH_ANNOTATION] = "spec: {}"
+    h.put(requester)
+    with pytest.raises(RequesterProblem, match="not supported"):
+        await h.reconcile()
+    assert h.journal.of("create") == []
+
+
+async def test_a_cordoned_node_without_provider_deletes_the_requester(h: Harness) -> None:
+    h.put(node_obj(unschedulable=True), requester_obj(rv="3"), launcher_obj())
+    await h.reconcile()
+    assert h.journal.kinds() == [("delete", REQ)]
+    assert h.journal[0].detail == {"uid": REQ_UID, "rv": "3"}
+
+
+async def test_a_cordoned_node_keeps_a_bound_requester(h: Harness) -> None:
+    serving_pair(h)
+    h.put(node_obj(unschedulable=True))
+    await h.reconcile()
+    assert h.journal.of("delete") == []
+
+
+@pytest.mark.parametrize(
+    ("missing", "message"),
+    [("isc", "InferenceServerConfig isc does not exist"), ("lc", "LauncherConfig lc does not exist")],
+)
+async def test_a_missing_isc_or_launcher_config_is_a_status_error(h: Harness, missing: str, message: str) -> None:
+    h.remove(isc_obj() if missing == "isc" else lc_obj())
+    h.put(requester_obj())
+    with pytest.raises(RequesterProblem):
+        await h.reconcile()
+    assert status_errors(h.pod(REQ)) == [message]
+    assert h.journal.of("create") == []
+
+
+async def test_invalid_routing_metadata_is_a_status_error_and_nothing_is_bound(h: Harness) -> None:
+    h.put(isc_obj(labels={"kubernetes.io/pool": "a"}), requester_obj(), launcher_obj())
+    h.views.put(launcher_obj())
+    with pytest.raises(RequesterProblem):
+        await h.reconcile()
+    assert status_errors(h.pod(REQ)) == [
+        "InferenceServerConfig isc: label key 'kubernetes.io/pool' uses a reserved prefix"
+    ]
+    assert [c.kind for c in h.journal] == ["event", "update"]
+
+
+async def test_a_routing_label_that_the_launcher_config_already_sets_is_refused(h: Harness) -> None:
+    """Unbinding removes the ISC's labels; with a shared key it would strip the LauncherConfig's own."""
+    h.put(isc_obj(labels={LC_LABEL: "yes"}), requester_obj())
+    with pytest.raises(RequesterProblem, match=f"label '{LC_LABEL}' is already on the Pod"):
+        await h.reconcile()
+    assert h.journal.of("create") == []
+
+
+# ----- §2.7: choosing, reclaiming or creating a launcher
+
+
+async def test_p1_binds_the_launcher_that_holds_the_wanted_instance(h: Harness) -> None:
+    empty, holder = launcher_obj("launcher-a", ip="10.0.1.1"), launcher_obj("launcher-b", ip="10.0.1.2")
+    h.put(requester_obj(), empty, holder)
+    h.views.put(empty)
+    h.views.put(holder, inst(WANTED), inst("Iotheri", isc="isc2", port=8006))
+    await h.reconcile()
+    assert h.journal.kinds() == [("update", "launcher-b")]
+
+
+async def test_the_bind_write_carries_the_binding_and_the_instance(h: Harness) -> None:
+    requester = requester_obj()
+    h.put(isc_obj(options="--model /models/a --max-model-len 256"), requester, launcher_obj())
+    h.views.put(launcher_obj())
+    await h.reconcile()
+    launcher = h.journal.written(LAUNCHER)
+    wanted = wanted_id(isc_obj(options="--model /models/a --max-model-len 256"))
+    assert annotations(launcher)[keys.REQUESTER_ANNOTATION] == f"{REQ_UID} {REQ}"
+    assert annotations(launcher)[keys.INSTANCE_ID_ANNOTATION] == wanted
+    assert annotations(launcher)[keys.SERVER_PORT_ANNOTATION] == str(PORT)
+    assert json.loads(annotations(launcher)[keys.VLLM_CONFIG_ANNOTATION]) == {
+        "options": f"--model /models/a --max-model-len 256 --port {PORT}",
+        "gpu_uuids": [GPU0],
+        "annotations": {keys.INSTANCE_ISC_NAME: ISC, keys.INSTANCE_INFERENCE_PORT: str(PORT)},
+    }
+    assert json.loads(annotations(launcher)[keys.ISC_ROUTING_METADATA_ANNOTATION]) == {
+        "labels": {ROUTING_LABEL: "a"},
+        "annotations": {ROUTING_ANNOTATION: "x"},
+    }
+    assert labels(launcher)[keys.DUAL_LABEL] == REQ
+    assert keys.PROVIDER_FINALIZER in finalizers(launcher)
+    # Not yet an inference endpoint: routing metadata and sleeping=false come once the instance serves.
+    assert ROUTING_LABEL not in labels(launcher)
+    assert ROUTING_ANNOTATION not in annotations(launcher)
+    assert labels(launcher)[keys.SLEEPING_LABEL] == "true"
+    assert h.journal.of("create_instance") == h.journal.of("wake") == []
+
+
+async def test_p2_binds_a_launcher_with_room_without_deleting_anything(h: Harness) -> None:
+    h.put(requester_obj(), launcher_obj())
+    h.views.put(launcher_obj(), inst("Iotheri", isc="isc2", port=8006))
+    await h.reconcile()
+    assert h.journal.kinds() == [("update", LAUNCHER)]
+
+
+async def test_p3_binds_first_and_then_deletes_the_port_conflict_before_creating(h: Harness) -> None:
+    # The bind write is the claim; only its winner deletes instances, so two requesters choosing the
+    # same launcher can never delete each other's instance.
+    h.put(requester_obj(), launcher_obj())
+    h.views.put(launcher_obj(), inst("Iconflicti", isc="isc2", port=PORT))
+    await h.reconcile()
+    assert h.journal.kinds() == [("update", LAUNCHER)]
+    calls = await h.drive()
+    kinds = [(c.kind, c.target) for c in calls]
+    assert kinds.index(("delete_instance", "Iconflicti")) < kinds.index(("create_instance", WANTED))
+    assert h.journal.of("delete_instance")[0].detail == "10.0.1.1"
+
+
+async def test_p3_at_the_cap_deletes_the_least_recently_used_instance(h: Harness) -> None:
+    h.put(requester_obj(), launcher_obj())
+    h.views.put(launcher_obj(), inst("Irecenti", port=8006, revision=7), inst("Ioldi", port=8007, revision=3))
+    calls = await h.drive()
+    assert [c.target for c in calls if c.kind == "delete_instance"] == ["Ioldi"]
+
+
+async def test_without_any_launcher_one_is_created_already_bound(h: Harness) -> None:
+    h.put(requester_obj())
+    await h.reconcile()
+    assert [c.kind for c in h.journal] == ["create"]
+    created = h.journal[0].detail
+    assert created["metadata"]["generateName"] == f"launcher-{LC}-"
+    assert labels(created)[keys.COMPONENT_LABEL] == keys.LAUNCHER_COMPONENT
+    assert labels(created)[keys.LAUNCHER_CONFIG_NAME_LABEL] == LC
+    assert labels(created)[keys.NODE_NAME_LABEL] == "node-a"
+    assert labels(created)[keys.DUAL_LABEL] == REQ
+    assert labels(created)[keys.SLEEPING_LABEL] == "true"
+    assert labels(created)[LC_LABEL] == "yes"
+    assert annotations(created)[keys.REQUESTER_ANNOTATION] == f"{REQ_UID} {REQ}"
+    assert annotations(created)[keys.INSTANCE_ID_ANNOTATION] == WANTED
+    assert set(INSTANCE_ANNOTATIONS) <= set(annotations(created))
+    assert keys.LAUNCHER_CONFIG_HASH_ANNOTATION in annotations(created)
+    assert created["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "node-a"}
+    assert finalizers(created) == [keys.PROVIDER_FINALIZER]
+    assert ROUTING_LABEL not in labels(created)
+    assert h.metric("fma_launcher_create_seconds_count", exported_namespace=NS, lcfg_name=LC, success="true") == 1
+
+
+@pytest.mark.parametrize("starting", ["no IP", "not Ready", "instances not listed yet"])
+async def test_while_a_launcher_is_starting_nothing_is_created(h: Harness, starting: str) -> None:
+    launcher = launcher_obj(ip=None if starting == "no IP" else "10.0.1.1", ready=starting != "not Ready")
+    h.put(requester_obj(), launcher)
+    if starting != "no IP":
+        h.views.put(launcher, synced=starting != "instances not listed yet")
+    assert await h.reconcile() is None
+    assert h.journal == []
+
+
+async def test_bound_deleting_and_failed_launchers_are_no_candidates(h: Harness) -> None:
+    other = requester_obj("other", "other-uid")
+    taken = bound(launcher_obj("launcher-taken", ip="10.0.1.1"), other)
+    going = launcher_obj("launcher-going", ip="10.0.1.2", deleting=True)
+    failed = launcher_obj("launcher-failed", ip="10.0.1.3", failed=True)
+    h.put(requester_obj(), other, taken, going, failed)
+    for launcher in (taken, going, failed):
+        h.views.put(launcher)
+    await h.reconcile()
+    assert [c.kind for c in h.journal] == ["create"]
+
+
+async def test_stopped_and_portless_instances_on_a_candidate_are_deleted_and_not_counted(h: Harness) -> None:
+    portless = inst("Iportlessi", port=8006).model_copy(update={"annotations": {}})
+    h.put(requester_obj(), launcher_obj())
+    h.views.put(launcher_obj(), inst("Istoppedi", port=8007, stopped=True), portless)
+    await h.reconcile()
+    assert h.journal.kinds() == [
+        ("delete_instance", "Istoppedi"),
+        ("delete_instance", "Iportlessi"),
+        ("update", LAUNCHER),  # P2: the two did not count against maxInstances 2
+    ]
+
+
+# ----- §2.4 step 11: serving through the bound launcher
+
+
+async def test_the_requester_is_settled_first(h: Harness) -> None:
+    requester = requester_obj()
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED))
+    await h.reconcile()
+    assert h.journal.kinds() == [("update", REQ)]
+    settled = h.journal.written(REQ)
+    assert keys.REQUESTER_FINALIZER in finalizers(settled)
+    assert labels(settled)[keys.DUAL_LABEL] == LAUNCHER
+    assert labels(settled)[keys.INSTANCE_LABEL] == WANTED
+    assert annotations(settled)[keys.ACCELERATORS_ANNOTATION] == GPU0
+    assert status_errors(settled) is None
+
+
+async def test_while_the_launcher_is_not_ready_only_the_requester_is_settled(h: Harness) -> None:
+    requester = requester_obj()
+    launcher = bound(launcher_obj(ready=False), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED))
+    calls = await h.drive()
+    assert [c.kind for c in calls] == ["update"]
+    assert keys.INSTANCE_LABEL not in labels(h.pod(REQ))  # not seen yet
+
+
+async def test_an_absent_instance_never_known_is_created_from_the_committed_config(h: Harness) -> None:
+    requester = requester_obj()
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher)
+    await h.reconcile()  # settles the requester
+    h.journal.clear()
+    await h.reconcile()
+    assert h.journal.kinds() == [("create_instance", WANTED)]
+    pod_ip, config, isc_name, requester_name = h.journal[0].detail
+    committed = VllmConfig.model_validate_json(annotations(launcher)[keys.VLLM_CONFIG_ANNOTATION])
+    assert (pod_ip, config, isc_name, requester_name) == ("10.0.1.1", committed, ISC, REQ)
+
+
+async def test_an_instance_the_launcher_refuses_is_a_status_error(h: Harness) -> None:
+    requester = requester_obj()
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher)
+    h.launchers.refusal = refused(400)
+    await h.reconcile()
+    with pytest.raises(RequesterProblem):
+        await h.reconcile()
+    (error,) = status_errors(h.pod(REQ)) or []
+    assert error.startswith(f"launcher {LAUNCHER} refused the instance: ")
+
+
+async def test_a_launcher_failing_to_create_is_retried_without_status_error(h: Harness) -> None:
+    requester = requester_obj()
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher)
+    h.launchers.refusal = refused(503)
+    await h.reconcile()
+    with pytest.raises(HttpError):
+        await h.reconcile()
+    assert status_errors(h.pod(REQ)) is None
+
+
+async def test_a_persistent_problem_does_not_make_the_status_flap(h: Harness) -> None:
+    """A refused instance must not loop: clear the status, fail again, set it, clear it... Each write
+    would bring the next pass at once and reset the back-off."""
+    requester = requester_obj()
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher)
+    h.launchers.refusal = refused(400)
+    await h.reconcile()
+    with pytest.raises(RequesterProblem):
+        await h.reconcile()
+    h.journal.clear()
+    for _ in range(3):
+        with pytest.raises(RequesterProblem):
+            await h.reconcile()
+    assert [c.kind for c in h.journal] == ["create_instance"] * 3  # no write, no Event
+    assert status_errors(h.pod(REQ))
+
+
+async def test_a_cleared_problem_clears_the_status(h: Harness) -> None:
+    serving_pair(h)
+    h.requesters.relay_error = RequesterError("relaying readiness to the requester failed: refused")
+    with pytest.raises(RequesterError):
+        await h.reconcile()
+    assert status_errors(h.pod(REQ)) == ["relaying readiness to the requester failed: refused"]
+    h.requesters.relay_error = None
+    await h.drive()
+    assert status_errors(h.pod(REQ)) is None
+
+
+async def test_a_status_error_from_before_binding_is_cleared_once_bound(h: Harness) -> None:
+    h.remove(isc_obj())
+    h.put(requester_obj(), launcher_obj())
+    h.views.put(launcher_obj(), inst(WANTED))
+    with pytest.raises(RequesterProblem):
+        await h.reconcile()
+    assert status_errors(h.pod(REQ)) == ["InferenceServerConfig isc does not exist"]
+    h.put(isc_obj())
+    await h.drive()
+    assert status_errors(h.pod(REQ)) is None
+    assert h.journal.of("relay")
+
+
+async def test_an_instance_that_vanished_after_being_seen_deletes_the_requester(h: Harness) -> None:
+    requester = requester_obj(rv="4", labels={keys.INSTANCE_LABEL: WANTED})
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher)
+    await h.reconcile()
+    assert h.journal.kinds() == [("event", REQ), ("delete", REQ)]
+    assert h.journal[0].detail[:2] == ("Warning", "InstanceLost")
+    assert h.journal[1].detail == {"uid": REQ_UID, "rv": "4"}
+
+
+async def test_a_stopped_instance_deletes_the_requester(h: Harness) -> None:
+    requester = settled(requester_obj())
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, stopped=True))
+    await h.reconcile()
+    assert h.journal.kinds() == [("event", REQ), ("delete", REQ)]
+    assert "stopped" in h.journal[0].detail[2]
+
+
+async def test_a_stopped_instance_that_never_served_is_started_afresh(h: Harness) -> None:
+    # E.g. it stopped on a spare launcher before this requester bound it: nothing was lost.
+    requester = requester_obj()
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, stopped=True))
+    calls = [(c.kind, c.target) for c in await h.drive()]
+    assert calls.index(("delete_instance", WANTED)) < calls.index(("create_instance", WANTED))
+    assert h.journal.of("delete") == []
+
+
+async def test_a_create_that_an_earlier_pass_already_made_is_not_an_error(h: Harness) -> None:
+    requester = requester_obj()
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher)
+    h.launchers.refusal = HttpError(
+        "create_instance",
+        "http://10.0.1.1:8001/v2/vllm/instances/x",
+        Reply(409, {"detail": "Instance x already exists"}),
+    )
+    await h.reconcile()  # settles the requester
+    assert await h.reconcile() is None  # the PUT answers 409: no error, no back-off
+    assert h.journal.kinds()[-1][0] == "create_instance"
+    assert status_errors(h.pod(REQ)) is None
+
+
+async def test_a_starting_instance_is_waited_for(h: Harness) -> None:
+    requester = requester_obj()
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, ready=False, sleeping=False))
+    calls = await h.drive()
+    assert [c.kind for c in calls] == ["update"]  # the requester settled; no launcher call
+
+
+async def test_a_sleeping_instance_is_woken_and_nothing_is_written_yet(h: Harness) -> None:
+    requester = requester_obj()
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, sleeping=True))
+    await h.reconcile()  # settles
+    h.journal.clear()
+    await h.reconcile()
+    assert h.journal.kinds() == [("wake", WANTED)]
+
+
+async def test_an_awake_instance_makes_the_launcher_an_endpoint_in_one_write_and_relays_once(h: Harness) -> None:
+    requester = settled(requester_obj())
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, sleeping=False))
+    assert await h.reconcile() == RELAY_RECHECK_S
+    assert h.journal.kinds() == [("update", LAUNCHER), ("relay", REQ)]
+    serving = h.journal.written(LAUNCHER)
+    assert labels(serving)[keys.SLEEPING_LABEL] == "false"
+    assert labels(serving)[ROUTING_LABEL] == "a"
+    assert annotations(serving)[ROUTING_ANNOTATION] == "x"
+    assert h.journal[1].detail is True
+    assert actuations(h, "hot") == 1  # no path remembered (as after a restart): hot
+    assert duality(h) == 1
+
+    h.journal.clear()
+    again = await h.reconcile()  # within the recheck window: not re-sent, and measured once only
+    assert h.journal == []
+    assert again is not None
+    assert 0 < again <= RELAY_RECHECK_S
+    assert actuations(h, "hot") == 1
+
+
+async def test_readiness_is_not_relayed_to_a_requester_already_ready(h: Harness) -> None:
+    serving_pair(h, ready=True)
+    calls = await h.drive()
+    assert [c.kind for c in calls] == []
+
+
+async def test_outdated_committed_routing_metadata_deletes_the_requester(h: Harness) -> None:
+    requester = settled(requester_obj())
+    launcher = bound(launcher_obj(), requester, routing_json='{"labels": {"kubernetes.io/pool": "a"}}')
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, sleeping=False))
+    await h.reconcile()
+    assert h.journal.kinds() == [("event", REQ), ("delete", REQ)]
+    type_, reason, message = h.journal[0].detail
+    assert (type_, reason) == ("Warning", "OutdatedRoutingMetadata")
+    assert "kubernetes.io/pool" in message
+    assert h.journal.of("relay") == []
+
+
+# ----- E3: memory budgets of sleeping instances
+
+
+async def test_a_sleep_over_the_host_budget_first_deletes_the_least_recently_used_sleepers(h: Harness) -> None:
+    h.put(lc_obj(max_instances=4, budget={"hostMemoryBytes": 100}))
+    requester = requester_obj(finalizer=True, deleting=True)
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(
+        launcher,
+        inst(WANTED, sleeping=False, rss=30, gpu_bytes=20, revision=9),  # asleep it holds up to 50
+        inst("Ioldi", port=8006, rss=40, revision=1),
+        inst("Inewi", port=8007, rss=30, revision=5),  # 50 + 40 + 30 > 100: the oldest goes
+    )
+    await h.reconcile()
+    assert h.journal.kinds() == [
+        ("list", "10.0.1.1"),
+        ("event", LAUNCHER),
+        ("delete_instance", "Ioldi"),
+        ("sleep", WANTED),
+        ("update", LAUNCHER),
+        ("update", REQ),
+    ]
+    assert h.journal[1].detail[:2] == ("Normal", "SleeperBudget")
+
+
+async def test_an_instance_too_big_for_the_host_budget_is_deleted_instead_of_sleeping(h: Harness) -> None:
+    h.put(lc_obj(budget={"hostMemoryBytes": 100}))
+    requester = requester_obj(finalizer=True, deleting=True)
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, sleeping=False, rss=90, gpu_bytes=20))
+    await h.reconcile()
+    assert h.journal.kinds() == [
+        ("list", "10.0.1.1"),
+        ("event", LAUNCHER),
+        ("delete_instance", WANTED),
+        ("update", LAUNCHER),
+        ("update", REQ),
+    ]
+
+
+async def test_a_wake_over_the_gpu_budget_first_deletes_the_gpus_least_recently_used_sleeper(h: Harness) -> None:
+    h.put(lc_obj(max_instances=4, budget={"gpuMemoryBytes": 1024 * 1024 * 1024}))
+    h.requesters.memory_mib = {GPU0: 2048}
+    requester = settled(requester_obj())
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(
+        launcher,
+        inst(WANTED, sleeping=True, revision=1),
+        inst("Iothergpui", port=8006, gpus=[GPU1], revision=2),
+        inst("Isamegpui", port=8007, revision=3),
+    )
+    await h.reconcile()
+    assert h.journal.kinds() == [
+        ("memory_usage", REQ),
+        ("list", "10.0.1.1"),
+        ("event", LAUNCHER),
+        ("delete_instance", "Isamegpui"),
+    ]
+    assert h.journal.of("wake") == []  # the DELETED event brings the next pass, and the wake
+
+
+async def test_a_wake_that_cannot_fit_the_gpu_budget_is_refused_with_a_status_error(h: Harness) -> None:
+    h.put(lc_obj(budget={"gpuMemoryBytes": 1024 * 1024 * 1024}))
+    h.requesters.memory_mib = {GPU0: 2048}
+    requester = settled(requester_obj())
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, sleeping=True))
+    with pytest.raises(RequesterProblem):
+        await h.reconcile()
+    (error,) = status_errors(h.pod(REQ)) or []
+    assert error.startswith(f"not waking instance {WANTED}: its GPUs already hold more than the sleeper budget")
+    assert h.journal.of("wake") == []
+
+
+# ----- whole actuations, pass after pass: the fma_actuation_seconds path label
+
+
+def actuations(h: Harness, path: str, deleted: int = 0) -> float | None:
+    """How many actuations fma_actuation_seconds counted on `path`."""
+    return h.metric(
+        "fma_actuation_seconds_count", exported_namespace=NS, path=path, instancesDeleted=str(deleted), isc_name=ISC
+    )
+
+
+async def test_a_hot_actuation_binds_wakes_serves_and_relays(h: Harness) -> None:
+    h.put(requester_obj(), launcher_obj())
+    h.views.put(launcher_obj(), inst(WANTED, sleeping=True))
+    calls = await h.drive()
+    assert [(c.kind, c.target) for c in calls] == [
+        ("update", LAUNCHER),  # bind
+        ("update", REQ),  # settle
+        ("wake", WANTED),
+        ("update", LAUNCHER),  # serving
+        ("relay", REQ),
+    ]
+    assert actuations(h, "hot") == 1
+    assert actuations(h, "warm") is None
+
+
+async def test_a_warm_actuation_reclaims_creates_and_serves(h: Harness) -> None:
+    h.put(requester_obj(), launcher_obj())
+    h.views.put(launcher_obj(), inst("Iconflicti", isc="isc2", port=PORT))
+    calls = await h.drive()
+    assert [(c.kind, c.target) for c in calls] == [
+        ("update", LAUNCHER),  # bind
+        ("update", REQ),  # settle
+        ("delete_instance", "Iconflicti"),  # room for the instance, made by the binding's owner
+        ("create_instance", WANTED),
+        ("update", REQ),  # the instance label, once the launcher reports it
+    ]
+    h.views.views[LAUNCHER].instances[WANTED] = (
+        h.views.views[LAUNCHER].instances[WANTED].model_copy(update={"ready": True})
+    )  # its READY event
+    calls = await h.drive()
+    assert [c.kind for c in calls] == ["update", "relay"]
+    assert actuations(h, "warm", deleted=1) == 1
+    assert actuations(h, "hot") is None
+
+
+async def test_a_cold_actuation_creates_a_launcher_then_the_instance(h: Harness) -> None:
+    h.put(requester_obj())
+    calls = await h.drive()
+    assert [c.kind for c in calls] == ["create", "update"]  # created bound; the requester settled
+    (created,) = h.journal.of("create")
+    name = created.target
+    launcher = h.pod(name)
+    started = launcher_obj(name)
+    launcher["status"] = started["status"]
+    launcher["metadata"]["resourceVersion"] = "500"
+    h.put(launcher)
+    h.views.put(launcher)
+    calls = await h.drive()
+    assert [c.kind for c in calls] == ["update", "create_instance", "update"]  # finalizer, PUT, instance label
+    h.views.views[name].instances[WANTED] = h.views.views[name].instances[WANTED].model_copy(update={"ready": True})
+    calls = await h.drive()
+    assert [c.kind for c in calls] == ["update", "relay"]
+    assert actuations(h, "cold") == 1
+    assert actuations(h, "warm") is None
+
+
+# ----- §2.8: instances of a changed ISC
+
+
+async def test_isc_change_deletes_only_idle_obsolete_unbound_instances_of_that_isc(h: Harness) -> None:
+    old_isc = isc_obj()
+    new_isc = isc_obj(options="--model /models/b", rv="2")
+    old_gpu1 = wanted_id(old_isc, [GPU1])
+    current = wanted_id(new_isc)
+    requester = requester_obj("other", "other-uid", gpus=[GPU1])
+    spare = launcher_obj("launcher-spare", ip="10.0.1.1")
+    taken = bound(launcher_obj("launcher-taken", ip="10.0.1.2"), requester, isc=old_isc, gpus=[GPU1])
+    h.put(new_isc, requester, spare, taken)
+    h.views.put(
+        spare,
+        inst(WANTED, sleeping=True, revision=1),  # obsolete, sleeping: goes
+        inst("Istoppedi", stopped=True, gpus=[GPU1], port=8009, revision=2),  # obsolete, stopped: goes
+        inst(current, sleeping=True, port=8006, revision=3),  # current: stays
+        inst("Iawakei", sleeping=False, port=8007, revision=4),  # obsolete but awake: at unbind
+        inst("Iisc2i", isc="isc2", port=8008, revision=5),  # another ISC's
+    )
+    h.views.put(taken, inst(old_gpu1, gpus=[GPU1], sleeping=True))  # the bound instance itself stays
+    assert await h.reconciler.reconcile_isc(ISC) is None
+    assert set(h.journal.kinds()) == {("delete_instance", "Istoppedi"), ("delete_instance", WANTED)}
+    assert len(h.journal) == 2
+
+
+async def test_isc_deletion_deletes_its_idle_instances(h: Harness) -> None:
+    h.remove(isc_obj())
+    h.put(launcher_obj())
+    h.views.put(launcher_obj(), inst(WANTED), inst("Iisc2i", isc="isc2", port=8006))
+    await h.reconciler.reconcile_isc(ISC)
+    assert h.journal.kinds() == [("delete_instance", WANTED)]
+
+
+async def test_isc_change_skips_launchers_whose_instances_are_unknown(h: Harness) -> None:
+    h.put(isc_obj(options="--model /models/b", rv="2"), launcher_obj())
+    h.views.put(launcher_obj(), inst(WANTED), synced=False)
+    await h.reconciler.reconcile_isc(ISC)
+    assert h.journal == []
