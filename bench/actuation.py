@@ -106,16 +106,14 @@ async def release(env: DualPodsEnv) -> None:
 async def wake_seconds_total(env: DualPodsEnv) -> float:
     """Sum of every launcher's wake-time histogram (to take the server's wake out of a hot start)."""
     total = 0.0
-    async with aiohttp.ClientSession() as http:
-        for launcher in await env.launchers():
-            try:
-                async with http.get(f"http://{launcher['status']['podIP']}:8001/metrics") as response:
-                    text = await response.text()
-            except (aiohttp.ClientError, KeyError):
-                continue  # a launcher starting or going away has woken nothing
-            for line in text.splitlines():
-                if line.startswith("dualpods_launcher_wake_seconds_sum"):
-                    total += float(line.split()[-1])
+    for launcher in await env.launchers():
+        try:
+            text = await env.launcher_api(launcher, "GET", "/metrics")
+        except (aiohttp.ClientError, KeyError, AssertionError):
+            continue  # a launcher starting or going away has woken nothing
+        for line in str(text).splitlines():
+            if line.startswith("dualpods_launcher_wake_seconds_sum"):
+                total += float(line.split()[-1])
     return total
 
 

@@ -1,6 +1,7 @@
 """The dual-pods end-to-end setting: CRDs, gpu-map, the controllers installed by the Helm chart, and
 the objects a model-variant deployer creates."""
 
+import base64
 from pathlib import Path
 from typing import Any
 
@@ -188,10 +189,18 @@ class DualPodsEnv:
         pod: Obj = self.api.sanitize_for_serialization(await self.core.read_namespaced_pod(name, self.namespace))
         return pod
 
+    async def launcher_api(self, launcher: Obj, method: str, path: str) -> Any:
+        """Call a launcher's API as the controllers do, with the chart's bearer token (E9)."""
+        secret = await self.core.read_namespaced_secret(f"{self.controllers.release}-launcher-token", self.namespace)
+        token = base64.b64decode(secret.data["token"]).decode()
+        url = f"http://{launcher['status']['podIP']}:{LAUNCHER_PORT}{path}"
+        headers = {"Authorization": f"Bearer {token}"}
+        async with aiohttp.ClientSession() as session, session.request(method, url, headers=headers) as response:
+            assert response.status < 300, f"{method} {path}: {response.status} {await response.text()}"
+            return await response.json() if response.content_type == "application/json" else await response.text()
+
     async def instances(self, launcher: Obj) -> dict[str, Any]:
-        url = f"http://{launcher['status']['podIP']}:{LAUNCHER_PORT}/v2/vllm/instances"
-        async with aiohttp.ClientSession() as session, session.get(url) as response:
-            listing: dict[str, Any] = await response.json()
+        listing: dict[str, Any] = await self.launcher_api(launcher, "GET", "/v2/vllm/instances")
         return listing
 
     async def wait_gone(self, replica_set: str, within: float = 60) -> None:

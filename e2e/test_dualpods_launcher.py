@@ -311,13 +311,7 @@ async def test_14_stopped_instance_recovery(scenario: Scenario) -> None:
     requester = (await env.requesters(RS))[0]
     launcher = await env.launcher_of(requester)
     instance = _annotations(launcher)[keys.INSTANCE_ID_ANNOTATION]
-    async with (
-        aiohttp.ClientSession() as http,
-        http.delete(
-            f"http://{launcher['status']['podIP']}:{keys.LAUNCHER_PORT}/v2/vllm/instances/{instance}"
-        ) as response,
-    ):
-        assert response.status == 200
+    await env.launcher_api(launcher, "DELETE", f"/v2/vllm/instances/{instance}")
 
     async def replaced() -> bool:
         found = await env.requesters(RS)

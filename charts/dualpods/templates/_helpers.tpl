@@ -6,6 +6,13 @@
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{/* The Secret holding the bearer token launchers require (E9); empty when tokens are off. */}}
+{{- define "dualpods.launcherTokenSecret" -}}
+{{- if .Values.launcherToken.enabled -}}
+{{ .Values.launcherToken.existingSecret | default (printf "%s-launcher-token" .Release.Name) }}
+{{- end -}}
+{{- end -}}
+
 {{- define "dualpods.labels" -}}
 app.kubernetes.io/name: dualpods
 app.kubernetes.io/instance: {{ .Release.Name }}
@@ -55,6 +62,14 @@ spec:
             {{- if gt (int .values.replicas) 1 }}
             - --leader-elect
             {{- end }}
+            {{- $secret := include "dualpods.launcherTokenSecret" $root }}
+            {{- if $secret }}
+            # Both controllers must build identical launcher Pods, token volume included.
+            - --launcher-token-secret={{ $secret }}
+            {{- if .mountToken }}
+            - --launcher-token-file=/var/run/secrets/dualpods/launcher-token/token
+            {{- end }}
+            {{- end }}
             {{- range .args }}
             - {{ . }}
             {{- end }}
@@ -75,4 +90,11 @@ spec:
             periodSeconds: 20
           resources:
             {{- toYaml .values.resources | nindent 12 }}
+          {{- if and $secret .mountToken }}
+          volumeMounts:
+            - {name: launcher-token, mountPath: /var/run/secrets/dualpods/launcher-token, readOnly: true}
+      volumes:
+        - name: launcher-token
+          secret: {secretName: {{ $secret }}}
+          {{- end }}
 {{- end -}}

@@ -1,0 +1,1 @@
+"""Developer scripts: generators of committed files, and the lock file writer."""

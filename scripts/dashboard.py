@@ -1,0 +1,108 @@
+"""Write the Grafana dashboard of the chart (charts/dualpods/dashboards/dualpods.json) from its panel list."""
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).resolve().parents[1] / "charts" / "dualpods" / "dashboards" / "dualpods.json"
+
+RATE = "[$__rate_interval]"
+
+
+def quantile(q: float, histogram: str, by: str = "") -> str:
+    """PromQL for a quantile of a histogram, per `by` labels (comma-separated)."""
+    labels = ", ".join(["le", *[b.strip() for b in by.split(",") if b.strip()]])
+    return f"histogram_quantile({q}, sum by ({labels}) (rate({histogram}_bucket{RATE})))"
+
+
+# (title, unit, [(PromQL, legend)])
+PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
+    ("Actuation time p50 by path", "s", [(quantile(0.5, "fma_actuation_seconds", "path"), "{{path}}")]),
+    ("Actuation time p99 by path", "s", [(quantile(0.99, "fma_actuation_seconds", "path"), "{{path}}")]),
+    (
+        "Actuations per minute by path",
+        "short",
+        [(f"sum by (path) (rate(fma_actuation_seconds_count{RATE})) * 60", "{{path}}")],
+    ),
+    ("Bound requesters (GPUs in use)", "short", [("sum(fma_duality)", "bound GPUs")]),
+    (
+        "Controller HTTP latency p99 by purpose",
+        "s",
+        [(quantile(0.99, "fma_http_latency_seconds", "purpose"), "{{purpose}}")],
+    ),
+    (
+        "Controller HTTP failures by purpose",
+        "reqps",
+        [
+            (
+                f'sum by (purpose, status_code) (rate(fma_http_latency_seconds_count{{status_code!~"2.."}}{RATE}))',
+                "{{purpose}} {{status_code}}",
+            )
+        ],
+    ),
+    (
+        "Launcher Pods by phase",
+        "short",
+        [("sum by (lcfg_name, phase) (fma_launcher_pod_count)", "{{lcfg_name}} {{phase}}")],
+    ),
+    ("Launcher Pod creation p99", "s", [(quantile(0.99, "fma_launcher_create_seconds"), "create")]),
+    (
+        "Work queue depth and retries",
+        "short",
+        [
+            ("sum(fma_dpc_innerqueue_depth)", "depth"),
+            (f"sum(rate(fma_dpc_innerqueue_retries_total{RATE}))", "retries/s"),
+        ],
+    ),
+    ("Instances by state (launchers)", "short", [("sum by (state) (dualpods_launcher_instances)", "{{state}}")]),
+    (
+        "Wake and sleep time p99 (launchers)",
+        "s",
+        [
+            (quantile(0.99, "dualpods_launcher_wake_seconds"), "wake"),
+            (quantile(0.99, "dualpods_launcher_sleep_seconds"), "sleep"),
+        ],
+    ),
+    ("Instance creation to ready p50", "s", [(quantile(0.5, "dualpods_launcher_instance_ready_seconds"), "ready")]),
+]
+
+
+def panel(index: int, title: str, unit: str, targets: list[tuple[str, str]]) -> dict[str, Any]:
+    return {
+        "id": index + 1,
+        "type": "timeseries",
+        "title": title,
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "gridPos": {"h": 8, "w": 12, "x": 12 * (index % 2), "y": 8 * (index // 2)},
+        "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+        "targets": [
+            {"refId": chr(ord("A") + i), "expr": expr, "legendFormat": legend}
+            for i, (expr, legend) in enumerate(targets)
+        ],
+    }
+
+
+def dashboard() -> dict[str, Any]:
+    return {
+        "title": "dualpods",
+        "uid": "dualpods",
+        "schemaVersion": 39,
+        "time": {"from": "now-6h", "to": "now"},
+        "refresh": "30s",
+        "tags": ["dualpods", "fma", "llm"],
+        "templating": {
+            "list": [{"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"}]
+        },
+        "panels": [panel(i, *spec) for i, spec in enumerate(PANELS)],
+    }
+
+
+def render() -> str:
+    return json.dumps(dashboard(), indent=2) + "\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--check"]:
+        sys.exit(0 if OUT.read_text() == render() else "the dashboard is stale: run python scripts/dashboard.py")
+    OUT.write_text(render())
