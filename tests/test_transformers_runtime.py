@@ -1,0 +1,442 @@
+"""The transformers runtime as clients see it: one real server process on the tiny model, driven through
+the `openai` client and vLLM's sleep/wake and LoRA endpoints.
+
+The server is shared by the module (starting one costs seconds of imports), so each test leaves it
+awake and with only its static adapter.
+"""
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from tokenizers import Tokenizer
+
+from e2e.launcher_process import REPO, free_port, offline_environment
+from e2e.tiny_lora import ensure_tiny_lora
+
+START_TIMEOUT_S = 120.0
+MAX_MODEL_LEN = 96
+MAX_WAITING = 8
+SLEEP_WAIT_TIMEOUT_S = 2.0
+PROMPTS = ("def hello(world):", "import os\n", "class Tree:", "for i in range(")
+# An instance's vLLM options as the launcher passes them, with flags this runtime ignores.
+VLLM_ONLY_FLAGS = ["--enforce-eager", "--kv-cache-memory-bytes", "67108864", "--max-lora-rank", "8"]
+
+
+@dataclass
+class Server:
+    process: "subprocess.Popen[bytes]"
+    url: str
+    log: Path
+    model: Path
+
+    def client(self) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=30)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def server(model_a: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    work = tmp_path_factory.mktemp("transformers-runtime")
+    port = free_port()
+    lora = ensure_tiny_lora(base_seed=1, seed=0)
+    flags = [
+        *("--model", str(model_a), "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port)),
+        *("--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32", "--lora-modules", f"static={lora}"),
+        *("--max-waiting-requests", str(MAX_WAITING), "--sleep-wait-timeout", str(SLEEP_WAIT_TIMEOUT_S)),
+        *VLLM_ONLY_FLAGS,
+    ]
+    log = work / "server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "transformers_runtime", *flags],
+            cwd=REPO,
+            env=offline_environment(work),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    running = Server(process, f"http://127.0.0.1:{port}", log, model_a)
+    try:
+        _wait_healthy(running)
+        yield running
+    finally:
+        running.stop()
+
+
+def _wait_healthy(server: Server) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert server.process.poll() is None, server.log.read_text()
+        try:
+            with urllib.request.urlopen(f"{server.url}/health", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"not healthy after {START_TIMEOUT_S} s:\n{server.log.read_text()}")
+
+
+@pytest.fixture
+async def client(server: Server) -> AsyncIterator[openai.AsyncOpenAI]:
+    async with server.client() as client:
+        yield client
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session
+
+
+async def _greedy(client: openai.AsyncOpenAI, prompt: str = PROMPTS[0], model: str = "tiny", tokens: int = 12) -> str:
+    completion = await client.completions.create(model=model, prompt=prompt, max_tokens=tokens, temperature=0)
+    return completion.choices[0].text
+
+
+async def _metrics(http: aiohttp.ClientSession, server: Server) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    async with http.get(f"{server.url}/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+async def _metric(http: aiohttp.ClientSession, server: Server, name: str, **labels: str) -> float:
+    values = [v for (n, ls), v in (await _metrics(http, server)).items() if n == name and labels.items() <= ls]
+    assert len(values) == 1, f"{name}{labels}: {values}"
+    return values[0]
+
+
+async def _until(condition: Callable[[], Awaitable[bool]], what: str, limit_s: float = 10.0) -> None:
+    try:
+        async with asyncio.timeout(limit_s):
+            while True:
+                if await condition():
+                    return
+                await asyncio.sleep(0.02)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+async def _waiting(http: aiohttp.ClientSession, server: Server, count: int) -> None:
+    async def reached() -> bool:
+        return await _metric(http, server, "vllm:num_requests_waiting") == count
+
+    await _until(reached, f"{count} waiting request(s)")
+
+
+async def _post(http: aiohttp.ClientSession, server: Server, path: str, **params: str) -> tuple[int, object]:
+    async with http.post(f"{server.url}{path}", params=params) as response:
+        return response.status, await response.json()
+
+
+async def _is_sleeping(http: aiohttp.ClientSession, server: Server) -> bool:
+    async with http.get(f"{server.url}/is_sleeping") as response:
+        body = await response.json()
+    sleeping: bool = body["is_sleeping"]
+    return sleeping
+
+
+def _prompt_tokens(server: Server, prompt: str) -> int:
+    return len(Tokenizer.from_file(str(server.model / "tokenizer.json")).encode(prompt).ids)
+
+
+# Models, completions, chat -------------------------------------------------------------------------
+
+
+async def test_models_list_the_base_and_the_static_adapter_and_vllm_flags_are_ignored(
+    server: Server, client: openai.AsyncOpenAI, http: aiohttp.ClientSession
+) -> None:
+    models = (await client.models.list()).data
+    assert [m.id for m in models] == ["tiny", "static"]
+    assert models[1].model_extra is not None
+    assert models[1].model_extra["parent"] == "tiny"
+    for path in ("/health", "/healthz"):
+        async with http.get(f"{server.url}{path}") as response:
+            assert response.status == 200
+    assert "ignoring flags the transformers runtime does not use: " + " ".join(VLLM_ONLY_FLAGS) in (
+        server.log.read_text()
+    )
+
+
+async def test_greedy_completion_is_deterministic_and_counts_usage(server: Server, client: openai.AsyncOpenAI) -> None:
+    first = await client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=10, temperature=0)
+    second = await client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=10, temperature=0)
+    assert first.choices[0].text
+    assert first.choices[0].text == second.choices[0].text
+    assert first.choices[0].finish_reason == "length"
+    assert first.usage is not None
+    prompt_tokens = _prompt_tokens(server, PROMPTS[0])
+    assert (first.usage.prompt_tokens, first.usage.completion_tokens) == (prompt_tokens, 10)
+    assert first.usage.total_tokens == prompt_tokens + 10
+
+
+async def test_seeded_sampling_repeats_and_n_gives_n_choices(client: openai.AsyncOpenAI) -> None:
+    async def sampled(seed: int) -> list[str]:
+        completion = await client.completions.create(
+            model="tiny", prompt=PROMPTS[1], max_tokens=8, temperature=1.0, top_p=0.95, n=3, seed=seed
+        )
+        assert [c.index for c in completion.choices] == [0, 1, 2]
+        assert completion.usage is not None
+        assert completion.usage.completion_tokens == 24
+        return [c.text for c in completion.choices]
+
+    seven = await sampled(7)
+    assert await sampled(7) == seven
+    assert await sampled(8) != seven
+    assert len(set(seven)) > 1  # n sequences, not n copies
+
+
+async def test_stop_sequences_end_the_text_before_them(client: openai.AsyncOpenAI) -> None:
+    text = await _greedy(client, tokens=16)
+    stop = text[6:9]
+    assert len(stop) == 3
+    expected = text[: text.index(stop)]
+    for stops in (stop, ["never-generated", stop]):
+        completion = await client.completions.create(
+            model="tiny", prompt=PROMPTS[0], max_tokens=16, temperature=0, stop=stops
+        )
+        assert (completion.choices[0].text, completion.choices[0].finish_reason) == (expected, "stop")
+    stream = await client.completions.create(
+        model="tiny", prompt=PROMPTS[0], max_tokens=16, temperature=0, stop=stop, stream=True
+    )
+    assert "".join([chunk.choices[0].text async for chunk in stream if chunk.choices]) == expected
+
+
+async def test_a_streamed_completion_is_the_whole_one_in_pieces_ending_with_done(
+    server: Server, client: openai.AsyncOpenAI, http: aiohttp.ClientSession
+) -> None:
+    whole = await _greedy(client)
+    stream = await client.completions.create(
+        model="tiny",
+        prompt=PROMPTS[0],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [chunk async for chunk in stream]
+    pieces = [c.choices[0].text for c in chunks if c.choices]
+    assert len(pieces) > 1
+    assert "".join(pieces) == whole
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 12
+
+    body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 3, "stream": True}
+    async with http.post(f"{server.url}/v1/completions", json=body) as response:
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        events = [line for line in (await response.text()).split("\n\n") if line]
+    assert all(event.startswith("data: ") for event in events)
+    assert events[-1] == "data: [DONE]"
+
+
+async def test_chat_uses_the_template_and_streams_the_same_answer(client: openai.AsyncOpenAI) -> None:
+    messages: list[openai.types.chat.ChatCompletionMessageParam] = [
+        {"role": "system", "content": "You write Python."},
+        {"role": "user", "content": "A tree class, please."},
+    ]
+    chat = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0)
+    answer = chat.choices[0].message.content
+    assert answer
+    assert chat.choices[0].message.role == "assistant"
+    assert chat.usage is not None
+    assert chat.usage.prompt_tokens > 10
+    again = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=10, temperature=0)
+    assert again.choices[0].message.content == answer
+    stream = await client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=10, temperature=0, stream=True
+    )
+    chunks = [chunk async for chunk in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == answer
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+async def test_client_errors_are_openai_errors_with_vllms_statuses(
+    server: Server, client: openai.AsyncOpenAI, http: aiohttp.ClientSession
+) -> None:
+    with pytest.raises(openai.NotFoundError, match="The model `nope` does not exist"):
+        await client.completions.create(model="nope", prompt="x")
+    with pytest.raises(openai.BadRequestError, match=f"maximum context length is {MAX_MODEL_LEN} tokens"):
+        await client.completions.create(model="tiny", prompt="word " * 200)
+    with pytest.raises(openai.BadRequestError, match=r"temperature must be in \[0, 2\], got 3.0"):
+        await client.completions.create(model="tiny", prompt="x", temperature=3)
+    with pytest.raises(openai.BadRequestError, match="n must be 1 when using greedy sampling"):
+        await client.completions.create(model="tiny", prompt="x", temperature=0, n=2)
+    with pytest.raises(openai.BadRequestError, match=r"n must be at most 256 \(--max-num-seqs\)"):
+        await client.completions.create(model="tiny", prompt="x", n=1000)
+    with pytest.raises(openai.BadRequestError, match="logprobs is not supported"):
+        await client.completions.create(model="tiny", prompt="x", logprobs=2)
+    async with http.post(f"{server.url}/v1/completions", data=b"{not json") as response:
+        assert response.status == 400
+        error = (await response.json())["error"]
+    assert error.keys() == {"message", "type", "param", "code"}
+    assert (error["type"], error["code"]) == ("BadRequestError", 400)
+
+
+# Sleep and wake ------------------------------------------------------------------------------------
+
+
+async def test_level_1_holds_a_request_until_wake_and_answers_as_before(
+    server: Server, client: openai.AsyncOpenAI, http: aiohttp.ClientSession
+) -> None:
+    before = await _greedy(client)
+    assert await _post(http, server, "/sleep", level="1") == (200, {"status": "sleeping", "level": 1})
+    assert await _is_sleeping(http, server)
+    async with http.get(f"{server.url}/health") as response:
+        assert response.status == 200  # alive while asleep, as vLLM
+    assert await _metric(http, server, "vllm:engine_sleep_state", sleep_state="weights_offloaded") == 1
+
+    held = asyncio.create_task(_greedy(client))
+    await _waiting(http, server, 1)
+    await asyncio.sleep(0.3)
+    assert not held.done()
+    assert await _post(http, server, "/wake_up") == (200, {"status": "awake", "tags": None})
+    assert await asyncio.wait_for(held, 10) == before
+    assert not await _is_sleeping(http, server)
+    assert await _metric(http, server, "vllm:engine_sleep_state", sleep_state="awake") == 1
+
+
+async def test_level_2_reloads_from_disk_once_every_tag_is_awake(
+    server: Server, client: openai.AsyncOpenAI, http: aiohttp.ClientSession
+) -> None:
+    before = await _greedy(client)
+    assert await _post(http, server, "/sleep", level="2", mode="wait") == (200, {"status": "sleeping", "level": 2})
+    assert await _metric(http, server, "dualpods_runtime_sleep_level") == 2
+    status, body = await _post(http, server, "/wake_up", tags="weights")
+    assert (status, body) == (200, {"status": "sleeping", "tags": ["weights"]})
+    assert await _is_sleeping(http, server)
+    assert await _post(http, server, "/wake_up", tags="kv_cache") == (200, {"status": "awake", "tags": ["kv_cache"]})
+    assert await _greedy(client) == before
+    assert await _metric(http, server, "dualpods_runtime_model_load_seconds") > 0
+    for bad, param in ({"level": "3"}, "query.level"), ({"mode": "keep"}, "query.mode"):
+        status, body = await _post(http, server, "/sleep", **bad)
+        assert status == 400
+        assert isinstance(body, dict)
+        assert body["error"]["param"] == param
+    assert not await _is_sleeping(http, server)
+
+
+async def test_a_full_queue_answers_429_and_a_long_sleep_503(
+    server: Server, client: openai.AsyncOpenAI, http: aiohttp.ClientSession
+) -> None:
+    assert (await _post(http, server, "/sleep", level="0"))[0] == 200
+    requests = [asyncio.create_task(_greedy(client, tokens=2)) for _ in range(MAX_WAITING + 2)]
+    await _waiting(http, server, MAX_WAITING)
+
+    async def two_refused() -> bool:  # the two over the limit are refused at once
+        return sum(r.done() for r in requests) == 2
+
+    await _until(two_refused, "two refusals")
+    assert (await _post(http, server, "/wake_up"))[0] == 200
+    outcomes = await asyncio.gather(*requests, return_exceptions=True)
+    refused = [o for o in outcomes if isinstance(o, openai.RateLimitError)]
+    assert len(refused) == 2
+    assert refused[0].response.headers["Retry-After"] == "1"
+    assert sum(isinstance(o, str) for o in outcomes) == MAX_WAITING
+
+    assert (await _post(http, server, "/sleep", level="1"))[0] == 200
+    started = time.monotonic()
+    with pytest.raises(openai.InternalServerError, match="not woken within") as late:
+        await _greedy(client)
+    assert late.value.status_code == 503
+    assert SLEEP_WAIT_TIMEOUT_S <= time.monotonic() - started < SLEEP_WAIT_TIMEOUT_S + 3
+    assert (await _post(http, server, "/wake_up"))[0] == 200
+
+
+# Concurrency, LoRA, metrics ------------------------------------------------------------------------
+
+
+async def test_concurrent_requests_each_get_their_own_answer(client: openai.AsyncOpenAI) -> None:
+    alone = {prompt: await _greedy(client, prompt) for prompt in PROMPTS}
+    together = await asyncio.gather(*(_greedy(client, prompt) for prompt in PROMPTS * 2))
+    assert together == [alone[prompt] for prompt in PROMPTS * 2]
+
+
+async def test_lora_adapters_change_the_output_and_load_and_unload_at_runtime(
+    server: Server, client: openai.AsyncOpenAI, http: aiohttp.ClientSession
+) -> None:
+    base, static = await _greedy(client), await _greedy(client, model="static")
+    assert static != base
+
+    runtime_lora = ensure_tiny_lora(base_seed=1, seed=1)
+    load = {"lora_name": "runtime", "lora_path": str(runtime_lora)}
+    async with http.post(f"{server.url}/v1/load_lora_adapter", json=load) as response:
+        assert (response.status, await response.text()) == (200, "Success: LoRA adapter 'runtime' added successfully.")
+    assert [m.id for m in (await client.models.list()).data] == ["tiny", "static", "runtime"]
+    runtime = await _greedy(client, model="runtime")
+    assert runtime not in (base, static)
+    assert await _greedy(client, model="static") == static  # switching back and forth is exact
+
+    async with http.post(f"{server.url}/v1/load_lora_adapter", json=load) as response:
+        assert response.status == 400
+        assert "has already been loaded" in (await response.json())["error"]["message"]
+    missing = {"lora_name": "missing", "lora_path": str(server.model / "no-such-adapter")}
+    async with http.post(f"{server.url}/v1/load_lora_adapter", json=missing) as response:
+        assert response.status == 404
+        assert "No adapter found for" in (await response.json())["error"]["message"]
+
+    unload = {"lora_name": "runtime"}
+    async with http.post(f"{server.url}/v1/unload_lora_adapter", json=unload) as response:
+        assert (response.status, await response.text()) == (
+            200,
+            "Success: LoRA adapter 'runtime' removed successfully.",
+        )
+    async with http.post(f"{server.url}/v1/unload_lora_adapter", json=unload) as response:
+        assert response.status == 404
+    with pytest.raises(openai.NotFoundError):
+        await _greedy(client, model="runtime")
+    assert await _greedy(client) == base
+
+
+async def test_metrics_count_requests_tokens_and_adapters(server: Server, http: aiohttp.ClientSession) -> None:
+    before = await _metrics(http, server)
+    async with http.post(f"{server.url}/v1/completions", json={"prompt": "x", "max_tokens": 3}) as response:
+        assert response.status == 200
+    async with http.post(f"{server.url}/v1/completions", json={"model": "nope", "prompt": "x"}) as response:
+        assert response.status == 404
+    after = await _metrics(http, server)
+
+    def moved(name: str, **labels: str) -> float:
+        key = (name, frozenset(labels.items()))
+        return after[key] - before.get(key, 0.0)
+
+    route = {"route": "/v1/completions", "method": "POST"}
+    assert moved("dualpods_runtime_http_requests_total", **route, code="200") == 1
+    assert moved("dualpods_runtime_http_requests_total", **route, code="404") == 1
+    assert moved("dualpods_runtime_http_request_duration_seconds_count", **route) == 2
+    labels = {"model_name": "tiny", "engine": "0"}
+    assert moved("vllm:prompt_tokens_total", **labels) == _prompt_tokens(server, "x")
+    assert moved("vllm:generation_tokens_total", **labels) == 3
+    assert after[("vllm:num_requests_running", frozenset(labels.items()))] == 0
+    assert after[("dualpods_runtime_lora_adapters", frozenset())] == 1
+
+
+def test_sigterm_stops_the_server_with_status_0(server: Server) -> None:
+    """Last in the module: it ends the shared server."""
+    assert server.stop() == 0
+    log = server.log.read_text()
+    assert "shutting down" in log, log
+    assert "Traceback" not in log, log

@@ -1,0 +1,441 @@
+"""The transformers runtime's parts in-process: weight moves, sleep levels, decoding, the queue, LoRA rules, flags.
+
+No model server here (see test_transformers_runtime.py): small torch modules, a scripted model and a
+byte-level fake tokenizer pin down the behaviour the HTTP tests can only observe from outside.
+"""
+
+import argparse
+import asyncio
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from transformers_runtime import build_parser
+from transformers_runtime.engine import CallJob, Engine, Job
+from transformers_runtime.errors import ApiError
+from transformers_runtime.generation import Delta, SamplingParams, generate, sample
+from transformers_runtime.lora import Adapter, AdapterRegistry, parse_lora_module
+from transformers_runtime.model import Checkpoint, ModelHolder, resolve_dtype
+from transformers_runtime.sleep import SleepManager, model_tensors
+from transformers_runtime.text import TextCodec
+
+# Weight moves and sleep levels ---------------------------------------------------------------------
+
+
+def tied_net() -> torch.nn.Module:
+    """Tied weights, a bias, and a half-precision buffer of odd size: what packing must get right."""
+    net = torch.nn.ModuleDict(
+        {"embed": torch.nn.Embedding(11, 6), "proj": torch.nn.Linear(6, 6), "head": torch.nn.Linear(6, 11, bias=False)}
+    )
+    net["head"].weight = net["embed"].weight
+    net.register_buffer("scale", torch.arange(3, dtype=torch.float16))
+    return net
+
+
+def _holder() -> tuple[ModelHolder, list[int]]:
+    """A holder whose loads are counted; every load builds the same weights."""
+    loads: list[int] = []
+
+    def load() -> torch.nn.Module:
+        loads.append(1)
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            return tied_net()
+
+    holder = ModelHolder(load)
+    holder.load()
+    return holder, loads
+
+
+def _snapshot(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in module.state_dict().items()}
+
+
+def _same(module: torch.nn.Module, snapshot: dict[str, torch.Tensor]) -> bool:
+    state = module.state_dict()
+    return state.keys() == snapshot.keys() and all(torch.equal(state[k], v) for k, v in snapshot.items())
+
+
+def test_level_1_frees_every_tensor_and_restores_them_bit_for_bit_in_one_buffer() -> None:
+    holder, loads = _holder()
+    module = holder.module
+    before, tensors = _snapshot(module), model_tensors(module)
+    assert len(tensors) == 4  # the tied weight once
+    manager = SleepManager(holder)
+
+    manager.sleep(1)
+    assert manager.is_sleeping
+    assert manager.level == 1
+    assert all(t.numel() == 0 for t in tensors)
+
+    assert manager.wake() is True
+    assert not manager.is_sleeping
+    assert [id(t) for t in model_tensors(module)] == [id(t) for t in tensors]  # the same objects
+    assert module["head"].weight is module["embed"].weight
+    assert _same(module, before)
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1  # views of one buffer
+    assert loads == [1]  # nothing read from "disk"
+    retired = manager.take_retired()
+    assert retired is not None
+    assert manager.take_retired() is None
+    retired.release()
+    assert _same(module, before)  # the host copy was the only thing released
+
+
+def test_level_2_drops_the_model_and_wake_loads_it_again() -> None:
+    holder, loads = _holder()
+    before = _snapshot(holder.module)
+    manager = SleepManager(holder)
+    manager.sleep(2)
+    assert not holder.loaded
+    assert manager.wake() is True
+    assert loads == [1, 1]
+    assert _same(holder.module, before)
+
+
+def test_deeper_sleep_replaces_a_shallower_one_and_a_shallower_request_changes_nothing() -> None:
+    holder, loads = _holder()
+    manager = SleepManager(holder)
+    manager.sleep(0)
+    assert manager.level == 0
+    assert all(t.numel() for t in model_tensors(holder.module))
+    manager.sleep(1)
+    manager.sleep(0)
+    assert manager.level == 1
+    manager.sleep(2)
+    assert manager.level == 2
+    assert not holder.loaded
+    assert manager.wake()
+    assert loads == [1, 1]
+
+
+def test_wake_by_tags_stays_asleep_until_every_tag_is_awake() -> None:
+    holder, _ = _holder()
+    before = _snapshot(holder.module)
+    manager = SleepManager(holder)
+    manager.sleep(1)
+    assert manager.wake(["kv_cache"]) is False
+    assert all(t.numel() == 0 for t in model_tensors(holder.module))
+    assert manager.wake(["weights"]) is True
+    assert _same(holder.module, before)
+    manager.sleep(1)
+    with pytest.raises(ValueError, match="unknown tags"):
+        manager.wake(["optimizer"])
+    with pytest.raises(ValueError, match="level"):
+        manager.sleep(3)
+
+
+# Decoding ------------------------------------------------------------------------------------------
+
+
+class ByteTokenizer:
+    """Token i decodes to PIECES[i] bytes; incomplete UTF-8 shows as U+FFFD, like a byte-level BPE."""
+
+    eos_token_id = 0
+    PIECES: dict[int, bytes] = {
+        0: b"",
+        1: b"Hello",
+        2: b" wor",
+        3: b"ld<",
+        4: b"|e",
+        5: b"nd|>",
+        6: b" more",
+        7: b"caf\xc3",  # the first byte of "é"
+        8: b"\xa9!",
+        9: b" x",
+    }
+
+    def decode(self, ids: list[int], **options: Any) -> str:
+        return b"".join(self.PIECES[i] for i in ids).decode("utf-8", errors="replace")
+
+
+class ScriptedModel:
+    """Greedy decoding of it yields `script`, one token per forward pass."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, script: list[int]) -> None:
+        self.script = script
+        self.calls = 0
+
+    def forward(self, input_ids: torch.Tensor, past_key_values: object = None, use_cache: bool = True) -> Any:
+        logits = torch.zeros(input_ids.shape[0], 1, len(ByteTokenizer.PIECES))
+        logits[:, -1, self.script[self.calls]] = 1.0
+        self.calls += 1
+        return SimpleNamespace(logits=logits, past_key_values=None)
+
+    __call__ = forward
+
+
+def _decode(script: list[int], max_tokens: int, stop: tuple[str, ...] = (), abort_after: int = 99) -> list[Delta]:
+    model = ScriptedModel(script)
+    deltas: list[Delta] = []
+    generate(
+        model,
+        TextCodec(ByteTokenizer()),
+        [1],
+        max_tokens,
+        SamplingParams(temperature=0.0, stop=stop),
+        deltas.append,
+        lambda: model.calls >= abort_after,
+    )
+    return deltas
+
+
+def test_a_stop_sequence_across_tokens_is_cut_and_never_streamed_in_part() -> None:
+    deltas = _decode([1, 2, 3, 4, 5, 6], max_tokens=10, stop=("<|end|>",))
+    assert "".join(d.text for d in deltas) == "Hello world"
+    assert all("<" not in d.text for d in deltas)
+    assert (deltas[-1].finish_reason, deltas[-1].stop_reason, deltas[-1].tokens) == ("stop", "<|end|>", 5)
+    assert [d.finish_reason for d in deltas[:-1]] == [None] * (len(deltas) - 1)
+
+
+def test_half_a_character_waits_for_the_rest() -> None:
+    deltas = _decode([7, 8, 9], max_tokens=3)
+    assert [d.text for d in deltas] == ["caf", "é!", " x"]
+    assert (deltas[-1].finish_reason, deltas[-1].tokens) == ("length", 3)
+
+
+def test_eos_ends_with_stop_and_counts_the_eos_token() -> None:
+    deltas = _decode([1, 0, 6], max_tokens=5)
+    assert "".join(d.text for d in deltas) == "Hello"
+    assert (deltas[-1].finish_reason, deltas[-1].stop_reason, deltas[-1].tokens) == ("stop", None, 2)
+
+
+def test_abort_ends_unfinished_sequences_with_abort() -> None:
+    deltas = _decode([1, 2, 6, 6, 6], max_tokens=5, abort_after=2)
+    assert "".join(d.text for d in deltas) == "Hello wor"
+    assert deltas[-1].finish_reason == "abort"
+
+
+def test_sampling_is_reproducible_with_a_seed_and_top_p_keeps_the_nucleus() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.1]] * 64)
+    params = SamplingParams(n=64, temperature=1.0)
+
+    def draw(seed: int, top_p: float = 1.0) -> list[int]:
+        generator = torch.Generator().manual_seed(seed)
+        tokens: list[int] = sample(logits, SamplingParams(n=64, temperature=1.0, top_p=top_p), generator).tolist()
+        return tokens
+
+    assert draw(5) == draw(5)
+    assert len(set(draw(5))) > 1
+    assert set(draw(5, top_p=0.5)) == {0}  # token 0 alone holds more than half the mass
+    assert sample(logits, params, None).tolist() == [0] * 64  # no generator: greedy
+
+
+# The queue and the door ----------------------------------------------------------------------------
+
+
+class FakeJob(Job):
+    """Blocks the model thread until `proceed` is set (or it is aborted); reports how it ended."""
+
+    def __init__(self, hold: bool = False) -> None:
+        super().__init__()
+        self.started = threading.Event()
+        self.proceed = threading.Event()
+        if not hold:
+            self.proceed.set()
+        self.outcome: asyncio.Future[str] = self._loop.create_future()
+
+    def run(self) -> None:
+        self.started.set()
+        while not self.proceed.wait(0.005) and not self.aborted:
+            pass
+        self._loop.call_soon_threadsafe(self.outcome.set_result, "aborted" if self.aborted else "ran")
+
+    def abandon(self) -> None:
+        self.outcome.set_result("abandoned")
+
+
+@pytest.fixture
+async def engine() -> Any:
+    holder = ModelHolder(lambda: torch.nn.Linear(2, 2))
+    holder.load()
+    engine = Engine(SleepManager(holder), max_waiting=3, sleep_wait_timeout=0.3)
+    engine.start()
+    yield engine
+    await engine.close()
+
+
+async def _started(job: FakeJob) -> None:
+    assert await asyncio.to_thread(job.started.wait, 5)
+
+
+async def _idle(engine: Engine) -> None:
+    """The worker counts a job done a moment after the job reports its outcome."""
+    async with asyncio.timeout(5):
+        while True:
+            if (engine.running, engine.waiting) == (0, 0):
+                return
+            await asyncio.sleep(0.005)
+
+
+async def test_a_full_queue_answers_429_with_retry_after(engine: Engine) -> None:
+    running = FakeJob(hold=True)
+    await engine.submit(running)
+    await _started(running)
+    queued = [FakeJob() for _ in range(3)]
+    for job in queued:
+        await engine.submit(job)
+    assert (engine.running, engine.waiting) == (1, 3)
+    with pytest.raises(ApiError) as refused:
+        await engine.submit(FakeJob())
+    assert refused.value.status == 429
+    assert refused.value.headers == {"Retry-After": "1"}
+    running.proceed.set()
+    assert [await job.outcome for job in [running, *queued]] == ["ran"] * 4
+    await _idle(engine)
+
+
+async def test_asleep_requests_wait_then_run_after_wake_or_get_503_after_the_timeout(engine: Engine) -> None:
+    await engine.sleep(1, "wait")
+    with pytest.raises(ApiError) as late:
+        await engine.submit(FakeJob())
+    assert late.value.status == 503
+    assert engine.waiting == 0
+
+    held = FakeJob()
+    submitting = asyncio.create_task(engine.submit(held))
+    await asyncio.sleep(0.1)
+    assert engine.waiting == 1
+    assert not held.started.is_set()
+    assert await engine.wake_up(None) is True
+    await submitting
+    assert await held.outcome == "ran"
+
+
+async def test_sleep_with_abort_stops_the_running_request_and_drops_the_queued_ones(engine: Engine) -> None:
+    running, queued = FakeJob(hold=True), FakeJob()
+    await engine.submit(running)
+    await _started(running)
+    await engine.submit(queued)
+    await engine.sleep(1, "abort")
+    assert [await running.outcome, await queued.outcome] == ["aborted", "abandoned"]
+    assert engine.is_sleeping
+    assert engine.waiting == 0
+    await engine.wake_up(None)
+
+
+async def test_sleep_with_wait_lets_queued_requests_finish_first(engine: Engine) -> None:
+    running, queued = FakeJob(hold=True), FakeJob()
+    await engine.submit(running)
+    await _started(running)
+    await engine.submit(queued)
+    sleeping = asyncio.create_task(engine.sleep(2, "wait"))
+    await asyncio.sleep(0.1)
+    assert not sleeping.done()
+    assert not engine.is_sleeping
+    running.proceed.set()
+    await sleeping
+    assert [await running.outcome, await queued.outcome] == ["ran", "ran"]
+    assert engine.sleep_level == 2
+
+
+async def test_call_returns_the_result_or_raises_and_close_refuses_held_requests(engine: Engine) -> None:
+    assert await engine.call(lambda: threading.current_thread().name.startswith("model")) is True
+    with pytest.raises(ZeroDivisionError):
+        await engine.call(lambda: 1 // 0)
+    await engine.sleep(0, "wait")
+    held = asyncio.create_task(engine.call(lambda: "never"))
+    await asyncio.sleep(0.05)
+    await engine.close()
+    with pytest.raises(ApiError, match="shutting down"):
+        await held
+
+
+async def test_an_abandoned_call_gets_503() -> None:
+    job = CallJob(lambda: 1)
+    job.abandon()
+    with pytest.raises(ApiError) as aborted:
+        await job.result()
+    assert aborted.value.status == 503
+
+
+# LoRA rules, flags, checkpoint choices -------------------------------------------------------------
+
+
+def test_lora_modules_parse_vllm_syntax() -> None:
+    assert parse_lora_module("a=/x/y") == Adapter("a", "/x/y")
+    assert parse_lora_module('{"name": "b", "path": "/p", "base_model_name": "m"}') == Adapter("b", "/p", "m")
+    for bad in ("nopath", "=x", '{"name": "c"}'):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_lora_module(bad)
+
+
+def test_adapter_registry_follows_vllms_load_and_unload_rules() -> None:
+    registry = AdapterRegistry(["base"])
+    registry.register(Adapter("a", "/a"))
+    for adapter, message in [
+        (Adapter("a", "/other"), "has already been loaded"),
+        (Adapter("base", "/b"), "conflicts with a served base model"),
+        (Adapter("", "/b"), "must be provided"),
+    ]:
+        with pytest.raises(ApiError, match=message) as refused, registry.loading(adapter):
+            pass
+        assert refused.value.status == 400
+    with pytest.raises(ApiError) as missing, registry.unloading("zzz"):
+        pass
+    assert missing.value.status == 404
+    seen_while_unloading: list[Adapter | None] = []
+
+    def failed_unload() -> None:
+        with registry.unloading("a"):
+            seen_while_unloading.append(registry.lookup("a"))
+            raise RuntimeError("detaching failed")
+
+    with pytest.raises(RuntimeError):
+        failed_unload()
+    assert seen_while_unloading == [None]  # withdrawn while unloading,
+    assert registry.lookup("a") == Adapter("a", "/a")  # and back after the failure
+    with (
+        registry.loading(Adapter("b", "/b")),
+        pytest.raises(ApiError, match="already"),
+        registry.loading(Adapter("b", "/b")),
+    ):
+        pass
+    assert [a.name for a in registry] == ["a", "b"]
+
+
+def test_vllm_flags_are_parsed_or_ignored() -> None:
+    args, ignored = build_parser().parse_known_args(
+        [
+            "--model",
+            "/m",
+            "--served-model-name",
+            "tiny",
+            "t2",
+            "--max-model-len",
+            "auto",
+            "--dtype",
+            "float32",
+            "--enforce-eager",
+            "--kv-cache-memory-bytes",
+            "67108864",
+            "--lora-modules",
+            "a=/l",
+            "--max-lora-rank",
+            "8",
+        ]
+    )
+    assert (args.model, args.served_model_name) == ("/m", ["tiny", "t2"])
+    assert (args.max_model_len, args.dtype) == (None, "float32")
+    assert args.lora_modules == [Adapter("a", "/l")]
+    assert ignored == ["--enforce-eager", "--kv-cache-memory-bytes", "67108864", "--max-lora-rank", "8"]
+
+
+def test_dtype_auto_is_float32_on_cpu_and_explicit_choices_win() -> None:
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu, torch.bfloat16) == torch.float32
+    assert resolve_dtype("half", cpu, None) == torch.float16
+    assert resolve_dtype("bfloat16", cpu, "float32") == torch.bfloat16
+
+
+def test_a_context_longer_than_the_models_is_refused(model_a: Path) -> None:
+    checkpoint = Checkpoint.inspect(model_a, "auto", "cpu", None)
+    assert (checkpoint.max_model_len, checkpoint.dtype, checkpoint.eos_ids) == (512, torch.float32, frozenset({2}))
+    with pytest.raises(ValueError, match="exceeds the model's maximum context of 512"):
+        Checkpoint.inspect(model_a, "auto", "cpu", 513)

@@ -1,0 +1,379 @@
+"""The HTTP surface: vLLM's OpenAI routes, health, metrics, dev sleep/wake and LoRA load/unload."""
+
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+
+from .engine import Done, Engine, Failed, GenerationJob, ModelContext, Prompt
+from .errors import ApiError
+from .generation import Delta
+from .lora import Adapter, AdapterRegistry
+from .metrics import Metrics
+from .model import Checkpoint
+from .protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatStreamChoice,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    LoadLoraAdapterRequest,
+    ModelCard,
+    ModelList,
+    UnloadLoraAdapterRequest,
+    Usage,
+    chat_completion_id,
+    completion_id,
+)
+from .sleep import LEVELS, TAGS
+from .streaming import SseStream
+from .text import NoChatTemplate
+
+log = logging.getLogger("transformers_runtime")
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+M = TypeVar("M", bound=BaseModel)
+SLEEP_MODES: dict[str, Literal["abort", "wait"]] = {"abort": "abort", "wait": "wait"}
+
+
+@dataclass
+class ServerState:
+    served_names: list[str]
+    checkpoint: Checkpoint
+    context: ModelContext
+    engine: Engine
+    registry: AdapterRegistry
+    metrics: Metrics
+    lora_enabled: bool
+    vocab_size: int
+    max_num_seqs: int
+
+    def resolve(self, name: str | None) -> tuple[str, Adapter | None]:
+        """The name to answer with, and the adapter to generate with (None: the base model)."""
+        if not name or name in self.served_names:
+            return name or self.served_names[0], None
+        adapter = self.registry.lookup(name)
+        if adapter is None:
+            raise ApiError(404, f"The model `{name}` does not exist.", "model")
+        return name, adapter
+
+    def sampling_defaults(self) -> tuple[float, float]:
+        """vLLM takes temperature and top_p defaults from the model's generation_config.json."""
+        defaults = self.checkpoint.generation_defaults
+        return float(defaults.get("temperature", 1.0)), float(defaults.get("top_p", 1.0))
+
+
+STATE = web.AppKey("state", ServerState)
+
+
+def _parse(model: type[M], body: object) -> M:
+    try:
+        return model.model_validate(body)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ApiError(400, f"{where}: {first['msg']}" if where else first["msg"], where or None) from None
+
+
+async def _json_body(request: web.Request) -> object:
+    try:
+        return await request.json()
+    except json.JSONDecodeError as error:
+        raise ApiError(400, f"JSON decode error: {error}", "body") from None
+
+
+# Inference -----------------------------------------------------------------------------------------
+
+
+def _prompt_ids(state: ServerState, request: CompletionRequest | ChatCompletionRequest) -> list[list[int]]:
+    codec = state.context.codec
+    if isinstance(request, ChatCompletionRequest):
+        try:
+            return [codec.render_chat(request.conversation(), request.add_generation_prompt)]
+        except NoChatTemplate as error:
+            raise ApiError(400, str(error), "messages") from None
+    prompts = []
+    for prompt in request.prompt:
+        if isinstance(prompt, str):
+            prompts.append(codec.encode(prompt, add_special_tokens=True))
+        elif all(0 <= token < state.vocab_size for token in prompt):
+            prompts.append(prompt)
+        else:
+            raise ApiError(400, f"Token ids must be in [0, {state.vocab_size}).", "prompt")
+    return prompts
+
+
+def _budget(state: ServerState, request: CompletionRequest | ChatCompletionRequest, ids: list[int]) -> Prompt:
+    limit = state.checkpoint.max_model_len
+    if len(ids) >= limit:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {limit} tokens. However, your prompt contains {len(ids)} "
+            "input tokens, which leaves no room for any output token. Please reduce the length of the input prompt.",
+            "input_tokens",
+        )
+    return Prompt(ids, request.max_new_tokens(len(ids), limit))
+
+
+async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
+    state = request.app[STATE]
+    body = await _json_body(request)
+    parsed = _parse(ChatCompletionRequest, body) if chat else _parse(CompletionRequest, body)
+    model_name, adapter = state.resolve(parsed.model)
+    params = parsed.sampling(*state.sampling_defaults())
+    if params.n > state.max_num_seqs:  # vLLM would queue them; here they would all be one batch
+        raise ApiError(400, f"n must be at most {state.max_num_seqs} (--max-num-seqs), got {params.n}.", "n")
+    prompts = [_budget(state, parsed, ids) for ids in _prompt_ids(state, parsed)]
+    job = GenerationJob(state.context, prompts, params, adapter)
+    await state.engine.submit(job)
+    reply = _Reply(chat, model_name, sum(len(p.token_ids) for p in prompts), job.choices)
+    try:
+        if parsed.stream:
+            return await _stream(request, job, reply, parsed.include_usage)
+        async for event in job.events():
+            if isinstance(event, Failed):
+                raise ApiError(500, event.message, err_type="InternalServerError")
+            if isinstance(event, Delta):
+                reply.add(event)
+        return web.json_response(reply.response().model_dump(mode="json"))
+    finally:
+        job.abort()  # a no-op once finished; stops the model thread when the client went away
+        state.metrics.prompt_tokens.inc(reply.prompt_tokens)
+        state.metrics.generation_tokens.inc(reply.completion_tokens)
+
+
+class _Reply:
+    """One request's answer, assembled from its deltas: whole, or chunk by chunk."""
+
+    def __init__(self, chat: bool, model: str, prompt_tokens: int, choices: int) -> None:
+        self.chat = chat
+        self.model = model
+        self.id = chat_completion_id() if chat else completion_id()
+        self.created = int(time.time())
+        self.prompt_tokens = prompt_tokens
+        self.completion_tokens = 0
+        self.texts = [""] * choices
+        self.finished: list[Delta | None] = [None] * choices
+
+    def add(self, delta: Delta) -> None:
+        self.texts[delta.index] += delta.text
+        if delta.finish_reason is not None:
+            self.finished[delta.index] = delta
+            self.completion_tokens += delta.tokens
+
+    def usage(self) -> Usage:
+        return Usage.of(self.prompt_tokens, self.completion_tokens)
+
+    def response(self) -> CompletionResponse | ChatCompletionResponse:
+        ends = [(d.finish_reason, d.stop_reason) if d else (None, None) for d in self.finished]
+        if self.chat:
+            chat_choices = [
+                ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=end, stop_reason=stop)
+                for i, (text, (end, stop)) in enumerate(zip(self.texts, ends, strict=True))
+            ]
+            return ChatCompletionResponse(
+                id=self.id, created=self.created, model=self.model, choices=chat_choices, usage=self.usage()
+            )
+        choices = [
+            CompletionChoice(index=i, text=text, finish_reason=end, stop_reason=stop)
+            for i, (text, (end, stop)) in enumerate(zip(self.texts, ends, strict=True))
+        ]
+        return CompletionResponse(
+            id=self.id, created=self.created, model=self.model, choices=choices, usage=self.usage()
+        )
+
+    def chunk(self, index: int, text: str, delta: Delta | None = None, role: bool = False) -> BaseModel:
+        """One streamed piece of choice `index`; `delta` when it is the last (it carries the finish reason)."""
+        end, stop = (delta.finish_reason, delta.stop_reason) if delta else (None, None)
+        if self.chat:
+            content = {"role": "assistant", "content": text} if role else {"content": text}
+            choice = ChatStreamChoice(index=index, delta=content, finish_reason=end, stop_reason=stop)
+            return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
+        piece = CompletionChoice(index=index, text=text, finish_reason=end, stop_reason=stop)
+        return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[piece])
+
+    def usage_chunk(self) -> BaseModel:
+        """The extra last chunk of `stream_options.include_usage`: no choices, only usage."""
+        if self.chat:
+            return ChatCompletionChunk(
+                id=self.id, created=self.created, model=self.model, choices=[], usage=self.usage()
+            )
+        return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[], usage=self.usage())
+
+
+async def _stream(request: web.Request, job: GenerationJob, reply: _Reply, include_usage: bool) -> web.StreamResponse:
+    sse = await SseStream.open(request)
+    try:
+        if reply.chat:  # vLLM opens every chat choice with the role
+            for index in range(job.choices):
+                await sse.send(reply.chunk(index, "", role=True))
+        async for event in job.events():
+            if isinstance(event, Failed):
+                await sse.send_error(ApiError(500, event.message, err_type="InternalServerError"))
+            elif isinstance(event, Done):
+                if include_usage:
+                    await sse.send(reply.usage_chunk())
+            else:
+                reply.add(event)
+                if event.text or event.finish_reason:
+                    await sse.send(reply.chunk(event.index, event.text, event if event.finish_reason else None))
+        return await sse.close()
+    except ConnectionResetError:  # the client left; `finally` in the caller stops the generation
+        return sse.response
+
+
+async def _completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=False)
+
+
+async def _chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _generate(request, chat=True)
+
+
+# Models, health, metrics ---------------------------------------------------------------------------
+
+
+async def _models(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    root = str(state.checkpoint.path)
+    cards = [ModelCard(id=name, root=root, max_model_len=state.checkpoint.max_model_len) for name in state.served_names]
+    cards += [
+        ModelCard(id=a.name, root=a.path, parent=a.base_model_name or state.served_names[0]) for a in state.registry
+    ]
+    return web.json_response(ModelList(data=cards).model_dump(mode="json"))
+
+
+async def _health(request: web.Request) -> web.Response:
+    """200 once serving, asleep or not, as vLLM's: the weights are gone at level 2, but the server is alive."""
+    return web.Response()
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    body = generate_latest(request.app[STATE].metrics.registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+# Sleep and wake ------------------------------------------------------------------------------------
+
+
+async def _sleep(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    raw_level = request.query.get("level", "1")
+    if raw_level not in {str(level) for level in LEVELS}:
+        raise ApiError(400, f"level must be 0, 1 or 2, got {raw_level!r}.", "query.level")
+    level = int(raw_level)
+    raw_mode = request.query.get("mode", "abort")
+    if raw_mode not in SLEEP_MODES:
+        raise ApiError(400, f"mode must be abort or wait, got {raw_mode!r}; keep is not supported here.", "query.mode")
+    with state.metrics.transition_seconds.labels("sleep", raw_level).time():
+        await state.engine.sleep(level, SLEEP_MODES[raw_mode])
+    return web.json_response({"status": "sleeping", "level": level})
+
+
+async def _wake_up(request: web.Request) -> web.Response:
+    state = request.app[STATE]
+    tags = request.query.getall("tags", None)
+    if tags is not None and (unknown := set(tags) - TAGS):
+        raise ApiError(400, f"unknown tags {sorted(unknown)}; the tags are {sorted(TAGS)}.", "query.tags")
+    level = state.engine.sleep_level
+    with state.metrics.transition_seconds.labels("wake", "awake" if level is None else str(level)).time():
+        awake = await state.engine.wake_up(tags)
+    return web.json_response({"status": "awake" if awake else "sleeping", "tags": tags})
+
+
+async def _is_sleeping(request: web.Request) -> web.Response:
+    return web.json_response({"is_sleeping": request.app[STATE].engine.is_sleeping})
+
+
+# LoRA ----------------------------------------------------------------------------------------------
+
+
+def _lora_state(request: web.Request) -> ServerState:
+    state = request.app[STATE]
+    if not state.lora_enabled:
+        raise ApiError(404, "LoRA adapters are not enabled on this server; start it with --enable-lora.")
+    return state
+
+
+async def _load_lora_adapter(request: web.Request) -> web.Response:
+    state = _lora_state(request)
+    body = _parse(LoadLoraAdapterRequest, await _json_body(request))
+    adapter = Adapter(body.lora_name, body.lora_path)
+    slots, holder = state.context.slots, state.context.holder
+    with state.registry.loading(adapter):
+        await state.engine.call(lambda: slots.attach(holder.module, adapter))
+    log.info("loaded LoRA adapter %s from %s", adapter.name, adapter.path)
+    return web.Response(text=f"Success: LoRA adapter '{adapter.name}' added successfully.")
+
+
+async def _unload_lora_adapter(request: web.Request) -> web.Response:
+    state = _lora_state(request)
+    body = _parse(UnloadLoraAdapterRequest, await _json_body(request))
+    slots, holder = state.context.slots, state.context.holder
+    with state.registry.unloading(body.lora_name) as adapter:
+        await state.engine.call(lambda: slots.detach(holder.module, adapter.name))
+    log.info("unloaded LoRA adapter %s", adapter.name)
+    return web.Response(text=f"Success: LoRA adapter '{adapter.name}' removed successfully.")
+
+
+# The application -----------------------------------------------------------------------------------
+
+
+@web.middleware
+async def _observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Count and time every request by its route pattern (bounded label values, unlike raw paths)."""
+    started = time.perf_counter()
+    code = 500
+    try:
+        response = await handler(request)
+        code = response.status
+        return response
+    except web.HTTPException as error:
+        code = error.status
+        raise
+    finally:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        metrics = request.app[STATE].metrics
+        metrics.http_requests.labels(route, request.method, str(code)).inc()
+        metrics.http_seconds.labels(route, request.method).observe(time.perf_counter() - started)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """OpenAI error bodies for everything a handler raises; a failure never takes the server down."""
+    try:
+        return await handler(request)
+    except ApiError as error:
+        return error.response()
+    except web.HTTPException:
+        raise
+    except Exception as error:
+        log.exception("%s %s failed", request.method, request.path)
+        return ApiError(500, f"{type(error).__name__}: {error}", err_type="InternalServerError").response()
+
+
+def create_app(state: ServerState) -> web.Application:
+    app = web.Application(middlewares=[_observe, _errors])
+    app[STATE] = state
+    for path in ("/health", "/healthz"):
+        app.router.add_get(path, _health)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/v1/chat/completions", _chat_completions)
+    app.router.add_post("/sleep", _sleep)
+    app.router.add_post("/wake_up", _wake_up)
+    app.router.add_get("/is_sleeping", _is_sleeping)
+    app.router.add_post("/v1/load_lora_adapter", _load_lora_adapter)
+    app.router.add_post("/v1/unload_lora_adapter", _unload_lora_adapter)
+    return app

@@ -1,0 +1,261 @@
+"""OpenAI request and response bodies (the subset vLLM's server accepts that this runtime implements).
+
+Requests ignore unknown fields, as vLLM does; features vLLM has and this runtime lacks (logprobs,
+penalties, tools, structured output...) are refused with a 400 rather than silently dropped, so a
+client never gets an answer that quietly ignored what it asked for.
+"""
+
+import math
+import time
+import uuid
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+from .errors import ApiError
+from .generation import FinishReason, SamplingParams
+
+# The neutral value of each refused feature: a request may send it, but nothing else.
+_NEUTRAL: dict[str, tuple[object, ...]] = {
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "logprobs": (None, False),
+    "top_logprobs": (None, 0),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+    "best_of": (None, 1),
+    "tools": (None, []),
+    "response_format": (None, {"type": "text"}),
+}
+GREEDY_EPSILON = 1e-5  # vLLM's: a temperature below it means greedy decoding
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Body):
+    include_usage: bool = False
+
+
+class _GenerationRequest(_Body):
+    """What completions and chat completions share: the model, sampling and delivery."""
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    max_tokens: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: Any = None
+    logit_bias: dict[str, float] | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+
+    unsupported: ClassVar[tuple[str, ...]] = ("logprobs", "logit_bias", "presence_penalty", "frequency_penalty")
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def max_new_tokens(self, prompt_tokens: int, max_model_len: int) -> int:
+        """vLLM's rule: what was asked for (all the room left if nothing), never beyond the context."""
+        room = max_model_len - prompt_tokens
+        requested = self.requested_max_tokens()
+        return room if requested is None else min(requested, room)
+
+    def sampling(self, default_temperature: float, default_top_p: float) -> SamplingParams:
+        """Validate the sampling fields with vLLM's messages; 400 on the first bad one."""
+        for name in self.unsupported:
+            value = getattr(self, name)
+            if value not in _NEUTRAL[name]:
+                raise ApiError(400, f"{name} is not supported by the transformers runtime.", name)
+        temperature = default_temperature if self.temperature is None else self.temperature
+        top_p = default_top_p if self.top_p is None else self.top_p
+        if not math.isfinite(temperature) or not 0.0 <= temperature <= 2.0:
+            raise ApiError(400, f"temperature must be in [0, 2], got {temperature}.", "temperature")
+        if not 0.0 < top_p <= 1.0:
+            raise ApiError(400, f"top_p must be in (0, 1], got {top_p}.", "top_p")
+        if self.n < 1:
+            raise ApiError(400, f"n must be at least 1, got {self.n}.", "n")
+        greedy = temperature < GREEDY_EPSILON
+        if greedy and self.n > 1:
+            raise ApiError(400, f"n must be 1 when using greedy sampling, got {self.n}.", "n")
+        max_tokens = self.requested_max_tokens()
+        if max_tokens is not None and max_tokens < 1:
+            raise ApiError(400, f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
+        stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return SamplingParams(
+            n=self.n,
+            temperature=0.0 if greedy else temperature,
+            top_p=1.0 if greedy else top_p,
+            seed=self.seed,
+            stop=tuple(s for s in stop if s),
+        )
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+def _prompt_list(value: object) -> object:
+    """OpenAI's `prompt` is one text, a list of texts, one list of token ids, or a list of those."""
+    if isinstance(value, str) or (isinstance(value, list) and value and isinstance(value[0], int)):
+        return [value]
+    return value
+
+
+class CompletionRequest(_GenerationRequest):
+    prompt: Annotated[list[str | list[int]], BeforeValidator(_prompt_list), Field(min_length=1)]
+    max_tokens: int | None = 16  # vLLM's and OpenAI's default for legacy completions
+    echo: bool | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    unsupported = (*_GenerationRequest.unsupported, "echo", "suffix", "best_of")
+
+
+class ContentPart(_Body):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Body):
+    role: str
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str:
+        """The message's text; parts other than text have no meaning to a text-only model."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
+        for part in self.content:
+            if part.type != "text":
+                raise ApiError(400, f"content parts of type {part.type!r} are not supported.", "messages")
+        return "".join(part.text or "" for part in self.content)
+
+
+class ChatCompletionRequest(_GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+
+    unsupported = (*_GenerationRequest.unsupported, "top_logprobs", "tools", "response_format")
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def conversation(self) -> list[dict[str, str]]:
+        return [{"role": m.role, "content": m.text()} for m in self.messages]
+
+
+# Responses ---------------------------------------------------------------------------------------
+
+
+def _created() -> int:
+    return int(time.time())
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+    completion_tokens: int
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int) -> "Usage":
+        return cls(
+            prompt_tokens=prompt_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            completion_tokens=completion_tokens,
+        )
+
+
+class _Envelope(BaseModel):
+    id: str
+    created: int = Field(default_factory=_created)
+    model: str
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | None = None
+
+
+class CompletionResponse(_Envelope):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | None = None
+
+
+class ChatCompletionResponse(_Envelope):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatStreamChoice(BaseModel):
+    index: int
+    delta: dict[str, str]  # {"role": "assistant", "content": ""} first, then {"content": ...}
+    logprobs: None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: str | None = None
+
+
+class ChatCompletionChunk(_Envelope):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatStreamChoice]
+    usage: Usage | None = None
+
+
+def completion_id() -> str:
+    return f"cmpl-{uuid.uuid4().hex}"
+
+
+def chat_completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex}"
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=_created)
+    owned_by: str = "dualpods"
+    root: str
+    parent: str | None = None
+    max_model_len: int | None = None
+    permission: list[Any] = Field(default_factory=list)
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class LoadLoraAdapterRequest(_Body):
+    lora_name: str = ""
+    lora_path: str = ""
+
+
+class UnloadLoraAdapterRequest(_Body):
+    lora_name: str = ""
