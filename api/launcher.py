@@ -20,6 +20,10 @@ class VllmConfig(BaseModel):
     gpu_uuids: list[str] | None = None
     env_vars: dict[str, str] | None = None
     annotations: dict[str, str] | None = None
+    # dualpods extensions: the model-server runtime (E4; default vllm) and the GPU memory to leave
+    # for the sleeping instances the LauncherConfig allows (E6; used to size vLLM's share).
+    runtime: str | None = None
+    gpu_sleeper_reserve_bytes: int | None = Field(default=None, ge=0)
 
 
 class InstanceStatus(StrEnum):
@@ -47,7 +51,8 @@ class InstanceState(BaseModel):
     gpu_uuids: list[str] | None = None
     env_vars: dict[str, str] | None = None
     annotations: dict[str, str] | None = None
-    # dualpods extensions (E1, E6): readiness, sleep state, effective command line, exit code.
+    # dualpods extensions (E1, E4, E6): readiness, sleep state, runtime, effective command line, exit code.
+    runtime: str | None = None
     ready: bool = False
     sleeping: bool = False
     sleep_level: int | None = None

@@ -21,7 +21,7 @@ from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES
 from .events import HISTORY_SIZE, EventLog
 from .instances import InstanceManager
 from .metrics import LauncherMetrics
-from .runtimes import Runtime, StandInRuntime, VllmRuntime
+from .runtimes import Runtime, StandInRuntime, TransformersRuntime, VllmRuntime
 
 log = logging.getLogger("launcher")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -82,10 +82,12 @@ def read_token(path: str | None) -> str:
     return token
 
 
-def make_runtime(args: argparse.Namespace) -> Runtime:
+def make_runtimes(args: argparse.Namespace) -> dict[str, Runtime]:
+    """The runtimes instances may ask for (E4); the stand-in stands in for all of them in tests."""
     if args.stand_in:
-        return StandInRuntime()
-    return VllmRuntime(cpu_kv_cache_bytes=args.cpu_kv_cache_bytes)
+        standin = StandInRuntime()
+        return {"vllm": standin, "transformers": standin}
+    return {"vllm": VllmRuntime(), "transformers": TransformersRuntime()}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -97,14 +99,15 @@ def main(argv: list[str] | None = None) -> None:
     )
     token = read_token(args.auth_token_file)
     process_control.become_subreaper()
-    runtime = make_runtime(args)
+    runtimes = make_runtimes(args)
     metrics = LauncherMetrics()
-    log.info("preloading the %s runtime", runtime.name)
     started = time.monotonic()
-    runtime.preload()
+    for runtime in {id(r): r for r in runtimes.values()}.values():
+        log.info("preloading the %s runtime", runtime.name)
+        runtime.preload()
     preload_seconds = time.monotonic() - started
     metrics.preload_seconds.set(preload_seconds)
-    log.info("preloaded the %s runtime in %.1f s", runtime.name, preload_seconds)
+    log.info("preloaded %s in %.1f s", ", ".join(sorted(runtimes)), preload_seconds)
 
     own_state_dir = args.state_dir is None
     state_dir: Path = Path(tempfile.mkdtemp(prefix="dualpods-launcher-")) if own_state_dir else args.state_dir
@@ -112,7 +115,14 @@ def main(argv: list[str] | None = None) -> None:
     inventory = gpus.inventory(args.mock_gpus, os.environ.get("NODE_NAME"), os.environ.get("NAMESPACE"))
     log.info("GPUs come from %s", inventory.source)
     manager = InstanceManager(
-        runtime, inventory, metrics, EventLog(args.watch_history), args.host, state_dir, args.stop_grace_seconds
+        runtimes,
+        inventory,
+        metrics,
+        EventLog(args.watch_history),
+        args.host,
+        state_dir,
+        args.stop_grace_seconds,
+        args.cpu_kv_cache_bytes,
     )
     app = build_app(manager, token)
 

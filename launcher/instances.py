@@ -31,7 +31,8 @@ from api.launcher import (
     VllmConfig,
 )
 
-from . import process_control
+from . import gpu_memory, process_control
+from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES, Machine
 from .errors import BackendError, BadRequest, Conflict, NotFound
 from .events import EventLog
 from .fork import fork_instance
@@ -39,7 +40,7 @@ from .gpu_usage import gpu_memory_by_pid
 from .gpus import GpuInventory
 from .metrics import LauncherMetrics
 from .process_stats import ProcessTreeStats
-from .runtimes import Runtime
+from .runtimes import ParsedOptions, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ SLEEP_STATE_TIMEOUT = aiohttp.ClientTimeout(total=2)
 class Instance:
     id: str
     config: VllmConfig
+    runtime: Runtime
     argv: list[str]
     defaults_applied: dict[str, str]
     port: int
@@ -93,6 +95,7 @@ class Instance:
             gpu_uuids=self.config.gpu_uuids,
             env_vars=self.config.env_vars,
             annotations=self.config.annotations,
+            runtime=self.runtime.name,
             ready=self.ready,
             sleeping=self.sleeping,
             sleep_level=self.sleep_level,
@@ -107,15 +110,17 @@ class Instance:
 class InstanceManager:
     def __init__(
         self,
-        runtime: Runtime,
+        runtimes: dict[str, Runtime],
         gpus: GpuInventory,
         metrics: LauncherMetrics,
         events: EventLog,
         host: str,
         state_dir: Path,
         stop_grace_seconds: float,
+        cpu_kv_cache_bytes: int = DEFAULT_CPU_KV_CACHE_BYTES,
     ) -> None:
-        self.runtime = runtime
+        self.runtimes = runtimes
+        self.cpu_kv_cache_bytes = cpu_kv_cache_bytes
         self.gpus = gpus
         self.metrics = metrics
         self.host = host
@@ -189,13 +194,14 @@ class InstanceManager:
             argv = shlex.split(config.options)
         except ValueError as err:
             raise BadRequest(f"invalid options: cannot split {config.options!r}: {err}") from None
-        parsed = self.runtime.parse(argv)
+        runtime = self._runtime(config.runtime)
+        parsed = runtime.parse(argv)
         if "host" in parsed.explicit and parsed.values.host != self.host:
             raise BadRequest(
                 f"invalid options: --host {parsed.values.host} is not this launcher's address {self.host}; "
                 "leave --host out and the launcher sets it"
             )
-        defaults = self.runtime.defaults(parsed)
+        defaults = runtime.defaults(parsed, await self._machine(runtime, parsed, env, config))
         effective = [*argv, *defaults.flags]
         if "host" not in parsed.explicit:
             effective += ["--host", self.host]
@@ -210,13 +216,14 @@ class InstanceManager:
         work_dir = self.state_dir / instance_id
         work_dir.mkdir(parents=True, exist_ok=True)
         temp_dir = _short_temp_dir()
-        child_env = {**self.runtime.child_environment(), "TMPDIR": str(temp_dir), **env}
+        child_env = {**runtime.child_environment(), "TMPDIR": str(temp_dir), **env}
         started = time.monotonic()
-        pid = fork_instance(self.runtime, effective, child_env, work_dir / "log", f"dualpods-instance {instance_id}")
+        pid = fork_instance(runtime, effective, child_env, work_dir / "log", f"dualpods-instance {instance_id}")
         self.metrics.fork_seconds.observe(time.monotonic() - started)
         instance = Instance(
             id=instance_id,
             config=config,
+            runtime=runtime,
             argv=effective,
             defaults_applied=defaults.chosen,
             port=port,
@@ -235,6 +242,24 @@ class InstanceManager:
         self.reaper.watch(pid, lambda code: self._on_exit(instance, code))
         self._spawn(self._await_ready(instance))
         return instance.state()
+
+    def _runtime(self, name: str | None) -> Runtime:
+        runtime = self.runtimes.get(name or "vllm")
+        if runtime is None:
+            raise BadRequest(f"unknown runtime {name!r}; this launcher runs: {', '.join(sorted(self.runtimes))}")
+        return runtime
+
+    async def _machine(
+        self, runtime: Runtime, parsed: ParsedOptions, env: dict[str, str], config: VllmConfig
+    ) -> Machine:
+        """What the engine defaults depend on; GPU memory is measured only when they need it."""
+        gpus = await gpu_memory.measure(env.get("CUDA_VISIBLE_DEVICES")) if runtime.wants_gpu_memory(parsed) else None
+        return Machine(
+            on_cpu=runtime.on_cpu,
+            gpus=gpus,
+            cpu_kv_cache_bytes=self.cpu_kv_cache_bytes,
+            sleeper_reserve_bytes=config.gpu_sleeper_reserve_bytes or 0,
+        )
 
     async def _await_ready(self, instance: Instance) -> None:
         """Poll the new server's /health until it answers; only during start-up."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from .engine_defaults import EngineDefaults, cpu_defaults, gpu_defaults
+from .engine_defaults import EngineDefaults, Machine, transformers_defaults, vllm_defaults
 from .errors import BadRequest
 
 _UNSET: Any = object()
@@ -31,6 +31,7 @@ class ParsedOptions:
 
 class Runtime(ABC):
     name: str
+    on_cpu = True  # set by preload where it matters
 
     @abstractmethod
     def preload(self) -> None:
@@ -46,9 +47,13 @@ class Runtime(ABC):
     def check(self, values: argparse.Namespace) -> None:  # noqa: B027 - most runtimes need none
         """Cross-option checks the parser alone cannot do; raise ValueError/TypeError."""
 
-    def defaults(self, parsed: ParsedOptions) -> EngineDefaults:
+    def defaults(self, parsed: ParsedOptions, machine: Machine) -> EngineDefaults:
         """Flags to add when the user did not set them (E6)."""
         return EngineDefaults()
+
+    def wants_gpu_memory(self, parsed: ParsedOptions) -> bool:
+        """Whether `defaults` needs the instance's GPUs' free memory measured."""
+        return False
 
     def child_environment(self) -> dict[str, str]:
         return {}
@@ -81,6 +86,23 @@ class Runtime(ABC):
             raise BadRequest(f"invalid options: {err}") from None
 
 
+class KnownArgsRuntime(Runtime):
+    """A runtime that takes vLLM's serve flags and ignores those it does not use, so one option
+    string serves either runtime."""
+
+    def _run_parser(self, argv: list[str], namespace: argparse.Namespace | None) -> argparse.Namespace:
+        values, _ignored = self.parser.parse_known_args(argv, namespace)
+        return values
+
+
+def platform_is_cpu() -> bool:
+    """No GPU for the runtimes here. vLLM's detection uses NVML and never initialises CUDA, which a
+    process that forks must not do."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
 def _last_error(usage_and_error: str) -> str:
     """argparse prints its usage, then `prog: error: message`; keep the message."""
     lines = [line for line in usage_and_error.strip().splitlines() if line.strip()]
@@ -95,16 +117,10 @@ class VllmRuntime(Runtime):
 
     name = "vllm"
 
-    def __init__(self, cpu_kv_cache_bytes: int) -> None:
-        self.cpu_kv_cache_bytes = cpu_kv_cache_bytes
-        self.on_cpu = False
-
     def preload(self) -> None:
         for module in ("vllm.entrypoints.launchers.api_server.entry", "vllm.v1.engine.core"):
             importlib.import_module(module)
-        from vllm.platforms import current_platform
-
-        self.on_cpu = current_platform.is_cpu()
+        self.on_cpu = platform_is_cpu()
         if self.on_cpu:
             importlib.import_module("vllm.v1.worker.cpu_worker")  # the worker runs in the engine core here
             # Children inherit AMX tile permission across fork; without it a bf16 request on an
@@ -135,10 +151,11 @@ class VllmRuntime(Runtime):
                 "(the launcher's sleep/wake still pauses and resumes the engine)"
             )
 
-    def defaults(self, parsed: ParsedOptions) -> EngineDefaults:
-        if self.on_cpu:
-            return cpu_defaults(parsed.explicit, self.cpu_kv_cache_bytes)
-        return gpu_defaults(parsed.explicit)
+    def defaults(self, parsed: ParsedOptions, machine: Machine) -> EngineDefaults:
+        return vllm_defaults(parsed.explicit, machine)
+
+    def wants_gpu_memory(self, parsed: ParsedOptions) -> bool:
+        return not self.on_cpu and not parsed.explicit & {"gpu_memory_utilization", "kv_cache_memory_bytes"}
 
     def child_environment(self) -> dict[str, str]:
         env = {"VLLM_SERVER_DEV_MODE": "1"}  # the /sleep, /wake_up and /is_sleeping routes
@@ -161,8 +178,33 @@ class VllmRuntime(Runtime):
         entry.main()
 
 
-class StandInRuntime(Runtime):
-    """The test stand-in server (tests/standin) in place of vLLM, for tests that need many
+class TransformersRuntime(KnownArgsRuntime):
+    """The transformers fallback runtime (E4, E5): `python -m transformers_runtime` in the child."""
+
+    name = "transformers"
+
+    def preload(self) -> None:
+        for module in ("transformers_runtime.cli", "transformers", "peft", "torch"):
+            importlib.import_module(module)
+        self.on_cpu = platform_is_cpu()
+        self.parser  # noqa: B018
+
+    def make_parser(self) -> argparse.ArgumentParser:
+        from transformers_runtime import build_parser
+
+        return build_parser()
+
+    def defaults(self, parsed: ParsedOptions, machine: Machine) -> EngineDefaults:
+        return transformers_defaults(parsed.explicit, machine)
+
+    def serve(self, argv: list[str]) -> None:
+        from transformers_runtime import main
+
+        main(argv)
+
+
+class StandInRuntime(KnownArgsRuntime):
+    """The test stand-in server (tests/standin) in place of every runtime, for tests that need many
     instances or exact timings. It accepts vLLM's flags and ignores those it does not model."""
 
     name = "stand-in"
@@ -176,10 +218,6 @@ class StandInRuntime(Runtime):
         from tests.standin import build_parser
 
         return build_parser()
-
-    def _run_parser(self, argv: list[str], namespace: argparse.Namespace | None) -> argparse.Namespace:
-        values, _ignored = self.parser.parse_known_args(argv, namespace)
-        return values
 
     def serve(self, argv: list[str]) -> None:
         from tests.standin import main

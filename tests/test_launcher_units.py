@@ -1,9 +1,12 @@
 """Pure parts of the launcher: log ranges, the event history, engine defaults, option parsing."""
 
+import sys
+
 import pytest
 
 from api.launcher import EventType, InstanceState, InstanceStatus
-from launcher.engine_defaults import cpu_defaults, gpu_defaults
+from launcher import gpu_memory
+from launcher.engine_defaults import GIB, GpuMemory, Machine, transformers_defaults, vllm_defaults
 from launcher.errors import BadRequest, Gone, RangeNotSatisfiable
 from launcher.events import EventLog
 from launcher.logs import PAGE_BYTES, resolve_range
@@ -68,21 +71,67 @@ async def test_a_watcher_a_whole_history_behind_is_ended() -> None:
     assert [e.object.revision async for e in stream] == [2]  # the oldest dropped, then the end
 
 
+CPU = Machine(on_cpu=True, cpu_kv_cache_bytes=1 << 20)
+
+
+def gpu(free_gib: float, total_gib: float = 80) -> GpuMemory:
+    return GpuMemory(free_bytes=int(free_gib * GIB), total_bytes=int(total_gib * GIB))
+
+
 def test_cpu_defaults_fill_only_what_the_user_left_out() -> None:
-    chosen = cpu_defaults(frozenset(), kv_cache_bytes=1 << 20)
-    assert chosen.flags == ["--dtype", "float32", "--kv-cache-memory-bytes", str(1 << 20), "--enforce-eager"]
-    user_set = cpu_defaults(frozenset({"dtype", "gpu_memory_utilization", "enforce_eager"}), kv_cache_bytes=1)
-    assert user_set.flags == []
+    chosen = vllm_defaults(frozenset(), CPU)
+    assert chosen.chosen == {
+        "--max-model-len": "auto",
+        "--dtype": "float32",
+        "--kv-cache-memory-bytes": str(1 << 20),
+        "--enforce-eager": "true",
+    }
+    everything = frozenset({"max_model_len", "dtype", "gpu_memory_utilization", "enforce_eager"})
+    assert vllm_defaults(everything, CPU).flags == []
 
 
-def test_gpu_defaults_turn_on_sleep_mode_unless_the_user_decided() -> None:
-    assert gpu_defaults(frozenset()).chosen == {"--enable-sleep-mode": "true"}
-    assert gpu_defaults(frozenset({"enable_sleep_mode"})).flags == []
+@pytest.mark.parametrize(
+    ("gpus", "reserve_gib", "expected"),
+    [
+        ([gpu(80)], 0, "0.95"),  # an empty GPU: capped at 0.95
+        ([gpu(40)], 0, "0.49"),  # half used by others: (40 GiB - 600 MiB) / 80 GiB, rounded down
+        ([gpu(40)], 4, "0.44"),  # two sleepers allowed, 2 GiB each, kept free
+        ([gpu(80), gpu(20)], 0, "0.24"),  # the tightest GPU decides
+        ([gpu(1)], 2, "0.00"),  # nothing left: never negative
+        (None, 0, "0.84"),  # unmeasurable (KAITO's fallback)
+    ],
+)
+def test_gpu_memory_utilization_from_free_memory_minus_the_sleepers_reserve(
+    gpus: list[GpuMemory] | None, reserve_gib: int, expected: str
+) -> None:
+    machine = Machine(on_cpu=False, gpus=gpus, sleeper_reserve_bytes=reserve_gib * GIB)
+    assert vllm_defaults(frozenset(), machine).chosen["--gpu-memory-utilization"] == expected
+
+
+def test_gpu_defaults_turn_on_sleep_mode_and_respect_the_user() -> None:
+    machine = Machine(on_cpu=False, gpus=[gpu(80)])
+    assert vllm_defaults(frozenset(), machine).chosen["--enable-sleep-mode"] == "true"
+    user_set = frozenset({"enable_sleep_mode", "kv_cache_memory_bytes", "max_model_len"})
+    assert vllm_defaults(user_set, machine).flags == []
+    assert "--dtype" not in vllm_defaults(frozenset(), machine).chosen  # the GPU's own default dtype
+
+
+def test_transformers_defaults() -> None:
+    assert transformers_defaults(frozenset(), CPU).flags == []
+    assert transformers_defaults(frozenset(), Machine(on_cpu=False)).chosen == {"--dtype": "bfloat16"}
+    assert transformers_defaults(frozenset({"dtype"}), Machine(on_cpu=False)).flags == []
+
+
+async def test_gpu_memory_is_measured_in_a_subprocess_and_parsed() -> None:
+    printer = [sys.executable, "-c", "print('[[1024, 4096], [2048, 4096]]')"]
+    assert await gpu_memory.measure("0,1", command=printer) == [GpuMemory(1024, 4096), GpuMemory(2048, 4096)]
+    failing = [sys.executable, "-c", "raise SystemExit('no CUDA here')"]
+    assert await gpu_memory.measure(None, command=failing) is None
 
 
 @pytest.fixture(scope="module")
 def vllm_runtime() -> VllmRuntime:
-    runtime = VllmRuntime(cpu_kv_cache_bytes=1 << 26)
+    runtime = VllmRuntime()
     runtime.preload()
     return runtime
 

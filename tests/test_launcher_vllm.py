@@ -178,6 +178,23 @@ async def test_killed_instance_stops_with_its_exit_code(
         assert response.headers["Content-Range"].startswith("bytes 0-9/")
 
 
+async def test_the_same_launcher_forks_the_transformers_runtime(http: aiohttp.ClientSession, model_a: Path) -> None:
+    """E4: one preloaded launcher runs either runtime; the transformers one keeps vLLM's sleep contract."""
+    state = await start_instance(http, "hf", model_a, "model-hf", runtime="transformers")
+    assert state["runtime"] == "transformers"
+    assert "--dtype" not in state["effective_options"]  # vLLM's CPU defaults are not the fallback's
+    port = state["port"]
+    answer = await asyncio.to_thread(chat, port, "model-hf", "def hello(")
+    assert answer
+    async with http.post(f"{BASE}/hf/sleep", params={"level": "1"}) as response:
+        assert (await response.json())["sleeping"] is True
+    async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as server, server.get("/is_sleeping") as response:
+        assert await response.json() == {"is_sleeping": True}
+    async with http.post(f"{BASE}/hf/wake_up") as response:
+        assert (await response.json())["sleeping"] is False
+    assert await asyncio.to_thread(chat, port, "model-hf", "def hello(") == answer
+
+
 async def test_sigterm_to_the_launcher_leaves_nothing(tmp_path: Path, model_a: Path) -> None:
     shm_before = set(os.listdir("/dev/shm"))
     launcher = LauncherProcess(tmp_path / "launcher").start()
