@@ -117,6 +117,15 @@ class ModelServerConfig(KubeModel):
     annotation keys and must not use reserved prefixes (dual-pods.llm-d.ai/, kubernetes.io/, k8s.io/)."""
 
 
+class LoraAdapter(KubeModel):
+    """dualpods extension (E8): a LoRA adapter the model server serves under its own model name."""
+
+    name: Annotated[str, Field(min_length=1)]
+    """Name is the model name clients use to ask for this adapter."""
+    path: Annotated[str, Field(min_length=1)]
+    """Path is where the adapter's files are, as the model server sees them."""
+
+
 class InferenceServerConfigSpec(KubeModel):
     """Spec defines the desired state of the InferenceServerConfig."""
 
@@ -124,6 +133,13 @@ class InferenceServerConfigSpec(KubeModel):
     """LauncherConfigName is the name of the LauncherConfig that this InferenceServerConfig belongs to."""
     model_server_config: ModelServerConfig
     """ModelServerConfig defines the configuration for the model server."""
+    lora_adapters: list[LoraAdapter] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """dualpods extension (E8): LoRA adapters the model server loads at start and keeps in step with this
+    list while it runs (loading and unloading through vLLM's /v1/load_lora_adapter and
+    /v1/unload_lora_adapter), without restarting it. Adapters are not part of an instance's identity."""
 
 
 class InferenceServerConfig(CustomResource):
