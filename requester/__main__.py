@@ -1,7 +1,8 @@
-"""`python -m requester`: discover this container's GPUs, then serve the SPI and the probes until SIGTERM.
+"""`python -m requester`: discover this container's GPUs, then serve the SPI, the probes and the proxy until SIGTERM.
 
-Configured like FMA's requester through the environment (`SPI_PORT`, `PROBES_PORT`); every setting
-also has a flag, and a flag wins over its variable. An empty variable counts as unset.
+Configured like FMA's requester through the environment (`SPI_PORT`, `PROBES_PORT`, and FMA 0.7's
+`PROXY_PORT`); every setting also has a flag, and a flag wins over its variable. An empty variable
+counts as unset.
 """
 
 import argparse
@@ -16,12 +17,15 @@ from types import FrameType
 
 import psutil
 
-from . import probes, spi, structured_logs
-from .gpus import GpuDiscoveryError, SourceChoice, discover
+from . import probes, proxy, spi, structured_logs
+from .backend_limits import BackendLimits
+from .gpus import GpuDiscoveryError, GpuSource, SourceChoice, discover
 from .log_relay import LogRelay
 from .metrics import RequesterMetrics
+from .proxy_target import ProxyTarget
 from .readiness import Readiness
-from .server import serve
+from .server import Listener, serve
+from .upstream import Upstream
 from .visible_devices import ENV_NAME, parse
 
 log = logging.getLogger("requester")
@@ -61,11 +65,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     parser = argparse.ArgumentParser(
         prog="python -m requester",
-        description="The process in a server-requesting Pod: reports its GPUs and serves the readiness "
-        "that the dual-pods controller sets.",
+        description="The process in a server-requesting Pod: reports its GPUs, serves the readiness "
+        "that the dual-pods controller sets, and proxies the OpenAI API to the bound model server.",
     )
     parser.add_argument(
-        "--host", default=env("POD_IP", "0.0.0.0"), help="address both servers bind (env POD_IP; default: all)"
+        "--host", default=env("POD_IP", "0.0.0.0"), help="address the servers bind (env POD_IP; default: all)"
     )
     parser.add_argument(
         "--spi-port",
@@ -78,6 +82,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=_port,
         default=env("PROBES_PORT", str(probes.DEFAULT_PORT)),
         help=f"/ready port (env PROBES_PORT; default {probes.DEFAULT_PORT})",
+    )
+    parser.add_argument(
+        "--proxy-port",
+        type=_port,
+        default=env("PROXY_PORT", str(proxy.DEFAULT_PORT)),
+        help=f"the OpenAI API proxy's port (env PROXY_PORT; default {proxy.DEFAULT_PORT}, as FMA 0.7)",
+    )
+    parser.add_argument(
+        "--hold-timeout",
+        type=_seconds,
+        default=env("REQUESTER_HOLD_TIMEOUT", "60"),
+        help="seconds the proxy holds a request while not ready before answering 503 "
+        "(env REQUESTER_HOLD_TIMEOUT; default 60)",
+    )
+    parser.add_argument(
+        "--proxy-dial-timeout",
+        type=_seconds,
+        default=env("REQUESTER_PROXY_DIAL_TIMEOUT", "10"),
+        help="seconds the proxy tries to connect to the model server before answering 502 "
+        "(env REQUESTER_PROXY_DIAL_TIMEOUT; default 10, as FMA 0.7)",
     )
     parser.add_argument(
         "--gpu-source",
@@ -104,14 +128,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="name every log line carries (env POD_NAME; default: the host name, which is the Pod's name)",
     )
     args = parser.parse_args(argv)
-    if args.spi_port == args.probes_port:
-        parser.error(f"the SPI and probes ports must differ (both are {args.spi_port})")
+    ports = {"SPI": args.spi_port, "probes": args.probes_port, "proxy": args.proxy_port}
+    if len(set(ports.values())) < len(ports):
+        parser.error(f"the SPI, probes and proxy ports must differ ({', '.join(f'{k} {v}' for k, v in ports.items())})")
     return args
 
 
 def _exit_before_serving(signum: int, frame: FrameType | None) -> None:
     """SIGTERM during start-up: nothing to drain. As PID 1 of a container, an unhandled one would be ignored."""
     sys.exit(0)
+
+
+def build_listeners(
+    args: argparse.Namespace, gpus: GpuSource, metrics: RequesterMetrics, readiness: Readiness, relay: LogRelay
+) -> dict[str, Listener]:
+    """The three servers; the SPI sets the readiness bit and the proxy's target, the other two read them."""
+    target = ProxyTarget()
+    upstream = Upstream(target, args.proxy_dial_timeout)
+    limits = BackendLimits(target, upstream)
+    return {
+        "spi": Listener(spi.build_spi_app(gpus, readiness, relay, metrics, target, limits), args.spi_port),
+        "probes": Listener(probes.build_probes_app(readiness, metrics), args.probes_port),
+        "proxy": Listener(
+            proxy.build_proxy_app(target, upstream, limits, readiness, metrics, args.hold_timeout),
+            args.proxy_port,
+            cancel_on_disconnect=True,
+        ),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -131,10 +174,7 @@ def main(argv: list[str] | None = None) -> None:
     metrics = RequesterMetrics()
     metrics.gpus.set(len(gpus.uuids))
     readiness = Readiness(metrics, process_started)
-    listeners = {
-        "spi": (spi.build_spi_app(gpus, readiness, LogRelay(sys.stdout.buffer), metrics), args.spi_port),
-        "probes": (probes.build_probes_app(readiness, metrics), args.probes_port),
-    }
+    listeners = build_listeners(args, gpus, metrics, readiness, LogRelay(sys.stdout.buffer))
     try:
         asyncio.run(serve(listeners, args.host, args.shutdown_timeout))
     except OSError as err:

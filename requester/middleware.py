@@ -1,6 +1,7 @@
-"""What both of the requester's HTTP servers do around every handler: count it, and never crash."""
+"""What the requester's HTTP servers do around every handler: count it, and never crash."""
 
 import logging
+from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
@@ -15,13 +16,20 @@ def text(body: str, status: int = 200) -> web.Response:
     return web.Response(text=body if body.endswith("\n") else body + "\n", status=status)
 
 
-def count_and_contain(metrics: RequesterMetrics, server: str) -> Middleware:
-    """Counts each request by route and code (404/405 under `unmatched`); a bug becomes a 500, not a crash."""
+def matched_route(request: web.Request) -> str:
+    """The route's path pattern; `unmatched` for 404/405."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "unmatched"
+
+
+def count_and_contain(
+    metrics: RequesterMetrics, server: str, route_of: Callable[[web.Request], str] = matched_route
+) -> Middleware:
+    """Counts each request by route (`route_of`) and code; a bug becomes a 500, not a crash."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        resource = request.match_info.route.resource
-        route = resource.canonical if resource is not None else "unmatched"
+        route = route_of(request)
         try:
             response = await handler(request)
         except web.HTTPException as err:

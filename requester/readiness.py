@@ -1,5 +1,10 @@
-"""The readiness bit: the dual-pods controller sets it over the SPI, the kubelet reads it at `/ready`."""
+"""The readiness bit: the dual-pods controller sets it over the SPI, the kubelet reads it at `/ready`.
 
+The proxy holds requests while the bit is clear (the instance is not bound yet, or still waking), so it
+can also be awaited.
+"""
+
+import asyncio
 import logging
 import time
 
@@ -16,15 +21,24 @@ class Readiness:
         self._process_started = process_started
         self._ready = False
         self._first_ready_after: float | None = None
+        self._became_ready = asyncio.Event()
         metrics.ready.set(0)
 
     @property
     def ready(self) -> bool:
         return self._ready
 
+    async def wait(self) -> None:
+        """Return once ready (at once if ready now)."""
+        await self._became_ready.wait()
+
     def set(self, ready: bool) -> None:
         log.info("setting ready", extra={"ready": ready, "was_ready": self._ready})
         self._ready = ready
+        if ready:
+            self._became_ready.set()
+        else:
+            self._became_ready.clear()
         self._metrics.ready.set(int(ready))
         if ready and self._first_ready_after is None:
             self._first_ready_after = max(time.time() - self._process_started, 0.0)

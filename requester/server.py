@@ -7,29 +7,60 @@ flight up to `shutdown_timeout` seconds (FMA waits 60 s), so an idle requester e
 import asyncio
 import logging
 import signal
+from dataclasses import dataclass
 
 from aiohttp import web
 
 log = logging.getLogger(__name__)
 
 
-async def serve(listeners: dict[str, tuple[web.Application, int]], host: str, shutdown_timeout: float) -> None:
-    """Serve each named application on its port; raises OSError when a port cannot be bound."""
+@dataclass(frozen=True)
+class Listener:
+    """One server. `cancel_on_disconnect` cancels a handler whose client went away (the proxy's, so that
+    an abandoned request stops occupying the model server too)."""
+
+    app: web.Application
+    port: int
+    cancel_on_disconnect: bool = False
+
+
+async def start_listeners(listeners: dict[str, Listener], host: str, shutdown_timeout: float) -> list[web.AppRunner]:
+    """Bind and start each named server; raises OSError when a port cannot be bound (having stopped the rest)."""
+    runners: list[web.AppRunner] = []
+    try:
+        for name, listener in listeners.items():
+            runner = web.AppRunner(
+                listener.app,
+                access_log=None,
+                shutdown_timeout=shutdown_timeout,
+                handler_cancellation=listener.cancel_on_disconnect,
+            )
+            await runner.setup()
+            runners.append(runner)
+            await web.TCPSite(runner, host, listener.port).start()
+            log.info("serving", extra={"server": name, "host": host, "port": listener.port})
+    except BaseException:
+        await stop_listeners(runners)
+        raise
+    return runners
+
+
+async def stop_listeners(runners: list[web.AppRunner]) -> None:
+    await asyncio.gather(*(runner.cleanup() for runner in runners))
+
+
+async def serve(listeners: dict[str, Listener], host: str, shutdown_timeout: float) -> None:
+    """Serve until SIGTERM or SIGINT; raises OSError when a port cannot be bound."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     runners: list[web.AppRunner] = []
     try:
-        for name, (app, port) in listeners.items():
-            runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
-            await runner.setup()
-            runners.append(runner)
-            await web.TCPSite(runner, host, port).start()
-            log.info("serving", extra={"server": name, "host": host, "port": port})
+        runners = await start_listeners(listeners, host, shutdown_timeout)
         await stop.wait()
         log.info("shutting down", extra={"timeout_seconds": shutdown_timeout})
     finally:
-        await asyncio.gather(*(runner.cleanup() for runner in runners))
+        await stop_listeners(runners)
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

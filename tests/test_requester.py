@@ -28,10 +28,22 @@ from requester.visible_devices import Scope, VisibleDevices, parse
 GPUS = ["GPU-aaa", "GPU-bbb"]
 # What the requester reads from its environment; the test machine's own values must not leak in.
 REQUESTER_VARIABLES = frozenset(
-    {"POD_IP", "POD_NAME", "SPI_PORT", "PROBES_PORT", "NVIDIA_VISIBLE_DEVICES"}
-    | {f"REQUESTER_{name}" for name in ("GPU_SOURCE", "SHUTDOWN_TIMEOUT", "LOG_LEVEL")}
+    {"POD_IP", "POD_NAME", "SPI_PORT", "PROBES_PORT", "PROXY_PORT", "NVIDIA_VISIBLE_DEVICES"}
+    | {
+        f"REQUESTER_{name}"
+        for name in ("GPU_SOURCE", "SHUTDOWN_TIMEOUT", "LOG_LEVEL", "HOLD_TIMEOUT", "PROXY_DIAL_TIMEOUT")
+    }
 )
 START_TIMEOUT_S = 20.0
+
+
+def distinct_free_ports(count: int, taken: frozenset[int] = frozenset()) -> list[int]:
+    """Free ports, none twice and none `taken` (the kernel may hand a just-released port out again)."""
+    ports: set[int] = set()
+    while len(ports) < count:
+        ports.add(free_port())
+        ports -= taken
+    return sorted(ports)
 
 
 @dataclass
@@ -42,6 +54,7 @@ class RequesterProcess:
     host: str
     spi_port: int
     probes_port: int
+    proxy_port: int
     work_dir: Path
 
     @property
@@ -51,6 +64,10 @@ class RequesterProcess:
     @property
     def probes(self) -> str:
         return f"http://{self.host}:{self.probes_port}"
+
+    @property
+    def proxy(self) -> str:
+        return f"http://{self.host}:{self.proxy_port}"
 
     @property
     def stdout_path(self) -> Path:
@@ -64,17 +81,22 @@ class RequesterProcess:
     def start(cls, work_dir: Path, env: dict[str, str], *flags: str) -> "RequesterProcess":
         """Start it with `env` added to the test environment; returns once both servers answer."""
         work_dir.mkdir(parents=True, exist_ok=True)
-        spi_port, probes_port = free_port(), free_port()
+        # Never FMA's default ports: tests run side by side.
+        given = frozenset({int(env["PROXY_PORT"])} if "PROXY_PORT" in env else ())
+        spi_port, probes_port, proxy_port = distinct_free_ports(3, given)
+        proxy_port = int(env.get("PROXY_PORT") or proxy_port)
         inherited = {k: v for k, v in offline_environment(work_dir).items() if k not in REQUESTER_VARIABLES}
         host = env.get("POD_IP", "127.0.0.1")  # from `env` only, never the test machine's POD_IP
         args = ["--spi-port", str(spi_port), "--probes-port", str(probes_port), "--gpu-source", "env", *flags]
+        if "PROXY_PORT" not in env:
+            args += ["--proxy-port", str(proxy_port)]
         if "POD_IP" not in env:
             args += ["--host", host]
         with (work_dir / "stdout").open("wb") as out, (work_dir / "stderr").open("wb") as err:
             popen = subprocess.Popen(
                 [sys.executable, "-m", "requester", *args], cwd=REPO, env={**inherited, **env}, stdout=out, stderr=err
             )
-        requester = cls(popen, host, spi_port, probes_port, work_dir)
+        requester = cls(popen, host, spi_port, probes_port, proxy_port, work_dir)
         try:
             requester._wait_serving()
         except BaseException:
@@ -84,7 +106,7 @@ class RequesterProcess:
 
     def _wait_serving(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
-        pending = [f"{self.spi}/metrics", f"{self.probes}/ready"]
+        pending = [f"{self.spi}/metrics", f"{self.probes}/ready", f"{self.proxy}/ready"]
         while pending:
             if self.process.poll() is not None:
                 raise RuntimeError(f"requester exited with {self.process.returncode}:\n{self.stderr_path.read_text()}")
@@ -248,8 +270,10 @@ def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PROBES_PORT", "9000")
     monkeypatch.setenv("POD_IP", "127.3.0.7")
     monkeypatch.setenv("POD_NAME", "req-x")
+    monkeypatch.setenv("PROXY_PORT", "9002")
     args = parse_args([])
     assert (args.host, args.spi_port, args.probes_port, args.pod_name) == ("127.3.0.7", 9001, 9000, "req-x")
+    assert (args.proxy_port, args.hold_timeout, args.proxy_dial_timeout) == (9002, 60, 10)
     args = parse_args(["--spi-port", "7001", "--host", "127.0.0.1", "--gpu-source", "ENV"])
     assert (args.host, args.spi_port, args.gpu_source) == ("127.0.0.1", 7001, "env")
     monkeypatch.setenv("SPI_PORT", "")  # empty counts as unset, as in FMA
@@ -262,10 +286,13 @@ def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         ["--spi-port", "0"],
         ["--probes-port", "http"],
         ["--spi-port", "8080"],  # the same as the probes port
+        ["--proxy-port", "8081"],  # the same as the SPI port
+        ["--hold-timeout", "-5"],
         ["--gpu-source", "cuda"],
         ["--shutdown-timeout", "-1"],
         ["--shutdown-timeout", "nan"],
         {"SPI_PORT": "70000"},
+        {"PROXY_PORT": "0"},
         {"REQUESTER_LOG_LEVEL": "loud"},
     ],
 )
