@@ -34,7 +34,10 @@ def build_dual_pods(
 
     token = Path(args.launcher_token_file).read_text().strip() if args.launcher_token_file else None
     options = DualPodsOptions(
-        workers=args.num_workers, launcher_token=token, launcher_token_secret=args.launcher_token_secret
+        workers=args.num_workers,
+        launcher_token=token,
+        launcher_token_secret=args.launcher_token_secret,
+        sleeper_limit=args.sleeper_limit,
     )
     return DualPodsController(api, args.namespace, options, registry).run
 
@@ -70,6 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         command.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
         command.add_argument("--launcher-token-secret", help="Secret with the launchers' bearer token (E9)")
     dual_pods.add_argument("--launcher-token-file", help="file holding the launchers' bearer token (E9)")
+    dual_pods.add_argument(
+        "--sleeper-limit", type=int, default=1, help="direct providers that may sleep on one GPU (FMA's default: 1)"
+    )
     populator.add_argument("--expectation-timeout", type=float, default=5.0)
     populator.add_argument("--stuck-scheduling-threshold", type=float, default=120.0)
     populator.add_argument("--stuck-starting-threshold", type=float, default=450.0)

@@ -21,11 +21,11 @@ such a field merges as a map, and as a list it is replaced. The Pod's strict dec
 
 import copy
 import functools
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from importlib.resources import files
 from typing import Any, Final
-
-from api.crdgen import kubernetes_definitions
 
 DIRECTIVE: Final = "$patch"
 RETAIN_KEYS: Final = "$retainKeys"
@@ -35,7 +35,8 @@ MERGE: Final = "merge"
 REPLACE: Final = "replace"
 DELETE: Final = "delete"
 _RETAIN_KEYS_STRATEGY: Final = "retainKeys"
-POD_DEFINITION: Final = "io.k8s.api.core.v1.Pod"
+# The Pod's definitions, slimmed to what merging reads; `python -m scripts.pod_patch_schema` writes it.
+POD_PATCH_SCHEMA: Final = "pod_patch_schema.json"
 
 
 class StrategicMergePatchError(ValueError):
@@ -80,6 +81,27 @@ class PatchSchema:
         items = self._node.get("items")
         return PatchSchema(self._definitions, items if isinstance(items, Mapping) else {})
 
+    def unknown_fields(self, value: Any, path: str = "") -> list[str]:
+        """The fields of `value` that the schema does not describe, as Go's strict decoding names them
+        (`spec.containers[0].imag`): FMA decodes a patched Pod strictly, so a misspelt field is an error, not lost."""
+        if isinstance(value, list):
+            items = self.items()
+            return [found for at, item in enumerate(value) for found in items.unknown_fields(item, f"{path}[{at}]")]
+        if not isinstance(value, Mapping):
+            return []
+        properties = self._node.get("properties")
+        values = self._node.get("additionalProperties")
+        found = []
+        for key, item in value.items():
+            where = f"{path}.{key}" if path else str(key)
+            if properties is not None and key in properties:
+                found += PatchSchema(self._definitions, properties[key]).unknown_fields(item, where)
+            elif isinstance(values, Mapping):
+                found += PatchSchema(self._definitions, values).unknown_fields(item, where)
+            elif properties is not None:
+                found.append(where)
+        return found
+
 
 def _strategy(declared: str, key: str) -> str:
     """The strategy besides `retainKeys`, which applying a patch ignores (only `$retainKeys` in a patch counts)."""
@@ -93,8 +115,9 @@ def _strategy(declared: str, key: str) -> str:
 @functools.cache
 def pod_schema() -> PatchSchema:
     """The core/v1 Pod of the Kubernetes version whose PodSpec `api/` embeds (FMA 0.6 builds against it)."""
-    definitions = kubernetes_definitions()
-    return PatchSchema(definitions, definitions[POD_DEFINITION])
+    document = json.loads((files("controller") / POD_PATCH_SCHEMA).read_text())
+    definitions: dict[str, Any] = document["definitions"]
+    return PatchSchema(definitions, definitions[document["root"]])
 
 
 def apply_strategic_merge_patch(

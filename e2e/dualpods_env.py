@@ -34,9 +34,11 @@ class DualPodsEnv:
         self.objects = client.CustomObjectsApi(api)
         self.controllers = InstalledControllers(cluster, api, namespace, work_dir)
 
-    async def setup(self) -> None:
+    async def setup(self, gpu_map: bool = True) -> None:
+        """`gpu_map` False: the gpu-map ConfigMap is left for the test to publish (FMA's direct-mode case 1)."""
         await install_crds(self.cluster, self.api)
-        await self.cluster.kubelet.publish_gpu_map(self.namespace)
+        if gpu_map:
+            await self.cluster.kubelet.publish_gpu_map(self.namespace)
         # Launchers read the gpu-map ConfigMap with their Pod's ServiceAccount (--mock-gpus).
         rbac = client.RbacAuthorizationV1Api(self.api)
         await rbac.create_namespaced_role(self.namespace, {
@@ -67,11 +69,8 @@ class DualPodsEnv:
                 await self.core.patch_namespaced_pod(pod["metadata"]["name"], self.namespace, patch)
 
     async def _no_requesters(self) -> bool:
-        return not [
-            p
-            for p in await self.pods()
-            if keys.INFERENCE_SERVER_CONFIG_ANNOTATION in p["metadata"].get("annotations", {})
-        ]
+        kinds = (keys.INFERENCE_SERVER_CONFIG_ANNOTATION, keys.SERVER_PATCH_ANNOTATION)
+        return not [p for p in await self.pods() if set(kinds) & set(p["metadata"].get("annotations") or {})]
 
     # ----- objects a model-variant deployer creates
 
@@ -137,34 +136,40 @@ class DualPodsEnv:
     async def create_requesters(
         self, name: str, isc: str, replicas: int = 1, gpus: int = 1, node: str | None = None, gpu: str | None = None
     ) -> None:
-        """A ReplicaSet of server-requesting Pods, as FMA users write them. `gpu` pins one GPU the way
-        FMA's tests do: no GPU requested from the scheduler, the UUID given in NVIDIA_VISIBLE_DEVICES."""
-        count = "0" if gpu else str(gpus)
-        container: Obj = {
-            "name": keys.INFERENCE_SERVER_CONTAINER,
-            "image": REQUESTER_IMAGE,
-            "resources": {"limits": {"nvidia.com/gpu": count}, "requests": {"nvidia.com/gpu": count}},
-            "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 1},
-        }
-        if gpu:
-            container["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": gpu}]
-        template_spec: Obj = {"terminationGracePeriodSeconds": 5, "containers": [container]}
-        if node is not None:
-            template_spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+        """A ReplicaSet of server-requesting Pods asking for launchers' instances of `isc`, as FMA users write
+        them. `gpu` pins one GPU the way FMA's tests do: no GPU requested from the scheduler, the UUID given in
+        NVIDIA_VISIBLE_DEVICES."""
+        annotations = {keys.INFERENCE_SERVER_CONFIG_ANNOTATION: isc}
+        await self._create_requester_set(name, annotations, replicas, gpus, node, gpu)
+
+    async def create_direct_requesters(
+        self, name: str, patch: str, replicas: int = 1, gpus: int = 1, node: str | None = None, gpu: str | None = None
+    ) -> None:
+        """The same, asking for direct providers made with the server patch `patch`."""
+        await self._create_requester_set(name, {keys.SERVER_PATCH_ANNOTATION: patch}, replicas, gpus, node, gpu)
+
+    async def _create_requester_set(
+        self, name: str, annotations: dict[str, str], replicas: int, gpus: int, node: str | None, gpu: str | None
+    ) -> None:
         await self.apps.create_namespaced_replica_set(self.namespace, {
             "metadata": {"name": name},
             "spec": {
                 "replicas": replicas,
                 "selector": {"matchLabels": {"app": name}},
                 "template": {
-                    "metadata": {
-                        "labels": {"app": name},
-                        "annotations": {keys.INFERENCE_SERVER_CONFIG_ANNOTATION: isc},
-                    },
-                    "spec": template_spec,
+                    "metadata": {"labels": {"app": name}, "annotations": annotations},
+                    "spec": _requester_spec(gpus, node, gpu),
                 },
             },
         })  # fmt: skip
+
+    async def pin_requesters(self, replica_set: str, node: str, gpu: str) -> None:
+        """Pin the set's next requesters to one GPU of one node (FMA's case "GPU pin")."""
+        spec = _requester_spec(0, node, gpu)
+        await self.apps.patch_namespaced_replica_set(
+            replica_set, self.namespace, {"spec": {"template": {"spec": spec}}},
+            _content_type="application/strategic-merge-patch+json",
+        )  # fmt: skip
 
     async def scale(self, replica_set: str, replicas: int) -> None:
         await self.apps.patch_namespaced_replica_set_scale(
@@ -188,6 +193,12 @@ class DualPodsEnv:
 
     async def launchers(self) -> list[Obj]:
         return await self.pods(f"{keys.COMPONENT_LABEL}={keys.LAUNCHER_COMPONENT}")
+
+    async def providers(self) -> list[Obj]:
+        """Direct providers (bound or asleep) that are not being deleted."""
+        found = await self.pods()
+        return [p for p in found if keys.NOMINAL_ANNOTATION in p["metadata"].get("annotations", {}) and not
+                p["metadata"].get("deletionTimestamp")]  # fmt: skip
 
     async def ready_requester(self, replica_set: str, within: float = 120) -> Obj:
         """The one live requester of the set, once it is Ready and bound."""
@@ -239,6 +250,23 @@ class DualPodsEnv:
         except ApiException as err:
             if err.status != 404:
                 raise
+
+
+def _requester_spec(gpus: int, node: str | None, gpu: str | None) -> Obj:
+    """A requester Pod's spec; `gpu` pins that GPU (0 GPUs asked for from the scheduler)."""
+    count = "0" if gpu else str(gpus)
+    container: Obj = {
+        "name": keys.INFERENCE_SERVER_CONTAINER,
+        "image": REQUESTER_IMAGE,
+        "resources": {"limits": {"nvidia.com/gpu": count}, "requests": {"nvidia.com/gpu": count}},
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 1},
+    }
+    if gpu:
+        container["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": gpu}]
+    spec: Obj = {"terminationGracePeriodSeconds": 5, "containers": [container]}
+    if node is not None:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return spec
 
 
 def _ready(pod: Obj) -> bool:

@@ -8,23 +8,31 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from api import keys
 from controller.dualpods.controller import ISC as ISC_KEY
 from controller.dualpods.controller import REQUESTER, DualPodsController, Key
+from controller.dualpods.direct import GPU, NOMINAL
 from controller.dualpods.launcher_views import LauncherView
 from controller.informer import Obj
 from tests.test_dualpods_fakes import (
+    GPU0,
+    GPU1,
     ISC,
     LAUNCHER,
     NODE,
+    PROVIDER,
     REQ,
     Harness,
     bound,
+    direct_requester_obj,
+    gpu_map_obj,
     harness,
     inst,
     isc_obj,
     launcher_obj,
     lc_obj,
     node_obj,
+    provider_obj,
     requester_obj,
 )
 
@@ -179,3 +187,29 @@ async def test_a_launcher_listed_in_full_has_its_iscs_checked_for_obsolete_insta
         view.instances[instance] = inst(instance, isc=isc)
     h.controller._launcher_listed(view)
     assert await queued(h.controller) == {(ISC_KEY, "isc-x"), (ISC_KEY, "isc-y")}
+
+
+# ----- direct mode
+
+
+@pytest.mark.usefixtures("requesters")
+async def test_a_spare_direct_provider_change_queues_the_requesters_on_its_node(h: Harness) -> None:
+    # e.g. a sleeper deleted for the sleeper limit: the requester waiting for its GPU memory carries on
+    h.controller._pod_changed(provider_obj(), with_rv(provider_obj(deleting=True), "2"))
+    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "b")}
+
+
+async def test_a_gpu_map_change_queues_every_direct_requester(h: Harness) -> None:
+    h.put(requester_obj("launcher-mode", "l-uid"), direct_requester_obj("a", "a-uid"))
+    h.put(elsewhere(direct_requester_obj("c", "c-uid")))
+    h.controller._gpu_map_changed(None, gpu_map_obj())
+    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "c")}
+
+
+async def test_direct_providers_are_indexed_by_nominal_hash_and_gpu(h: Harness) -> None:
+    provider = provider_obj(indices=("0", "1"), gpus=(GPU0, GPU1))
+    h.put(provider, launcher_obj())
+    digest = provider["metadata"]["annotations"][keys.NOMINAL_ANNOTATION]
+    assert [p["metadata"]["name"] for p in h.caches.pods.by_index(NOMINAL, digest)] == [PROVIDER]
+    for index in ("0", "1"):
+        assert [p["metadata"]["name"] for p in h.caches.pods.by_index(GPU, f"{NODE} {index}")] == [PROVIDER]

@@ -25,10 +25,12 @@ from controller.dualpods.controller import DualPodsController, DualPodsOptions
 from controller.dualpods.identity import instance_id, vllm_config
 from controller.dualpods.launcher_client import LauncherClient
 from controller.dualpods.launcher_views import LauncherView, LauncherViews
+from controller.dualpods.nominal import nominal_provider
+from controller.dualpods.provider_client import ProviderClient
 from controller.dualpods.reconcile import Options, Reconciler
 from controller.dualpods.requester_client import RequesterClient
 from controller.dualpods.routing import from_isc
-from controller.dualpods.writer import PodWriter
+from controller.dualpods.writer import FIELD_MANAGER, PodWriter, set_binding
 from controller.events import EventRecorder
 from controller.informer import Informer, Obj, object_key
 from controller.launcher_template import node_independent_pod, pod_for_node
@@ -47,6 +49,27 @@ STARTED_AT = "2026-01-01T00:00:00+00:00"
 LC_LABEL = "from-launcher-config"
 ROUTING_LABEL = "example.com/pool"
 ROUTING_ANNOTATION = "example.com/note"
+PROVIDER = "provider-1"
+SERVER_PORT = 8000
+TOKEN_VOLUME = "default-token-abcde"
+TOKEN_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+# An FMA-style server patch: the set's selector label moved off, the model server in the requester's container.
+PATCH = """
+metadata:
+  labels:
+    app: null
+    model: m1
+spec:
+  containers:
+  - name: inference-server
+    image: vllm/vllm-openai:v1
+    args: ["--model", "/models/m1", "--port", "8000"]
+    env:
+    - name: VLLM_SERVER_DEV_MODE
+      value: "1"
+    readinessProbe:
+      httpGet: {path: /health, port: 8000}
+"""
 
 
 # ----- builders
@@ -249,6 +272,85 @@ def status_errors(pod: Obj) -> list[str] | None:
     return errors
 
 
+# ----- builders for direct mode
+
+
+def gpu_map_obj(data: dict[str, dict[str, int]] | None = None, rv: str = "1") -> Obj:
+    """The gpu-map ConfigMap; by default NODE's two GPUs at indices 0 and 1."""
+    mapping = {NODE: {GPU0: 0, GPU1: 1}} if data is None else data
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": keys.GPU_MAP_CONFIGMAP, "namespace": NS, "uid": "gpu-map-uid", "resourceVersion": rv},
+        "data": {node: json.dumps(entries) for node, entries in mapping.items()},
+    }
+
+
+def direct_requester_obj(name: str = REQ, uid: str = REQ_UID, *, patch: str = PATCH, **kwargs: Any) -> Obj:
+    """A server-requesting Pod with a server patch, as the API server shows one of a ReplicaSet `requesters`:
+    with the ServiceAccount token volume that admission adds."""
+    pod = requester_obj(name, uid, isc=None, **kwargs)
+    pod["metadata"]["annotations"][keys.SERVER_PATCH_ANNOTATION] = patch
+    pod["spec"].update(
+        serviceAccountName="default",
+        containers=[{
+            "name": keys.INFERENCE_SERVER_CONTAINER,
+            "image": "requester:1",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}},
+            "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}},
+            "volumeMounts": [{"name": TOKEN_VOLUME, "mountPath": TOKEN_MOUNT, "readOnly": True}],
+        }],
+        volumes=[{"name": TOKEN_VOLUME, "secret": {"secretName": TOKEN_VOLUME}}],
+    )  # fmt: skip
+    return pod
+
+
+def provider_obj(
+    name: str = PROVIDER,
+    *,
+    requester: Obj | None = None,
+    gpus: Iterable[str] = (GPU0,),
+    indices: Iterable[str] = ("0",),
+    bound_to: Obj | None = None,
+    sleeping: str = "true",
+    ip: str | None = "10.0.2.1",
+    ready: bool = True,
+    running: bool = True,
+    restarts: int = 0,
+    deleting: bool = False,
+    used_at: str | None = None,
+    created_at: str = STARTED_AT,
+) -> Obj:
+    """A direct provider on NODE made from `requester`'s patch as the controller makes them, unbound (asleep) unless
+    `bound_to`; `used_at`: when the controller last wrote it (its managedFields entry)."""
+    pod = nominal_provider(requester or direct_requester_obj(), NODE, list(indices), list(gpus)).pod
+    metadata = pod["metadata"]
+    del metadata["generateName"]
+    metadata.update(name=name, uid=f"{name}-uid", resourceVersion="1", finalizers=[], creationTimestamp=created_at)
+    metadata["labels"][keys.SLEEPING_LABEL] = sleeping
+    if used_at is not None:
+        metadata["managedFields"] = [
+            {"manager": "kube-scheduler", "operation": "Update", "time": "2099-01-01T00:00:00Z"},
+            {"manager": FIELD_MANAGER, "operation": "Update", "time": used_at},
+        ]
+    if deleting:
+        metadata["deletionTimestamp"] = STARTED_AT
+    if bound_to is not None:
+        set_binding(pod, bound_to)
+    pod["spec"]["nodeName"] = NODE
+    state = {"running": {"startedAt": STARTED_AT}} if running else {"waiting": {"reason": "ContainerCreating"}}
+    pod["status"] = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        "containerStatuses": [
+            {"name": keys.INFERENCE_SERVER_CONTAINER, "ready": ready, "restartCount": restarts, "state": state}
+        ],
+    }
+    if ip is not None:
+        pod["status"]["podIP"] = ip
+    return pod
+
+
 # ----- fakes
 
 
@@ -411,6 +513,31 @@ class FakeLauncherClient(LauncherClient):
         self._change(pod_ip, instance_id, sleeping=False)
 
 
+class FakeProviderClient(ProviderClient):
+    """A fake ProviderClient: the real one calls vLLM on a direct provider over HTTP. Calls go into the journal
+    (target: the provider's address, detail: the port); `asleep` is what each address reports, and sleep and wake
+    change it; `refusal`, when set, is what the next sleeps raise."""
+
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+        self.asleep: dict[str, bool] = {}
+        self.refusal: Exception | None = None
+
+    async def is_sleeping(self, pod_ip: str, port: int, requester: str) -> bool:
+        self.journal.append(Call("is_sleeping", pod_ip, port))
+        return self.asleep.get(pod_ip, False)
+
+    async def sleep(self, pod_ip: str, port: int, requester: str) -> None:
+        self.journal.append(Call("sleep", pod_ip, port))
+        if self.refusal is not None:
+            raise self.refusal
+        self.asleep[pod_ip] = True
+
+    async def wake(self, pod_ip: str, port: int, requester: str) -> None:
+        self.journal.append(Call("wake", pod_ip, port))
+        self.asleep[pod_ip] = False
+
+
 class FakeRequesterClient(RequesterClient):
     """A fake RequesterClient: the real one calls the requester's SPI over HTTP (covered by
     tests/test_requester.py and e2e). `gpus` is what the accelerator query answers (or raises);
@@ -451,7 +578,7 @@ class FakeEvents(EventRecorder):
 class Harness:
     """A Reconciler over the controller's own caches and indexes, filled by hand, with the fakes above."""
 
-    def __init__(self, controller: DualPodsController, registry: CollectorRegistry) -> None:
+    def __init__(self, controller: DualPodsController, registry: CollectorRegistry, options: Options) -> None:
         self.controller = controller
         self.caches = controller.caches
         self.registry = registry
@@ -460,9 +587,10 @@ class Harness:
         self.writer = FakeWriter(self.journal, self.caches.pods)
         self.launchers = FakeLauncherClient(self.journal, self.views)
         self.requesters = FakeRequesterClient(self.journal)
+        self.providers = FakeProviderClient(self.journal)
         self.reconciler = Reconciler(
-            NS, self.caches, self.views, self.writer, self.launchers, self.requesters, FakeEvents(self.journal),
-            controller.metrics, Options(),
+            NS, self.caches, self.views, self.writer, self.launchers, self.requesters, self.providers,
+            FakeEvents(self.journal), controller.metrics, options,
         )  # fmt: skip
 
     def _informer(self, obj: Obj) -> Informer:
@@ -471,6 +599,7 @@ class Harness:
             "Node": self.caches.nodes,
             "InferenceServerConfig": self.caches.iscs,
             "LauncherConfig": self.caches.lcs,
+            "ConfigMap": self.caches.configmaps,
         }[obj["kind"]]
 
     def put(self, *objs: Obj) -> None:
@@ -510,8 +639,8 @@ class Harness:
 
 
 @asynccontextmanager
-async def harness() -> AsyncIterator[Harness]:
+async def harness(options: Options | None = None) -> AsyncIterator[Harness]:
     """A Harness; the controller only lends its caches and metrics, and its API client never connects."""
     registry = CollectorRegistry()
     async with client.ApiClient() as api:
-        yield Harness(DualPodsController(api, NS, DualPodsOptions(), registry), registry)
+        yield Harness(DualPodsController(api, NS, DualPodsOptions(), registry), registry, options or Options())

@@ -15,8 +15,9 @@ import pytest
 from api import keys
 from api.launcher import VllmConfig
 from controller.dualpods.http import HttpError, Reply
-from controller.dualpods.reconcile import RELAY_RECHECK_S, SPI_STARTUP_RETRY_S, RequesterProblem
+from controller.dualpods.reconcile import RELAY_RECHECK_S, SPI_STARTUP_RETRY_S
 from controller.dualpods.requester_client import RequesterError
+from controller.dualpods.status import RequesterProblem
 from controller.informer import Obj
 from tests.test_dualpods_fakes import (
     GPU0,
@@ -388,15 +389,6 @@ async def test_a_requester_that_never_answers_is_a_status_error(h: Harness) -> N
         await h.reconcile()
     (error,) = status_errors(h.pod(REQ)) or []
     assert error.startswith("cannot query the requester's GPUs: get_gpu_uuids: ")
-
-
-async def test_a_direct_mode_requester_is_a_status_error(h: Harness) -> None:
-    requester = requester_obj(isc=None)
-    requester["metadata"]["annotations"][keys.SERVER_PATCH_ANNOTATION] = "spec: {}"
-    h.put(requester)
-    with pytest.raises(RequesterProblem, match="not supported"):
-        await h.reconcile()
-    assert h.journal.of("create") == []
 
 
 async def test_a_cordoned_node_without_provider_deletes_the_requester(h: Harness) -> None:

@@ -10,6 +10,7 @@ import json
 import os
 import random
 import subprocess
+import sys
 from collections.abc import Callable
 from decimal import Decimal
 from typing import Any, Final
@@ -22,6 +23,8 @@ from controller.strategic_merge import (
     pod_schema,
 )
 from e2e.cluster.binaries import venv_tool
+from scripts.pod_patch_schema import OUT as POD_PATCH_SCHEMA_FILE
+from scripts.pod_patch_schema import render as render_pod_patch_schema
 
 # A de-individualized server-requesting Pod, as the direct-mode controller patches it.
 POD: Final[dict[str, Any]] = {
@@ -493,3 +496,31 @@ def random_list_case(rng: random.Random) -> tuple[dict[str, Any], dict[str, Any]
 def test_random_list_patch_matches_kubectl(seed: int) -> None:
     pod, patch = random_list_case(random.Random(seed))
     assert_like_kubectl(patch, pod)
+
+
+# ----- the committed Pod schema
+
+
+def test_the_pod_patch_schema_is_current() -> None:
+    assert POD_PATCH_SCHEMA_FILE.read_text() == render_pod_patch_schema(), (
+        "controller/pod_patch_schema.json is out of date: run `python -m scripts.pod_patch_schema`"
+    )
+
+
+def test_the_controller_needs_no_development_package_for_the_schema() -> None:
+    """The controller image installs only the runtime dependencies: merging must not reach kubernetes-validate."""
+    check = (
+        "import sys; sys.modules['kubernetes_validate'] = None; "  # as if not installed: importing it fails
+        "import controller.dualpods.controller, controller.strategic_merge as m; m.pod_schema(); "
+        "assert 'api.crdgen' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", check], check=True, timeout=60)
+
+
+def test_unknown_fields_are_named_as_strict_decoding_names_them() -> None:
+    pod = copy.deepcopy(POD)
+    pod["spec"]["contianers"] = []
+    pod["spec"]["containers"][0]["imag"] = "x"
+    pod["spec"]["containers"][0]["resources"]["limits"]["example.com/any"] = "1"  # a map: any key
+    assert pod_schema().unknown_fields(pod) == ["spec.containers[0].imag", "spec.contianers"]
+    assert pod_schema().unknown_fields(POD) == []

@@ -13,16 +13,20 @@ from prometheus_client import CollectorRegistry
 
 from api import keys
 from api.crds import InferenceServerConfig, LauncherConfig
+from api.keys import GPU_MAP_CONFIGMAP
 from controller.events import EventRecorder
 from controller.informer import Informer, Obj
 from controller.kube import custom_objects
 from controller.workqueue import WorkQueue, run_workers
 
 from . import pods
+from .direct import GPU, NOMINAL
 from .http import HttpCaller
 from .launcher_client import LauncherClient
 from .launcher_views import LauncherView, LauncherViews
 from .metrics import DualPodsMetrics
+from .nominal import gpu_keys
+from .provider_client import ProviderClient
 from .reconcile import (
     BOUND_TO,
     LAUNCHERS,
@@ -41,6 +45,7 @@ log = logging.getLogger(__name__)
 REQUESTER = "requester"
 ISC = "isc"
 Key = tuple[str, str]  # (REQUESTER, requester name) or (ISC, ISC name)
+DIRECT_REQUESTERS = "direct-requesters"
 
 
 @dataclass
@@ -48,6 +53,7 @@ class DualPodsOptions:
     workers: int = 4
     launcher_token: str | None = None  # the bearer token launchers require (E9)
     launcher_token_secret: str | None = None  # the Secret holding it, mounted into launchers we create
+    sleeper_limit: int = 1  # direct providers that may sleep on one GPU (FMA's binary default)
 
 
 class DualPodsController:
@@ -62,12 +68,21 @@ class DualPodsController:
             nodes=Informer("nodes", core.list_node),
             iscs=Informer("inferenceserverconfigs", custom_objects(api, namespace, InferenceServerConfig)),
             lcs=Informer("launcherconfigs", custom_objects(api, namespace, LauncherConfig)),
+            configmaps=Informer(
+                "configmaps",
+                functools.partial(
+                    core.list_namespaced_config_map, namespace, field_selector=f"metadata.name={GPU_MAP_CONFIGMAP}"
+                ),
+            ),
         )
         self.caches.pods.add_index(BOUND_TO, _bound_to)
         self.caches.pods.add_index(REQUESTERS_ON_NODE, _requester_node)
         self.caches.pods.add_index(LAUNCHERS_BY_CONFIG_HASH, _launcher_config_hash)
         self.caches.pods.add_index(REQUESTERS_BY_ISC, _requester_isc)
         self.caches.pods.add_index(LAUNCHERS, lambda p: ["true"] if pods.is_launcher(p) else [])
+        self.caches.pods.add_index(NOMINAL, _nominal_hash)
+        self.caches.pods.add_index(GPU, gpu_keys)
+        self.caches.pods.add_index(DIRECT_REQUESTERS, _direct_requester)
         self.metrics = DualPodsMetrics(registry)
         self.queue: WorkQueue[Key] = WorkQueue("dual-pods")
         self._api = api
@@ -85,15 +100,17 @@ class DualPodsController:
             PodWriter(self._api, self.namespace),
             launchers,
             RequesterClient(http),
+            ProviderClient(http),
             EventRecorder(self._api, "dual-pods-controller"),
             self.metrics,
-            Options(launcher_token_secret=self.options.launcher_token_secret),
+            Options(launcher_token_secret=self.options.launcher_token_secret, sleeper_limit=self.options.sleeper_limit),
         )
         self.caches.pods.subscribe(self._pod_changed)
         self.caches.nodes.subscribe(self._node_changed)
         self.caches.iscs.subscribe(self._isc_changed)
         self.caches.lcs.subscribe(self._lc_changed)
-        informers = [self.caches.pods, self.caches.nodes, self.caches.iscs, self.caches.lcs]
+        self.caches.configmaps.subscribe(self._gpu_map_changed)
+        informers = [self.caches.pods, self.caches.nodes, self.caches.iscs, self.caches.lcs, self.caches.configmaps]
         tasks = [asyncio.ensure_future(i.run()) for i in informers]
         try:
             await asyncio.gather(*(i.synced.wait() for i in informers))
@@ -144,8 +161,8 @@ class DualPodsController:
             binding = pods.binding(pod)
             if binding is not None:
                 self._enqueue((REQUESTER, binding.requester_name))
-            elif pods.is_launcher(pod):
-                self._enqueue_requesters_on(pods.node_name(pod))  # a spare launcher came, went or changed
+            elif pods.is_launcher(pod) or pods.is_direct_provider(pod):
+                self._enqueue_requesters_on(pods.node_name(pod))  # a spare provider came, went or changed
         if new is not None and pods.is_launcher(new):
             running = pods.container_running(new) and not pods.is_failed(new)
             self.views.track(pods.name(new), pods.pod_ip(new) if running else None)
@@ -178,6 +195,11 @@ class DualPodsController:
         if old is not None and (new is None or old.get("spec") != new.get("spec")):
             self._enqueue((ISC, name))
 
+    def _gpu_map_changed(self, old: Obj | None, new: Obj | None) -> None:
+        """Direct requesters wait for their GPUs to be in the map (FMA re-enqueues all requesters)."""
+        for requester in self.caches.pods.by_index(DIRECT_REQUESTERS, "true"):
+            self._enqueue((REQUESTER, pods.name(requester)))
+
     def _lc_changed(self, old: Obj | None, new: Obj | None) -> None:
         name = pods.name(new or old or {"metadata": {"name": ""}})
         for isc in self.caches.iscs.items():
@@ -198,6 +220,15 @@ def _requester_node(pod: Obj) -> list[str]:
 def _launcher_config_hash(pod: Obj) -> list[str]:
     value = pods.annotations(pod).get(keys.LAUNCHER_CONFIG_HASH_ANNOTATION)
     return [value] if value and pods.is_launcher(pod) else []
+
+
+def _nominal_hash(pod: Obj) -> list[str]:
+    value = pods.annotations(pod).get(keys.NOMINAL_ANNOTATION)
+    return [value] if value else []
+
+
+def _direct_requester(pod: Obj) -> list[str]:
+    return ["true"] if keys.SERVER_PATCH_ANNOTATION in pods.annotations(pod) else []
 
 
 def _requester_isc(pod: Obj) -> list[str]:

@@ -93,6 +93,11 @@ def is_launcher(pod: Pod) -> bool:
     return keys.LAUNCHER_CONFIG_NAME_LABEL in labels(pod)
 
 
+def is_direct_provider(pod: Pod) -> bool:
+    """A Pod made from a requester's server patch (FMA's direct mode), bound or asleep."""
+    return keys.NOMINAL_ANNOTATION in annotations(pod)
+
+
 @dataclass(frozen=True)
 class Binding:
     """The `requester` annotation of a provider: the authoritative record of a binding."""

@@ -5,14 +5,15 @@ instances, makes at most one decisive change (a write, a launcher call), and ret
 event that change causes brings the next pass. Every durable fact lives in API objects — the binding
 in the provider's `requester` annotation, the instance in the launcher's annotations, the GPUs in the
 requester's `accelerators` annotation — so a restarted controller carries on where it stopped.
+
+A requester asks for an instance in a launcher (its ISC annotation) or for a direct provider (its server
+patch); the steps only direct mode has are in direct.py, the rest is shared.
 """
 
-import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from pydantic import ValidationError
 
@@ -25,15 +26,19 @@ from controller.launcher_template import TemplateError, launcher_config_hash, no
 
 from . import pods
 from .budget import Sleeper, gpu_victim, gpus_over_budget, host_victims
+from .direct import DirectProviders
 from .http import HttpError
 from .identity import instance_id, vllm_config
 from .launcher_client import LauncherClient
 from .launcher_views import LauncherView, LauncherViews
+from .memory import Memory
 from .metrics import DualPodsMetrics
+from .provider_client import ProviderClient
 from .requester_client import RequesterClient, RequesterError
 from .routing import RoutingMetadata, from_isc, problems
 from .selection import Candidate, choose, instance_port, plan_for
-from .writer import PodWriter, set_annotation, set_finalizer, set_label
+from .status import RequesterProblem, status_json
+from .writer import PodWriter, set_annotation, set_binding, set_finalizer, set_label
 
 log = logging.getLogger(__name__)
 
@@ -54,13 +59,10 @@ INSTANCE_ANNOTATIONS = (
 )
 
 
-class RequesterProblem(Exception):
-    """Something the user should see in the requester's status; the work item retries with back-off."""
-
-
 @dataclass
 class Options:
     launcher_token_secret: str | None = None
+    sleeper_limit: int = 1  # direct providers that may sleep on one GPU (FMA's --sleeper-limit)
 
 
 @dataclass
@@ -69,25 +71,7 @@ class Caches:
     nodes: Informer
     iscs: Informer
     lcs: Informer
-
-
-@dataclass
-class Memory:
-    """What is kept only in memory; losing it on restart costs at most a metric label or a re-sent POST."""
-
-    paths: dict[str, str] = field(default_factory=dict)  # requester UID -> cold / warm / hot
-    victims: dict[str, int] = field(default_factory=dict)  # requester UID -> instances deleted for it
-    relayed: dict[str, tuple[bool, float]] = field(default_factory=dict)  # requester UID -> (ready, when)
-    actuated: set[str] = field(default_factory=set)  # requester UIDs whose actuation was measured
-    errors: dict[str, list[str]] = field(default_factory=dict)  # requester UID -> errors last reported
-
-    def keep_only(self, uids: set[str]) -> None:
-        """Forget the requesters not among `uids` (FMA drops an inference server's state once both Pods are gone)."""
-        tables: list[dict[str, Any]] = [self.paths, self.victims, self.relayed, self.errors]
-        for table in tables:
-            for uid in [u for u in table if u not in uids]:
-                del table[uid]
-        self.actuated &= uids
+    configmaps: Informer  # only the gpu-map ConfigMap
 
 
 class Reconciler:
@@ -99,6 +83,7 @@ class Reconciler:
         writer: PodWriter,
         launchers: LauncherClient,
         requesters: RequesterClient,
+        providers: ProviderClient,
         events: EventRecorder,
         metrics: DualPodsMetrics,
         options: Options,
@@ -113,6 +98,8 @@ class Reconciler:
         self.metrics = metrics
         self.options = options
         self.memory = Memory()
+        self.direct = DirectProviders(namespace, caches.pods, caches.configmaps, writer, providers, events,
+                                      self.memory, options.sleeper_limit)  # fmt: skip
 
     def _pod(self, name: str) -> pods.Pod | None:
         return self.c.pods.get(f"{self.namespace}/{name}")
@@ -137,8 +124,10 @@ class Reconciler:
         try:
             result = await self._reconcile(requester, provider)
         except RequesterProblem as problem:
-            await self._report(requester, [str(problem)])
-            raise
+            await self._report(requester, problem.errors)
+            if problem.retry:
+                raise
+            return None
         except RequesterError as problem:
             await self._report(requester, [str(problem)])
             raise
@@ -171,12 +160,8 @@ class Reconciler:
             return None  # not scheduled yet, or its node is going away: Kubernetes will act
         if pods.pod_ip(requester) is None:
             return None  # a normal moment of a Pod's start, not an error: its IP arrives with an update
-        isc_name = pods.annotations(requester).get(keys.INFERENCE_SERVER_CONFIG_ANNOTATION)
-        if isc_name is None:
-            raise RequesterProblem(
-                f"{keys.SERVER_PATCH_ANNOTATION} (direct providers) is not supported yet; "
-                f"use {keys.INFERENCE_SERVER_CONFIG_ANNOTATION}"
-            )
+        direct = _direct_mode(requester)
+        isc_name = "" if direct else pods.annotations(requester).get(keys.INFERENCE_SERVER_CONFIG_ANNOTATION, "")
         known_gpus = pods.annotations(requester).get(keys.ACCELERATORS_ANNOTATION)
         if not known_gpus:
             return await self._record_gpus(requester, isc_name)
@@ -185,7 +170,12 @@ class Reconciler:
             if (node.get("spec") or {}).get("unschedulable"):
                 await self.writer.delete(requester, f"node {node_name} is cordoned and no provider is bound")
                 return None
+            if direct:
+                await self.direct.acquire(requester, str(node_name), gpus)
+                return None
             return await self._bind(requester, str(node_name), gpus, isc_name)
+        if pods.is_direct_provider(provider):
+            return await self._serve_direct(requester, provider, gpus)
         return await self._serve(requester, provider, gpus, isc_name)
 
     async def _record_gpus(self, requester: pods.Pod, isc_name: str) -> float | None:
@@ -359,7 +349,17 @@ class Reconciler:
             return None
         await self.writer.update(launcher, lambda p: _serving_metadata(p, routing), "instance serving")
         self._set_duality(launcher, 1)
-        return await self._relay(requester, isc_name)
+        return await self._relay(requester, True, isc_name)
+
+    async def _serve_direct(self, requester: pods.Pod, provider: pods.Pod, gpus: list[str]) -> float | None:
+        """A direct provider serves its requester once awake; its readiness is the provider Pod's own."""
+        if await self._settle_requester(requester, provider, gpus, instance=None):
+            return None  # the update brings the next pass
+        ready = await self.direct.actuate(provider)
+        if ready is None:
+            return None
+        self._set_duality(provider, 1)
+        return await self._relay(requester, ready, "")
 
     async def _make_room(
         self, requester: pods.Pod, launcher: pods.Pod, pod_ip: str, view: LauncherView, wanted: str, isc_name: str
@@ -382,12 +382,13 @@ class Reconciler:
             self.memory.victims[uid] = self.memory.victims.get(uid, 0) + len(plan.victims)
 
     def _set_duality(self, launcher: pods.Pod, value: float) -> None:
-        """fma_duality for each GPU of the launcher's binding (1 bound, 0 after)."""
+        """fma_duality for each GPU of the provider's binding (1 bound, 0 after)."""
         binding = pods.binding(launcher)
         config = pods.json_annotation(launcher, keys.VLLM_CONFIG_ANNOTATION) or {}
+        direct_gpus = pods.annotations(launcher).get(keys.ACCELERATORS_ANNOTATION)
         if binding is None:
             return
-        for gpu in config.get("gpu_uuids") or []:
+        for gpu in config.get("gpu_uuids") or (direct_gpus.split(",") if direct_gpus else []):
             self.metrics.duality.labels(
                 self.namespace,
                 binding.requester_name,
@@ -418,23 +419,23 @@ class Reconciler:
                 set_label(pod, keys.INSTANCE_LABEL, instance)
             set_annotation(pod, keys.ACCELERATORS_ANNOTATION, ",".join(gpus))
             if not reported:  # a problem reported in the last pass stays until a pass goes without one
-                set_annotation(pod, keys.STATUS_ANNOTATION, _status_json([]))
+                set_annotation(pod, keys.STATUS_ANNOTATION, status_json([]))
 
         return await self.writer.update(requester, settle, "binding")
 
-    async def _relay(self, requester: pods.Pod, isc_name: str) -> float | None:
-        """Tell the requester it is ready; its kubelet's readiness probe then marks the Pod Ready."""
+    async def _relay(self, requester: pods.Pod, ready: bool, isc_name: str) -> float | None:
+        """Tell the requester whether it is ready; its kubelet's readiness probe then marks the Pod so."""
         uid = pods.uid(requester)
-        if pods.container_ready(requester):
-            self.memory.relayed[uid] = (True, time.monotonic())
+        if pods.container_ready(requester) == ready:
+            self.memory.relayed[uid] = (ready, time.monotonic())
             return None
         last = self.memory.relayed.get(uid)
-        if last is not None and last[0] and time.monotonic() - last[1] < RELAY_RECHECK_S:
+        if last is not None and last[0] == ready and time.monotonic() - last[1] < RELAY_RECHECK_S:
             return RELAY_RECHECK_S - (time.monotonic() - last[1])
-        await self.requesters.relay_readiness(requester, True, isc_name)
-        self.memory.relayed[uid] = (True, time.monotonic())
-        log.info("Successfully relayed the readiness requesterName=%s", pods.name(requester))
-        if uid not in self.memory.actuated:
+        await self.requesters.relay_readiness(requester, ready, isc_name)
+        self.memory.relayed[uid] = (ready, time.monotonic())
+        log.info("Successfully relayed the readiness requesterName=%s ready=%s", pods.name(requester), ready)
+        if ready and uid not in self.memory.actuated:
             self.memory.actuated.add(uid)
             started = pods.container_started_at(requester)
             if started:
@@ -451,19 +452,23 @@ class Reconciler:
             for error in errors:
                 await self.events.record(requester, "Warning", "ActuationProblem", error)
         await self.writer.update(
-            requester, lambda p: set_annotation(p, keys.STATUS_ANNOTATION, _status_json(errors)), "status"
+            requester, lambda p: set_annotation(p, keys.STATUS_ANNOTATION, status_json(errors)), "status"
         )
 
     # ----- unbinding
 
     async def _release(self, launcher: pods.Pod, requester: pods.Pod | None) -> None:
-        """Unbind `launcher` from a requester that is gone or going: its instance sleeps (or, if its
-        ISC changed meanwhile, is deleted) and the launcher becomes a spare again."""
+        """Unbind a provider from a requester that is gone or going: a launcher's instance sleeps (or, if
+        its ISC changed meanwhile, is deleted), a direct provider sleeps, and the provider becomes a spare."""
         if pods.is_deleting(launcher):
             await self.writer.update(launcher, lambda p: set_finalizer(p, keys.PROVIDER_FINALIZER, False), "gone")
             return
         if pods.in_trouble(launcher):
             await self.writer.delete(launcher, "unbinding a provider that restarted and is not ready")
+            return
+        if pods.is_direct_provider(launcher):
+            if await self.direct.put_to_sleep(launcher):
+                await self._unbind(launcher, requester)
             return
         annotations = pods.annotations(launcher)
         routing = RoutingMetadata.model_validate_json(annotations.get(keys.ISC_ROUTING_METADATA_ANNOTATION) or "{}")
@@ -480,8 +485,13 @@ class Reconciler:
             state = view.instances.get(wanted)
             if state is not None:
                 await self._put_away(launcher, pod_ip, state)
-        self._set_duality(launcher, 0)
-        await self.writer.update(launcher, _unbind_metadata, "unbind")
+        await self._unbind(launcher, requester)
+
+    async def _unbind(self, provider: pods.Pod, requester: pods.Pod | None) -> None:
+        """One write clears the provider's binding (and the metadata that came with it); then the requester
+        may go."""
+        self._set_duality(provider, 0)
+        await self.writer.update(provider, _unbind_metadata, "unbind")
         if requester is not None:
             await self.writer.update(requester, lambda p: set_finalizer(p, keys.REQUESTER_FINALIZER, False), "unbound")
 
@@ -615,20 +625,26 @@ def _bound_uid(pod: pods.Pod) -> str | None:
     return binding.requester_uid if binding else None
 
 
-def _status_json(errors: list[str]) -> str:
-    return json.dumps({"Errors": errors or None})
+def _direct_mode(requester: pods.Pod) -> bool:
+    """Which provider the requester asks for: its own (server-patch) or a launcher's instance (ISC)."""
+    found = pods.annotations(requester)
+    if keys.SERVER_PATCH_ANNOTATION in found and keys.INFERENCE_SERVER_CONFIG_ANNOTATION in found:
+        raise RequesterProblem(
+            f"the annotations {keys.SERVER_PATCH_ANNOTATION} and {keys.INFERENCE_SERVER_CONFIG_ANNOTATION} "
+            "exclude each other",
+            retry=False,
+        )
+    return keys.SERVER_PATCH_ANNOTATION in found
 
 
 def _bind_metadata(
     launcher: pods.Pod, requester: pods.Pod, wanted: str, config: VllmConfig, routing: RoutingMetadata
 ) -> None:
-    set_annotation(launcher, keys.REQUESTER_ANNOTATION, f"{pods.uid(requester)} {pods.name(requester)}")
+    set_binding(launcher, requester)
     set_annotation(launcher, keys.INSTANCE_ID_ANNOTATION, wanted)
     set_annotation(launcher, keys.SERVER_PORT_ANNOTATION, str((config.annotations or {})[keys.INSTANCE_INFERENCE_PORT]))
     set_annotation(launcher, keys.VLLM_CONFIG_ANNOTATION, config.model_dump_json(exclude_none=True))
     set_annotation(launcher, keys.ISC_ROUTING_METADATA_ANNOTATION, routing.model_dump_json())
-    set_label(launcher, keys.DUAL_LABEL, pods.name(requester))
-    set_finalizer(launcher, keys.PROVIDER_FINALIZER, True)
 
 
 def _serving_metadata(launcher: pods.Pod, routing: RoutingMetadata) -> None:

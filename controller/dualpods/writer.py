@@ -1,5 +1,9 @@
 """Writes to Pods, each one optimistic: a stale cached object makes the write fail with 409 and the
-work item retries on a fresher cache, so two workers can never both bind one launcher."""
+work item retries on a fresher cache, so two workers can never both bind one launcher.
+
+Every write names the controller as its field manager, so a Pod's managedFields tell when the controller
+last changed it: the least-recently-used order of direct providers (FMA's sleeper limit) reads that time.
+"""
 
 import copy
 import logging
@@ -9,9 +13,13 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from api import keys
+
 from . import pods
 
 log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "dual-pods-controller"  # FMA's controller name
 
 
 class PodWriter:
@@ -26,12 +34,14 @@ class PodWriter:
         if changed == pod:
             return False
         log.info("k8s call start: update pod %s (%s)", pods.name(pod), why)
-        await self._core.replace_namespaced_pod(pods.name(pod), self.namespace, changed)
+        await self._core.replace_namespaced_pod(pods.name(pod), self.namespace, changed, field_manager=FIELD_MANAGER)
         return True
 
     async def create(self, pod: pods.Pod) -> pods.Pod:
         log.info("k8s call start: create pod %s", pod["metadata"].get("generateName") or pods.name(pod))
-        response = await self._core.create_namespaced_pod(self.namespace, pod, _preload_content=False)
+        response = await self._core.create_namespaced_pod(
+            self.namespace, pod, field_manager=FIELD_MANAGER, _preload_content=False
+        )
         async with response:
             if response.status >= 300:
                 raise ApiException(status=response.status, reason=await response.text())
@@ -71,3 +81,11 @@ def set_label(pod: pods.Pod, key: str, value: str | None) -> None:
 def set_finalizer(pod: pods.Pod, finalizer: str, present: bool) -> None:
     current = [f for f in pod["metadata"].get("finalizers") or [] if f != finalizer]
     pod["metadata"]["finalizers"] = [*current, finalizer] if present else current
+
+
+def set_binding(provider: pods.Pod, requester: pods.Pod) -> None:
+    """Bind `provider` to `requester`: the `requester` annotation (the record of the binding), the `dual` label,
+    and the finalizer that keeps a deletion of the provider from going unnoticed."""
+    set_annotation(provider, keys.REQUESTER_ANNOTATION, f"{pods.uid(requester)} {pods.name(requester)}")
+    set_label(provider, keys.DUAL_LABEL, pods.name(requester))
+    set_finalizer(provider, keys.PROVIDER_FINALIZER, True)
