@@ -35,6 +35,11 @@ LAUNCHER_COMPONENT: Final = "launcher"
 PROVIDER_FINALIZER: Final = PREFIX + "provider"
 REQUESTER_FINALIZER: Final = PREFIX + "requester"
 
+# Runtime selection (E4), on an InferenceServerConfig or a requester Pod (which wins): KAITO's proposal's
+# key, and the key KAITO ships, as an alias.
+RUNTIME_ANNOTATION: Final = "workspace.kaito.io/runtime"
+RUNTIME_ANNOTATION_ALIAS: Final = "kaito.sh/runtime"
+
 # Well-known ConfigMap mapping node name -> {GPU UUID: index} (FMA's direct mode and mock GPUs).
 GPU_MAP_CONFIGMAP: Final = "gpu-map"
 

@@ -99,15 +99,29 @@ class DualPodsEnv:
         }
         await self._create(LauncherConfig, body)
 
-    async def create_isc(self, name: str, launcher_config: str, port: int, options: str, **extra: Any) -> None:
+    async def create_isc(
+        self,
+        name: str,
+        launcher_config: str,
+        port: int,
+        options: str,
+        *,
+        annotations: dict[str, str] | None = None,
+        lora_adapters: list[dict[str, str]] | None = None,
+        **server: Any,
+    ) -> None:
+        """An ISC; `annotations` go on the object (e.g. the runtime, E4), `server` into modelServerConfig."""
+        spec: Obj = {
+            "launcherConfigName": launcher_config,
+            "modelServerConfig": {"port": port, "options": options, **server},
+        }
+        if lora_adapters is not None:
+            spec["loraAdapters"] = lora_adapters
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "InferenceServerConfig",
-            "metadata": {"name": name},
-            "spec": {
-                "launcherConfigName": launcher_config,
-                "modelServerConfig": {"port": port, "options": options, **extra},
-            },
+            "metadata": {"name": name, "annotations": annotations or {}},
+            "spec": spec,
         }
         await self._create(InferenceServerConfig, body)
 
@@ -123,10 +137,13 @@ class DualPodsEnv:
         }
         await self._create(LauncherPopulationPolicy, body)
 
-    async def patch_isc(self, name: str, server_config: Obj) -> None:
+    async def patch_isc(self, name: str, server_config: Obj | None = None, **spec: Any) -> None:
+        """Merge-patch an ISC's modelServerConfig and/or other spec fields (e.g. loraAdapters=...)."""
+        if server_config is not None:
+            spec["modelServerConfig"] = server_config
         plural = InferenceServerConfig.RESOURCE.plural
         await self.objects.patch_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, plural, name, {"spec": {"modelServerConfig": server_config}},
+            GROUP, VERSION, self.namespace, plural, name, {"spec": spec},
             _content_type="application/merge-patch+json",
         )  # fmt: skip
 

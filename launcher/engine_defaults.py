@@ -16,8 +16,6 @@ FRAGMENTATION_BYTES = 600 * MIB
 MAX_GPU_MEMORY_UTILIZATION = 0.95
 # When the free memory cannot be measured (KAITO's fallback).
 FALLBACK_GPU_MEMORY_UTILIZATION = 0.84
-# What a sleeping vLLM instance keeps on its GPU (CUDA context, allocator pools): FMA plans 2 GiB.
-SLEEPER_GPU_BYTES = 2 * GIB
 
 
 @dataclass(frozen=True)

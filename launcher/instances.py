@@ -95,7 +95,7 @@ class Instance:
             gpu_uuids=self.config.gpu_uuids,
             env_vars=self.config.env_vars,
             annotations=self.config.annotations,
-            runtime=self.runtime.name,
+            runtime=self.config.runtime or "vllm",
             ready=self.ready,
             sleeping=self.sleeping,
             sleep_level=self.sleep_level,

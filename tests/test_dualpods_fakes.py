@@ -267,6 +267,32 @@ def inst(
     )
 
 
+WANTED = wanted_id()
+
+
+def labels(pod: Obj) -> dict[str, str]:
+    found: dict[str, str] = pod["metadata"].get("labels") or {}
+    return found
+
+
+def annotations(pod: Obj) -> dict[str, str]:
+    found: dict[str, str] = pod["metadata"].get("annotations") or {}
+    return found
+
+
+def finalizers(pod: Obj) -> list[str]:
+    found: list[str] = pod["metadata"].get("finalizers") or []
+    return found
+
+
+def settled(requester: Obj, launcher: str = LAUNCHER, instance: str = WANTED) -> Obj:
+    """`requester` as the controller settles it once bound (§2.4 step 11)."""
+    requester["metadata"]["finalizers"] = [keys.REQUESTER_FINALIZER]
+    requester["metadata"]["labels"].update({keys.DUAL_LABEL: launcher, keys.INSTANCE_LABEL: instance})
+    requester["metadata"]["annotations"][keys.STATUS_ANNOTATION] = '{"Errors": null}'
+    return requester
+
+
 def status_errors(pod: Obj) -> list[str] | None:
     errors: list[str] | None = json.loads(pod["metadata"]["annotations"][keys.STATUS_ANNOTATION])["Errors"]
     return errors
@@ -522,6 +548,7 @@ class FakeProviderClient(ProviderClient):
         self.journal = journal
         self.asleep: dict[str, bool] = {}
         self.refusal: Exception | None = None
+        self.adapters: dict[str, set[str]] = {}  # address -> LoRA adapters it serves
 
     async def is_sleeping(self, pod_ip: str, port: int, requester: str) -> bool:
         self.journal.append(Call("is_sleeping", pod_ip, port))
@@ -537,6 +564,17 @@ class FakeProviderClient(ProviderClient):
         self.journal.append(Call("wake", pod_ip, port))
         self.asleep[pod_ip] = False
 
+    async def lora_adapters(self, pod_ip: str, port: int, requester: str) -> set[str]:
+        return set(self.adapters.get(pod_ip, set()))
+
+    async def load_lora(self, pod_ip: str, port: int, name: str, path: str, requester: str) -> None:
+        self.journal.append(Call("load_lora", name, path))
+        self.adapters.setdefault(pod_ip, set()).add(name)
+
+    async def unload_lora(self, pod_ip: str, port: int, name: str, requester: str) -> None:
+        self.journal.append(Call("unload_lora", name))
+        self.adapters.setdefault(pod_ip, set()).discard(name)
+
 
 class FakeRequesterClient(RequesterClient):
     """A fake RequesterClient: the real one calls the requester's SPI over HTTP (covered by
@@ -548,6 +586,7 @@ class FakeRequesterClient(RequesterClient):
         self.gpus: list[str] | Exception = [GPU0]
         self.relay_error: Exception | None = None
         self.memory_mib: dict[str, int] = {}
+        self.proxied: dict[str, tuple[str, int]] = {}  # requester -> where its proxy points (kept out of the journal)
 
     async def gpu_uuids(self, requester: Obj, isc_name: str) -> list[str]:
         self.journal.append(Call("gpu_uuids", requester["metadata"]["name"]))
@@ -558,6 +597,9 @@ class FakeRequesterClient(RequesterClient):
     async def memory_usage(self, requester: Obj, isc_name: str) -> dict[str, int]:
         self.journal.append(Call("memory_usage", requester["metadata"]["name"]))
         return dict(self.memory_mib)
+
+    async def configure_proxy(self, requester: Obj, address: str, port: int, isc_name: str) -> None:
+        self.proxied[requester["metadata"]["name"]] = (address, port)
 
     async def relay_readiness(self, requester: Obj, ready: bool, isc_name: str) -> None:
         self.journal.append(Call("relay", requester["metadata"]["name"], ready))

@@ -33,20 +33,24 @@ from tests.test_dualpods_fakes import (
     REQ_UID,
     ROUTING_ANNOTATION,
     ROUTING_LABEL,
+    WANTED,
     Harness,
+    annotations,
     bound,
+    finalizers,
     harness,
     inst,
     isc_obj,
+    labels,
     launcher_obj,
     lc_obj,
     node_obj,
     requester_obj,
+    settled,
     status_errors,
     wanted_id,
 )
 
-WANTED = wanted_id()
 INSTANCE_ANNOTATIONS = (
     keys.INSTANCE_ID_ANNOTATION,
     keys.SERVER_PORT_ANNOTATION,
@@ -60,29 +64,6 @@ async def h() -> AsyncIterator[Harness]:
     async with harness() as made:
         made.put(node_obj(), isc_obj(), lc_obj())
         yield made
-
-
-def labels(pod: Obj) -> dict[str, str]:
-    found: dict[str, str] = pod["metadata"].get("labels") or {}
-    return found
-
-
-def annotations(pod: Obj) -> dict[str, str]:
-    found: dict[str, str] = pod["metadata"].get("annotations") or {}
-    return found
-
-
-def finalizers(pod: Obj) -> list[str]:
-    found: list[str] = pod["metadata"].get("finalizers") or []
-    return found
-
-
-def settled(requester: Obj, launcher: str = LAUNCHER, instance: str = WANTED) -> Obj:
-    """`requester` as the controller settles it once bound (§2.4 step 11)."""
-    requester["metadata"]["finalizers"] = [keys.REQUESTER_FINALIZER]
-    requester["metadata"]["labels"].update({keys.DUAL_LABEL: launcher, keys.INSTANCE_LABEL: instance})
-    requester["metadata"]["annotations"][keys.STATUS_ANNOTATION] = '{"Errors": null}'
-    return requester
 
 
 def serving_pair(h: Harness, *, ready: bool = False, deleting: bool = False) -> tuple[Obj, Obj]:
@@ -463,6 +444,8 @@ async def test_the_bind_write_carries_the_binding_and_the_instance(h: Harness) -
         "options": f"--model /models/a --max-model-len 256 --port {PORT}",
         "gpu_uuids": [GPU0],
         "annotations": {keys.INSTANCE_ISC_NAME: ISC, keys.INSTANCE_INFERENCE_PORT: str(PORT)},
+        # E6: what the LauncherConfig's other maxInstances - 1 sleepers keep on the GPU, 2 GiB each.
+        "gpu_sleeper_reserve_bytes": 2 * 1024**3,
     }
     assert json.loads(annotations(launcher)[keys.ISC_ROUTING_METADATA_ANNOTATION]) == {
         "labels": {ROUTING_LABEL: "a"},

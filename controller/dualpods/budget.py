@@ -11,6 +11,8 @@ attempted and left half done.
 from dataclasses import dataclass
 
 MIB = 1024 * 1024
+# What a sleeping vLLM instance keeps on its GPU (CUDA context, allocator pools): FMA plans 2 GiB each.
+SLEEPER_GPU_BYTES = 2 * 1024 * MIB
 
 
 @dataclass(frozen=True)
@@ -45,3 +47,9 @@ def gpu_victim(sleepers: list[Sleeper], over_budget: dict[str, int]) -> str | No
     """The least recently used sleeper on an over-budget GPU, if any."""
     sharing = [s for s in sleepers if s.gpu_uuids & over_budget.keys()]
     return min(sharing, key=lambda s: s.revision).instance_id if sharing else None
+
+
+def gpu_sleeper_reserve(gpu_budget: int | None, max_instances: int) -> int:
+    """GPU memory an awake instance must leave for the sleepers its LauncherConfig allows (E6): the
+    byte budget if set, else 2 GiB for each of the other maxInstances - 1."""
+    return gpu_budget if gpu_budget is not None else (max_instances - 1) * SLEEPER_GPU_BYTES

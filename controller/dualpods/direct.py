@@ -126,7 +126,7 @@ class DirectProviders:
         pod_ip = pods.pod_ip(provider)
         if pod_ip is None or not pods.is_ready(provider):
             return False  # starting or restarting: its readiness brings us back
-        port = self._port(provider)
+        port = self.port(provider)
         requester = _requester_name(provider)
         asleep = self._asleep(provider)
         if asleep is None:  # not known since this controller started (or the container restarted): ask once
@@ -150,7 +150,7 @@ class DirectProviders:
         if self._asleep(provider) is True:
             return True
         try:
-            await self.client.sleep(pod_ip, self._port(provider), _requester_name(provider))
+            await self.client.sleep(pod_ip, self.port(provider), _requester_name(provider))
         except HttpError as err:
             if err.reply is None or err.reply.status >= 500:
                 raise  # unreachable for a moment, or failing: try again
@@ -168,7 +168,8 @@ class DirectProviders:
         requester = self._pods.get(f"{self.namespace}/{binding.requester_name}")
         return requester is None or pods.is_deleting(requester) or pods.uid(requester) != binding.requester_uid
 
-    def _port(self, provider: pods.Pod) -> int:
+    def port(self, provider: pods.Pod) -> int:
+        """The port its model server listens on."""
         try:
             return server_port(provider)
         except NominalError as err:  # not a Pod this controller made

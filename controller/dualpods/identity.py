@@ -1,30 +1,75 @@
-"""What instance an InferenceServerConfig asks for on given GPUs, and its ID.
+"""What instance a requester asks for through an InferenceServerConfig, on given GPUs, and its ID.
 
-The ID hashes the ISC's model-server config and the GPUs, not the launcher: "the same model server on
-the same GPUs" is the hot-start match, whichever launcher holds it. The `I…i` wrapper keeps the ID a
-valid label value.
+The ID hashes the ISC's model-server config, the runtime, whether LoRA is on, and the GPUs — not the
+launcher: "the same model server on the same GPUs" is the hot-start match, whichever launcher holds it.
+LoRA adapters themselves are not part of it: they change at run time (E8). The `I…i` wrapper keeps
+the ID a valid label value.
 """
 
 import base64
 import hashlib
 import json
+import shlex
+from collections.abc import Mapping
 
 from api import keys
 from api.crds import InferenceServerConfig
 from api.launcher import VllmConfig
 
+VLLM = "vllm"
+TRANSFORMERS = "transformers"
+# Annotation values and the runtime each selects (E4).
+RUNTIME_VALUES = {"vllm": VLLM, "huggingface": TRANSFORMERS, "transformers": TRANSFORMERS}
 
-def instance_id(isc: InferenceServerConfig, gpu_uuids: list[str]) -> str:
+
+def runtime_of(requester_annotations: Mapping[str, str], isc_annotations: Mapping[str, str]) -> str:
+    """The runtime asked for; the requester Pod's annotation wins over the ISC's. ValueError (with
+    what is wrong and what would be right) for an unknown value: never a silent default."""
+    for where, annotations in (
+        ("the requester Pod", requester_annotations),
+        ("the InferenceServerConfig", isc_annotations),
+    ):
+        chosen: dict[str, str] = {}
+        for key in (keys.RUNTIME_ANNOTATION, keys.RUNTIME_ANNOTATION_ALIAS):
+            if key not in annotations:
+                continue
+            runtime = RUNTIME_VALUES.get(annotations[key].strip().lower())
+            if runtime is None:
+                raise ValueError(
+                    f"{key}: {annotations[key]!r} on {where} is not a runtime; use one of {', '.join(RUNTIME_VALUES)}"
+                )
+            chosen[key] = runtime
+        if len(set(chosen.values())) > 1:
+            raise ValueError(f"{where} asks for two runtimes: {chosen}")
+        if chosen:
+            return next(iter(chosen.values()))
+    return VLLM
+
+
+def instance_id(isc: InferenceServerConfig, gpu_uuids: list[str], runtime: str = VLLM) -> str:
     config = json.dumps(isc.spec.model_server_config.to_k8s(), sort_keys=True, separators=(",", ":"))
-    digest = hashlib.sha256(f"{config};gpus={','.join(gpu_uuids)}".encode()).digest()
+    extras = (f";runtime={runtime}" if runtime != VLLM else "") + (";lora" if isc.spec.lora_adapters else "")
+    digest = hashlib.sha256(f"{config}{extras};gpus={','.join(gpu_uuids)}".encode()).digest()
     return "I" + base64.urlsafe_b64encode(digest).decode().rstrip("=") + "i"
 
 
-def vllm_config(isc: InferenceServerConfig, gpu_uuids: list[str]) -> VllmConfig:
+def vllm_config(
+    isc: InferenceServerConfig, gpu_uuids: list[str], runtime: str = VLLM, sleeper_reserve_bytes: int | None = None
+) -> VllmConfig:
     server = isc.spec.model_server_config
+    options = [server.options, f"--port {server.port}"]
+    env = dict(server.env_vars)
+    if isc.spec.lora_adapters:
+        # Loaded at start, then kept in step with the ISC at run time (E8).
+        if "--enable-lora" not in shlex.split(server.options):
+            options.append("--enable-lora")
+        options.append("--lora-modules " + " ".join(shlex.quote(f"{a.name}={a.path}") for a in isc.spec.lora_adapters))
+        env.setdefault("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
     return VllmConfig(
-        options=f"{server.options} --port {server.port}".strip(),
+        options=" ".join(o for o in options if o).strip(),
         gpu_uuids=gpu_uuids,
-        env_vars=dict(server.env_vars) or None,
+        env_vars=env or None,
         annotations={keys.INSTANCE_ISC_NAME: isc.metadata.name, keys.INSTANCE_INFERENCE_PORT: str(server.port)},
+        runtime=runtime if runtime != VLLM else None,
+        gpu_sleeper_reserve_bytes=sleeper_reserve_bytes,
     )

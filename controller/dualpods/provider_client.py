@@ -1,6 +1,8 @@
-"""vLLM's own sleep routes on a direct provider (no launcher stands in front of it): what FMA's controller calls.
+"""A model server's own routes: vLLM's sleep routes on a direct provider (no launcher stands in front of it,
+what FMA's controller calls), and the LoRA routes on any model server (E8).
 
-They are vLLM's development-mode endpoints, so a direct provider runs with `VLLM_SERVER_DEV_MODE=1`.
+The sleep routes are vLLM's development-mode endpoints, so a direct provider runs with
+`VLLM_SERVER_DEV_MODE=1`; runtime LoRA updates need `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`.
 """
 
 from .http import HttpCaller, HttpError
@@ -22,3 +24,19 @@ class ProviderClient:
 
     async def wake(self, pod_ip: str, port: int, requester: str) -> None:
         await self._http.expect_ok("wake", "POST", f"http://{pod_ip}:{port}/wake_up", requester=requester)
+
+    async def lora_adapters(self, pod_ip: str, port: int, requester: str) -> set[str]:
+        """The adapters the server serves: the models it lists with a parent model."""
+        url = f"http://{pod_ip}:{port}/v1/models"
+        body = await self._http.expect_ok("list_models", "GET", url, requester=requester)
+        models = body.get("data") if isinstance(body, dict) else None
+        return {str(m["id"]) for m in models or [] if isinstance(m, dict) and m.get("parent")}
+
+    async def load_lora(self, pod_ip: str, port: int, name: str, path: str, requester: str) -> None:
+        body = {"lora_name": name, "lora_path": path}
+        url = f"http://{pod_ip}:{port}/v1/load_lora_adapter"
+        await self._http.expect_ok("load_lora_adapter", "POST", url, body=body, requester=requester)
+
+    async def unload_lora(self, pod_ip: str, port: int, name: str, requester: str) -> None:
+        url = f"http://{pod_ip}:{port}/v1/unload_lora_adapter"
+        await self._http.expect_ok("unload_lora_adapter", "POST", url, body={"lora_name": name}, requester=requester)

@@ -25,10 +25,10 @@ from controller.informer import Informer
 from controller.launcher_template import TemplateError, launcher_config_hash, node_independent_pod, pod_for_node
 
 from . import pods
-from .budget import Sleeper, gpu_victim, gpus_over_budget, host_victims
+from .budget import Sleeper, gpu_sleeper_reserve, gpu_victim, gpus_over_budget, host_victims
 from .direct import DirectProviders
 from .http import HttpError
-from .identity import instance_id, vllm_config
+from .identity import VLLM, instance_id, runtime_of, vllm_config
 from .launcher_client import LauncherClient
 from .launcher_views import LauncherView, LauncherViews
 from .memory import Memory
@@ -94,6 +94,7 @@ class Reconciler:
         self.writer = writer
         self.launchers = launchers
         self.requesters = requesters
+        self.providers = providers
         self.events = events
         self.metrics = metrics
         self.options = options
@@ -226,8 +227,14 @@ class Reconciler:
         routing = from_isc(isc)
         if found := problems(routing, template["metadata"]["labels"], template["metadata"]["annotations"]):
             raise RequesterProblem(f"InferenceServerConfig {isc_name}: " + "; ".join(found))
-        wanted = instance_id(isc, gpus)
-        config = vllm_config(isc, gpus)
+        try:
+            runtime = runtime_of(pods.annotations(requester), isc.metadata.annotations)
+        except ValueError as err:
+            raise RequesterProblem(str(err)) from None
+        budget = lc.spec.sleeper_budget.gpu_memory_bytes
+        reserve = gpu_sleeper_reserve(int(budget) if budget is not None else None, lc.spec.max_instances)
+        wanted = instance_id(isc, gpus, runtime)
+        config = vllm_config(isc, gpus, runtime, reserve)
         port = isc.spec.model_server_config.port
         config_hash = launcher_config_hash(template_hash, node)
         candidates, waiting = await self._candidates(config_hash, isc_name)
@@ -349,7 +356,27 @@ class Reconciler:
             return None
         await self.writer.update(launcher, lambda p: _serving_metadata(p, routing), "instance serving")
         self._set_duality(launcher, 1)
-        return await self._relay(requester, True, isc_name)
+        port = int(annotations.get(keys.SERVER_PORT_ANNOTATION, "0"))
+        await self._sync_lora(requester, pod_ip, port, state)
+        return await self._relay(requester, True, isc_name, target=(pod_ip, port))
+
+    async def _sync_lora(self, requester: pods.Pod, pod_ip: str, port: int, state: InstanceState) -> None:
+        """Keep the serving instance's LoRA adapters in step with its ISC's current list (E8), without
+        restarting it. A failing adapter is reported (Event) and does not stop the serving."""
+        isc_name = (state.annotations or {}).get(keys.INSTANCE_ISC_NAME, "")
+        obj = self.c.iscs.get(f"{self.namespace}/{isc_name}")
+        if obj is None or ("--enable-lora" not in state.options.split() and not obj["spec"].get("loraAdapters")):
+            return
+        wanted = {a.name: a.path for a in InferenceServerConfig.from_k8s(obj).spec.lora_adapters}
+        name = pods.name(requester)
+        loaded = await self.providers.lora_adapters(pod_ip, port, name)
+        try:
+            for adapter in sorted(loaded - wanted.keys()):
+                await self.providers.unload_lora(pod_ip, port, adapter, name)
+            for adapter in sorted(wanted.keys() - loaded):
+                await self.providers.load_lora(pod_ip, port, adapter, wanted[adapter], name)
+        except HttpError as err:
+            await self.events.record(requester, "Warning", "LoraAdapter", str(err))
 
     async def _serve_direct(self, requester: pods.Pod, provider: pods.Pod, gpus: list[str]) -> float | None:
         """A direct provider serves its requester once awake; its readiness is the provider Pod's own."""
@@ -359,7 +386,7 @@ class Reconciler:
         if ready is None:
             return None
         self._set_duality(provider, 1)
-        return await self._relay(requester, ready, "")
+        return await self._relay(requester, ready, "", target=(str(pods.pod_ip(provider)), self.direct.port(provider)))
 
     async def _make_room(
         self, requester: pods.Pod, launcher: pods.Pod, pod_ip: str, view: LauncherView, wanted: str, isc_name: str
@@ -423,8 +450,11 @@ class Reconciler:
 
         return await self.writer.update(requester, settle, "binding")
 
-    async def _relay(self, requester: pods.Pod, ready: bool, isc_name: str) -> float | None:
-        """Tell the requester whether it is ready; its kubelet's readiness probe then marks the Pod so."""
+    async def _relay(
+        self, requester: pods.Pod, ready: bool, isc_name: str, target: tuple[str, int] | None = None
+    ) -> float | None:
+        """Tell the requester whether it is ready (its kubelet's readiness probe then marks the Pod so),
+        after pointing its request proxy (E7) at `target`, the serving model server."""
         uid = pods.uid(requester)
         if pods.container_ready(requester) == ready:
             self.memory.relayed[uid] = (ready, time.monotonic())
@@ -432,6 +462,8 @@ class Reconciler:
         last = self.memory.relayed.get(uid)
         if last is not None and last[0] == ready and time.monotonic() - last[1] < RELAY_RECHECK_S:
             return RELAY_RECHECK_S - (time.monotonic() - last[1])
+        if ready and target is not None:
+            await self.requesters.configure_proxy(requester, *target, isc_name)
         await self.requesters.relay_readiness(requester, ready, isc_name)
         self.memory.relayed[uid] = (ready, time.monotonic())
         log.info("Successfully relayed the readiness requesterName=%s ready=%s", pods.name(requester), ready)
@@ -576,7 +608,7 @@ class Reconciler:
             isc = InferenceServerConfig.from_k8s(obj)
         except ValidationError:
             return True
-        return instance_id(isc, state.gpu_uuids or []) != state.instance_id
+        return instance_id(isc, state.gpu_uuids or [], state.runtime or VLLM) != state.instance_id
 
     # ----- instances of a changed InferenceServerConfig
 

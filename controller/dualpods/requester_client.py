@@ -38,6 +38,18 @@ class RequesterClient:
         )
         return {str(k): int(v) for k, v in body.items()}
 
+    async def configure_proxy(self, requester: pods.Pod, address: str, port: int, isc_name: str) -> None:
+        """Point the requester's request proxy (E7) at its provider; a requester without a proxy (FMA's
+        own, 0.6) answers 404 and is left as it is."""
+        url = self._url(requester, "/v1/proxy/config")
+        body = {"address": address, "port": port}
+        reply = await self._http.call("configure_proxy", "PUT", url, body=body, isc_name=isc_name,
+                                      requester=pods.name(requester))  # fmt: skip
+        if reply.status in (404, 405):
+            return
+        if not reply.ok:
+            raise RequesterError(f"the requester's proxy refused its provider {address}:{port}: {reply.body}")
+
     async def relay_readiness(self, requester: pods.Pod, ready: bool, isc_name: str) -> None:
         path, purpose = ("/v1/become-ready", "relay_ready") if ready else ("/v1/become-unready", "relay_unready")
         try:
