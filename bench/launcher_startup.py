@@ -20,30 +20,15 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
 
-from e2e.launcher_process import LauncherProcess, free_port, offline_environment
+from e2e.launcher_process import LauncherProcess, free_port, offline_environment, wait_healthy
 from e2e.tiny_model import ensure_tiny_model
 
 HEALTH_TIMEOUT_S = 300.0
-
-
-def wait_healthy(port: int, started: float, alive: Callable[[], bool]) -> float:
-    while time.monotonic() - started < HEALTH_TIMEOUT_S:
-        if not alive():
-            raise RuntimeError(f"the server on port {port} died before it was healthy")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as response:
-                if response.status == 200:
-                    return time.monotonic() - started
-        except OSError:
-            pass
-        time.sleep(0.05)
-    raise TimeoutError(f"no healthy server on port {port} after {HEALTH_TIMEOUT_S} s")
 
 
 def request(url: str, method: str, body: dict[str, object] | None = None) -> dict[str, object]:
@@ -60,7 +45,10 @@ def forked(launcher: LauncherProcess, model: Path, round_: int) -> tuple[float, 
     started = time.monotonic()
     state = request(url, "PUT", {"options": f"--model {model} --port {port} --max-model-len 256"})
     try:
-        elapsed = wait_healthy(port, started, lambda: request(url, "GET")["status"] == "running")
+        health = f"http://127.0.0.1:{port}/health"
+        elapsed = wait_healthy(
+            health, lambda: request(url, "GET")["status"] == "running", HEALTH_TIMEOUT_S, started=started
+        )
     finally:
         request(url, "DELETE")
     return elapsed, str(state["effective_options"])
@@ -76,7 +64,8 @@ def cold(argv: list[str], port: int, work_dir: Path, single_process: bool) -> fl
         started = time.monotonic()
         server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        return wait_healthy(port, started, lambda: server.poll() is None)
+        health = f"http://127.0.0.1:{port}/health"
+        return wait_healthy(health, lambda: server.poll() is None, HEALTH_TIMEOUT_S, started=started)
     finally:
         for process in [*psutil.Process(server.pid).children(recursive=True), psutil.Process(server.pid)]:
             process.terminate()

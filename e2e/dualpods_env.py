@@ -3,6 +3,7 @@ the objects a model-variant deployer creates."""
 
 import base64
 import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -106,11 +107,12 @@ class DualPodsEnv:
         port: int,
         options: str,
         *,
-        annotations: dict[str, str] | None = None,
+        isc_annotations: dict[str, str] | None = None,
         lora_adapters: list[dict[str, str]] | None = None,
         **server: Any,
     ) -> None:
-        """An ISC; `annotations` go on the object (e.g. the runtime, E4), `server` into modelServerConfig."""
+        """An ISC; `isc_annotations` go on the object (e.g. the runtime, E4), `server` into modelServerConfig
+        (e.g. its routing `labels` and `annotations`)."""
         spec: Obj = {
             "launcherConfigName": launcher_config,
             "modelServerConfig": {"port": port, "options": options, **server},
@@ -120,7 +122,7 @@ class DualPodsEnv:
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "InferenceServerConfig",
-            "metadata": {"name": name, "annotations": annotations or {}},
+            "metadata": {"name": name, "annotations": isc_annotations or {}},
             "spec": spec,
         }
         await self._create(InferenceServerConfig, body)
@@ -288,3 +290,18 @@ def _requester_spec(gpus: int, node: str | None, gpu: str | None) -> Obj:
 
 def _ready(pod: Obj) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions") or [])
+
+
+@contextlib.asynccontextmanager
+async def installed(
+    cluster: LoopbackCluster, api: client.ApiClient, namespace: str, work_dir: Path, *chart_values: str
+) -> AsyncIterator[DualPodsEnv]:
+    """A namespace set up for dual pods with the controllers installed by the chart (`--set` values),
+    taken down afterwards in the order that leaves no finalizer behind."""
+    env = DualPodsEnv(cluster, api, namespace, work_dir)
+    await env.setup()
+    await env.controllers.install(*chart_values)
+    try:
+        yield env
+    finally:
+        await env.teardown()

@@ -5,6 +5,8 @@ Fixtures:
                `cluster.kubelet.lose_node(name)` / `.add_node(name, gpus)` / `.publish_gpu_map(ns)`,
                `cluster.container_log(pod, container, previous=False)`, `cluster.state().apiserver_port`.
     api        a kubernetes-asyncio ApiClient with admin rights, closed after the test.
+    env        a DualPodsEnv: the namespace set up for dual pods, with the controllers installed by the
+               Helm chart (default values), taken down after the test.
     namespace  a fresh namespace (its default ServiceAccount ready for Pods), deleted after the test;
                `fresh_namespace(api, label)` makes one for a wider scope (e.g. a module's scenario).
 Helpers: `e2e.waiting.wait_for(check, what=..., within=seconds)`.
@@ -14,12 +16,14 @@ import re
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import pytest
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from e2e.cluster.cluster import LoopbackCluster, default_nodes
+from e2e.dualpods_env import DualPodsEnv, installed
 from e2e.waiting import wait_for
 
 
@@ -68,3 +72,11 @@ async def namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> As
     """Named after the test; Pods can be created in it at once (its ServiceAccount token exists)."""
     async with fresh_namespace(api, request.node.name) as name:
         yield name
+
+
+@pytest.fixture
+async def env(
+    cluster: LoopbackCluster, api: client.ApiClient, namespace: str, tmp_path: Path
+) -> AsyncIterator[DualPodsEnv]:
+    async with installed(cluster, api, namespace, tmp_path) as environment:
+        yield environment

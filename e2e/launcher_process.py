@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,29 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def wait_healthy(
+    url: str,
+    alive: Callable[[], bool],
+    timeout: float,
+    diagnose: Callable[[], str] = lambda: "",
+    started: float | None = None,
+) -> float:
+    """Poll `url` until it answers 200; the seconds since `started` (default: now). RuntimeError if
+    `alive()` turns false first, TimeoutError after `timeout`; `diagnose()` adds context (a log tail)."""
+    started = time.monotonic() if started is None else started
+    while time.monotonic() - started < timeout:
+        if not alive():
+            raise RuntimeError(f"the server behind {url} died before it was healthy:\n{diagnose()}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return time.monotonic() - started
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} not healthy after {timeout} s:\n{diagnose()}")
 
 
 def offline_environment(tmp_dir: Path) -> dict[str, str]:
@@ -77,22 +101,9 @@ class LauncherProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        self._wait_healthy()
+        wait_healthy(f"{self.url}/health", lambda: self.process is not None and self.process.poll() is None,
+                     PRELOAD_TIMEOUT_S, self.log_tail)  # fmt: skip
         return self
-
-    def _wait_healthy(self) -> None:
-        assert self.process is not None
-        deadline = time.monotonic() + PRELOAD_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"launcher exited with {self.process.returncode}:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.1)
-        raise TimeoutError(f"launcher not healthy after {PRELOAD_TIMEOUT_S} s:\n{self.log_tail()}")
 
     def descendants(self) -> list[psutil.Process]:
         assert self.process is not None

@@ -4,32 +4,12 @@ Launchers run the stand-in server (instances are cheap and start at once); the b
 the measured size of one instance, so that exactly one sleeper fits.
 """
 
-from collections.abc import AsyncIterator
-from pathlib import Path
-
-import pytest
-from kubernetes_asyncio import client
-
 from api import keys
 from api.crds import GROUP, VERSION, LauncherConfig
-from e2e.cluster.cluster import LoopbackCluster
 from e2e.dualpods_env import DualPodsEnv
 from e2e.waiting import wait_for
 
 RS = "budgeted"
-
-
-@pytest.fixture
-async def env(
-    cluster: LoopbackCluster, api: client.ApiClient, namespace: str, tmp_path: Path
-) -> AsyncIterator[DualPodsEnv]:
-    environment = DualPodsEnv(cluster, api, namespace, tmp_path)
-    await environment.setup()
-    await environment.controllers.install()
-    try:
-        yield environment
-    finally:
-        await environment.teardown()
 
 
 async def _switch(env: DualPodsEnv, isc: str, launcher: str) -> None:

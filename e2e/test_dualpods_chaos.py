@@ -7,15 +7,10 @@ Launchers run the stand-in server with start-up, sleep and wake delays, so each 
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
-
-import pytest
-from kubernetes_asyncio import client
+from collections.abc import Awaitable, Callable
 
 from api import keys
 from e2e.chart import DUAL_PODS
-from e2e.cluster.cluster import LoopbackCluster
 from e2e.dualpods_env import DualPodsEnv, Obj
 from e2e.waiting import wait_for
 
@@ -23,19 +18,6 @@ RS = "swapper"
 DELAYS = "--startup-delay 0.8 --sleep-delay 0.3 --wake-delay 0.3"
 # Seconds after starting a swap step at which the controller is killed.
 KILL_AFTER = (0.05, 0.3, 0.6, 1.0, 1.5, 0.15, 0.8, 2.0)
-
-
-@pytest.fixture
-async def env(
-    cluster: LoopbackCluster, api: client.ApiClient, namespace: str, tmp_path: Path
-) -> AsyncIterator[DualPodsEnv]:
-    environment = DualPodsEnv(cluster, api, namespace, tmp_path)
-    await environment.setup()
-    await environment.controllers.install()
-    try:
-        yield environment
-    finally:
-        await environment.teardown()
 
 
 async def assert_consistent(env: DualPodsEnv, isc: str) -> None:

@@ -10,7 +10,7 @@ from kubernetes_asyncio import client
 
 from e2e.chart import DUAL_PODS
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.dualpods_env import DualPodsEnv
+from e2e.dualpods_env import DualPodsEnv, installed
 from e2e.waiting import wait_for
 
 RS = "ha"
@@ -21,13 +21,8 @@ LEASE = "dualpods-dual-pods"
 async def env(
     cluster: LoopbackCluster, api: client.ApiClient, namespace: str, tmp_path: Path
 ) -> AsyncIterator[DualPodsEnv]:
-    environment = DualPodsEnv(cluster, api, namespace, tmp_path)
-    await environment.setup()
-    await environment.controllers.install("dualPodsController.replicas=2")
-    try:
+    async with installed(cluster, api, namespace, tmp_path, "dualPodsController.replicas=2") as environment:
         yield environment
-    finally:
-        await environment.teardown()
 
 
 async def test_the_follower_takes_over_when_the_leader_dies(env: DualPodsEnv) -> None:

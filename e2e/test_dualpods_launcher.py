@@ -17,7 +17,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from api import keys
 from api.crds import GROUP, VERSION, LauncherPopulationPolicy
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.dualpods_env import DualPodsEnv, Obj
+from e2e.dualpods_env import DualPodsEnv, Obj, installed
 from e2e.fixtures import fresh_namespace
 from e2e.tiny_model import ensure_tiny_model
 from e2e.waiting import wait_for
@@ -41,9 +41,11 @@ class Scenario:
 
 @pytest.fixture(scope="module")
 async def scenario(cluster: LoopbackCluster, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Scenario]:
-    async with await cluster.api_client() as api, fresh_namespace(api, "fma-launcher-cases") as namespace:
-        env = DualPodsEnv(cluster, api, namespace, tmp_path_factory.mktemp("fma-cases"))
-        await env.setup()
+    async with (
+        await cluster.api_client() as api,
+        fresh_namespace(api, "fma-launcher-cases") as namespace,
+        installed(cluster, api, namespace, tmp_path_factory.mktemp("fma-cases")) as env,
+    ):
         await env.create_launcher_config("lc", max_instances=2, launcher_args=[])
         for isc, seed, port in (("isc", 1, 8005), ("isc2", 2, 8006), ("isc3", 3, 8007)):
             model = ensure_tiny_model(seed)
@@ -55,12 +57,8 @@ async def scenario(cluster: LoopbackCluster, tmp_path_factory: pytest.TempPathFa
                 labels={ISC_LABEL: "test-value"},
                 annotations={ISC_ANNOTATION: "test-value"},
             )
-        await env.controllers.install()
         node = (await cluster.kubelet.nodes())[0]
-        try:
-            yield Scenario(env, node.name, sorted(node.gpus))
-        finally:
-            await env.teardown()
+        yield Scenario(env, node.name, sorted(node.gpus))
 
 
 async def _launchers_on(env: DualPodsEnv, node: str) -> list[Obj]:

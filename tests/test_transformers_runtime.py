@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
-from e2e.launcher_process import REPO, free_port, offline_environment
+from e2e.launcher_process import REPO, free_port, offline_environment, wait_healthy
 from e2e.tiny_lora import ensure_tiny_lora
 
 START_TIMEOUT_S = 120.0
@@ -75,23 +74,11 @@ def server(model_a: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         )
     running = Server(process, f"http://127.0.0.1:{port}", log, model_a)
     try:
-        _wait_healthy(running)
+        wait_healthy(f"{running.url}/health", lambda: running.process.poll() is None, START_TIMEOUT_S,
+                     running.log.read_text)  # fmt: skip
         yield running
     finally:
         running.stop()
-
-
-def _wait_healthy(server: Server) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        assert server.process.poll() is None, server.log.read_text()
-        try:
-            with urllib.request.urlopen(f"{server.url}/health", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(f"not healthy after {START_TIMEOUT_S} s:\n{server.log.read_text()}")
 
 
 @pytest.fixture
