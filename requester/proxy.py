@@ -18,11 +18,12 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from api.openai_errors import ApiError
+
 from . import guard
 from .backend_limits import BackendLimits
 from .metrics import RequesterMetrics
 from .middleware import count_and_contain, text
-from .openai_errors import error_response
 from .overload import Overload
 from .prompt_tokens import PromptCounter
 from .proxy_target import ProxyTarget
@@ -57,9 +58,13 @@ def route_label(request: web.Request) -> str:
 
 
 def _unavailable(message: str) -> web.Response:
-    return error_response(
-        503, message, "server_error", "model_server_unavailable", retry_after_s=UNAVAILABLE_RETRY_AFTER_S
-    )
+    return ApiError(
+        503,
+        message,
+        err_type="server_error",
+        code="model_server_unavailable",
+        headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)},
+    ).response()
 
 
 def _without_hop_by_hop(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
@@ -110,15 +115,21 @@ class Proxy:
             if rejection is not None:
                 self._metrics.guard_rejections.labels(rejection.reason).inc()
                 log.info("refused a request that cannot fit", extra={"path": path, "why": rejection.message})
-                return error_response(400, rejection.message, "invalid_request_error", rejection.code, rejection.param)
+                return ApiError(
+                    400, rejection.message, rejection.param, err_type="invalid_request_error", code=rejection.code
+                ).response()
         if path not in INFERENCE_PATHS:
             return await self._forward(request, body, arrived)
         shed = self._overload.admit()
         if shed is not None:
             self._metrics.overload_rejections.inc()
-            return error_response(
-                429, shed.message, "rate_limit_error", "rate_limit_exceeded", retry_after_s=OVERLOADED_RETRY_AFTER_S
-            )
+            return ApiError(
+                429,
+                shed.message,
+                err_type="rate_limit_error",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(OVERLOADED_RETRY_AFTER_S)},
+            ).response()
         try:
             return await self._forward(request, body, arrived)
         finally:
@@ -159,9 +170,8 @@ class Proxy:
             self._metrics.upstream_errors.labels("connect" if unreachable else "broken").inc()
             what = "cannot be reached" if unreachable else "closed the connection before answering"
             log.warning("model server failed", extra={"upstream": self._upstream.host_port, "error": repr(err)})
-            return error_response(
-                502, f"the model server at {self._upstream.host_port} {what}: {err}.", "server_error", "bad_gateway"
-            )
+            message = f"the model server at {self._upstream.host_port} {what}: {err}."
+            return ApiError(502, message, err_type="server_error", code="bad_gateway").response()
         complete = False
         try:
             answered = time.monotonic()

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 import torch
 
+from api.openai_errors import ApiError
 from transformers_runtime import build_parser
 from transformers_runtime.engine import CallJob, Engine, Job
-from transformers_runtime.errors import ApiError
 from transformers_runtime.generation import Delta, SamplingParams, generate, sample
 from transformers_runtime.lora import Adapter, AdapterRegistry, parse_lora_module
 from transformers_runtime.model import Checkpoint, ModelHolder, resolve_dtype

@@ -11,8 +11,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
+from api.openai_errors import ApiError
+
 from .engine import Done, Engine, Failed, GenerationJob, ModelContext, Prompt
-from .errors import ApiError
 from .generation import Delta
 from .lora import Adapter, AdapterRegistry
 from .metrics import Metrics

@@ -16,9 +16,10 @@ from pathlib import Path
 
 from aiohttp import web
 
+from api.openai_errors import ApiError
+
 from .app import ServerState, create_app
 from .engine import Engine, ModelContext
-from .errors import ApiError
 from .lora import AdapterRegistry, AdapterSlots, parse_lora_module
 from .metrics import Metrics
 from .model import DEVICE_CHOICES, DTYPE_CHOICES, Checkpoint, ModelHolder

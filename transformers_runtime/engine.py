@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Generic, Literal, TypeVar
 
-from .errors import ApiError
+from api.openai_errors import ApiError
+
 from .generation import Delta, SamplingParams, generate
 from .lora import Adapter, AdapterSlots
 from .model import ModelHolder

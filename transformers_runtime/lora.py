@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ApiError
+from api.openai_errors import ApiError
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
-from .errors import ApiError
+from api.openai_errors import ApiError
+
 from .generation import FinishReason, SamplingParams
 
 # The neutral value of each refused feature: a request may send it, but nothing else.

@@ -5,7 +5,7 @@ import json
 from aiohttp import web
 from pydantic import BaseModel
 
-from .errors import ApiError
+from api.openai_errors import ApiError
 
 
 class SseStream:

@@ -6,8 +6,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from api.openai_errors import ApiError
 from tests.standin.engine import Engine
-from tests.standin.errors import ApiError
 from tests.standin.openai_bodies import Job
 
 ENGINE = web.AppKey("engine", Engine)

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.standin.errors import ApiError
+from api.openai_errors import ApiError
 
 WORDS = ("The", "stand-in", "server", "answers", "every", "prompt", "with", "this", "same", "text.")
 DEFAULT_MAX_TOKENS = 16
