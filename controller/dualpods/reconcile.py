@@ -14,11 +14,12 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from typing import TypeVar
 
 from pydantic import ValidationError
 
 from api import keys
-from api.crds import InferenceServerConfig, LauncherConfig, SleeperBudget
+from api.crds import CustomResource, InferenceServerConfig, LauncherConfig, SleeperBudget
 from api.launcher import InstanceState, InstanceStatus, VllmConfig
 from controller.events import EventRecorder
 from controller.informer import Informer
@@ -41,6 +42,7 @@ from .status import RequesterProblem, status_json
 from .writer import PodWriter, set_annotation, set_binding, set_finalizer, set_label
 
 log = logging.getLogger(__name__)
+Config = TypeVar("Config", bound=CustomResource)
 
 BOUND_TO = "bound-to"
 REQUESTERS_ON_NODE = "requesters-on-node"
@@ -199,27 +201,28 @@ class Reconciler:
 
     # ----- binding a launcher
 
-    def _isc(self, name: str) -> InferenceServerConfig:
-        obj = self.c.iscs.get(f"{self.namespace}/{name}")
+    def _config(self, kind: type[Config], cache: Informer, name: str) -> Config:
+        """The named object from `cache`, parsed; the RequesterProblem says whether it is missing or invalid."""
+        obj = cache.get(f"{self.namespace}/{name}")
         if obj is None:
-            raise RequesterProblem(f"InferenceServerConfig {name} does not exist")
+            raise RequesterProblem(f"{kind.RESOURCE.kind} {name} does not exist")
         try:
-            return InferenceServerConfig.from_k8s(obj)
+            return kind.from_k8s(obj)
         except ValidationError as err:
-            raise RequesterProblem(f"InferenceServerConfig {name} is invalid: {err}") from None
+            raise RequesterProblem(f"{kind.RESOURCE.kind} {name} is invalid: {err}") from None
 
-    def _launcher_config(self, name: str) -> LauncherConfig:
-        obj = self.c.lcs.get(f"{self.namespace}/{name}")
-        if obj is None:
-            raise RequesterProblem(f"LauncherConfig {name} does not exist")
+    def _launcher_config_of(self, launcher: pods.Pod) -> LauncherConfig | None:
+        """The LauncherConfig a launcher was made from; None when it is gone or invalid (no limits then)."""
         try:
-            return LauncherConfig.from_k8s(obj)
-        except ValidationError as err:
-            raise RequesterProblem(f"LauncherConfig {name} is invalid: {err}") from None
+            return self._config(
+                LauncherConfig, self.c.lcs, pods.labels(launcher).get(keys.LAUNCHER_CONFIG_NAME_LABEL, "")
+            )
+        except RequesterProblem:
+            return None
 
     async def _bind(self, requester: pods.Pod, node: str, gpus: list[str], isc_name: str) -> float | None:
-        isc = self._isc(isc_name)
-        lc = self._launcher_config(isc.spec.launcher_config_name)
+        isc = self._config(InferenceServerConfig, self.c.iscs, isc_name)
+        lc = self._config(LauncherConfig, self.c.lcs, isc.spec.launcher_config_name)
         try:
             template, template_hash = node_independent_pod(lc, self.options.launcher_token_secret)
         except TemplateError as err:
@@ -393,11 +396,8 @@ class Reconciler:
     ) -> None:
         """Before creating the bound instance: delete the sleeping instances on its port and the least
         recently used others beyond the LauncherConfig's maxInstances (FMA's reclaim)."""
-        lc_obj = self.c.lcs.get(f"{self.namespace}/{pods.labels(launcher).get(keys.LAUNCHER_CONFIG_NAME_LABEL, '')}")
-        try:
-            max_instances = LauncherConfig.from_k8s(lc_obj).spec.max_instances if lc_obj else None
-        except ValidationError:
-            max_instances = None
+        lc = self._launcher_config_of(launcher)
+        max_instances = lc.spec.max_instances if lc is not None else None
         port = int(pods.annotations(launcher).get(keys.SERVER_PORT_ANNOTATION, "0"))
         others = [s for s in view.instances.values() if s.instance_id != wanted]
         plan = plan_for(Candidate(pods.name(launcher), others), wanted, port, max_instances or len(others) + 1)
@@ -542,12 +542,8 @@ class Reconciler:
     # ----- memory budgets of sleeping instances (E3)
 
     def _sleeper_budget(self, launcher: pods.Pod) -> SleeperBudget | None:
-        name = pods.labels(launcher).get(keys.LAUNCHER_CONFIG_NAME_LABEL, "")
-        obj = self.c.lcs.get(f"{self.namespace}/{name}")
-        try:
-            return LauncherConfig.from_k8s(obj).spec.sleeper_budget if obj is not None else None
-        except ValidationError:
-            return None
+        lc = self._launcher_config_of(launcher)
+        return lc.spec.sleeper_budget if lc is not None else None
 
     async def _fits_host_budget(self, launcher: pods.Pod, pod_ip: str, instance: str, isc_name: str) -> bool:
         """Make room for one more sleeper in host memory: False if even alone it would not fit."""
@@ -600,13 +596,10 @@ class Reconciler:
 
     def _obsolete(self, state: InstanceState) -> bool:
         """The instance's InferenceServerConfig changed (or is gone) since it was created."""
-        isc_name = (state.annotations or {}).get(keys.INSTANCE_ISC_NAME)
-        obj = self.c.iscs.get(f"{self.namespace}/{isc_name}") if isc_name else None
-        if obj is None:
-            return True
+        isc_name = (state.annotations or {}).get(keys.INSTANCE_ISC_NAME, "")
         try:
-            isc = InferenceServerConfig.from_k8s(obj)
-        except ValidationError:
+            isc = self._config(InferenceServerConfig, self.c.iscs, isc_name)
+        except RequesterProblem:
             return True
         return instance_id(isc, state.gpu_uuids or [], state.runtime or VLLM) != state.instance_id
 
