@@ -14,6 +14,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from api import keys
 from api.crds import GROUP, VERSION, CustomResource, InferenceServerConfig, LauncherConfig, LauncherPopulationPolicy
 from api.keys import LAUNCHER_PORT
+from controller.dualpods.pods import is_ready
 from e2e.chart import InstalledControllers
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import install_crds
@@ -224,7 +225,7 @@ class DualPodsEnv:
 
         async def ready() -> Obj:
             found = await self.requesters(replica_set)
-            if len(found) == 1 and _ready(found[0]) and keys.DUAL_LABEL in found[0]["metadata"].get("labels", {}):
+            if len(found) == 1 and is_ready(found[0]) and keys.DUAL_LABEL in found[0]["metadata"].get("labels", {}):
                 return found[0]
             return {}
 
@@ -286,10 +287,6 @@ def _requester_spec(gpus: int, node: str | None, gpu: str | None) -> Obj:
     if node is not None:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     return spec
-
-
-def _ready(pod: Obj) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod.get("status", {}).get("conditions") or [])
 
 
 @contextlib.asynccontextmanager

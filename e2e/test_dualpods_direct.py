@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 
 from api import keys
+from controller.dualpods import pods
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.dualpods_env import DualPodsEnv, Obj
 from e2e.fixtures import fresh_namespace
@@ -78,20 +79,6 @@ async def scenario(cluster: LoopbackCluster, tmp_path_factory: pytest.TempPathFa
             await env.teardown()
 
 
-def _labels(pod: Obj) -> dict[str, str]:
-    labels: dict[str, str] = pod["metadata"].get("labels") or {}
-    return labels
-
-
-def _annotations(pod: Obj) -> dict[str, str]:
-    annotations: dict[str, str] = pod["metadata"].get("annotations") or {}
-    return annotations
-
-
-def _ready(pod: Obj) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
-
-
 async def _gpus(env: DualPodsEnv, node: str) -> dict[str, int]:
     """The node's GPUs: UUID -> index."""
     return next(n.gpus for n in await env.cluster.kubelet.nodes() if n.name == node)
@@ -111,13 +98,13 @@ async def _server(provider: Obj, method: str, path: str, body: Any = None) -> An
 async def _bound_pair(env: DualPodsEnv, replica_set: str, within: float = READY_S) -> tuple[Obj, Obj]:
     """The set's Ready requester and its Ready provider, bound to each other both ways."""
     requester = await env.ready_requester(replica_set, within=within)
-    provider = await env.pod(_labels(requester)[keys.DUAL_LABEL])
-    assert _labels(provider)[keys.DUAL_LABEL] == requester["metadata"]["name"]
-    assert _annotations(provider)[keys.REQUESTER_ANNOTATION] == (
+    provider = await env.pod(pods.labels(requester)[keys.DUAL_LABEL])
+    assert pods.labels(provider)[keys.DUAL_LABEL] == requester["metadata"]["name"]
+    assert pods.annotations(provider)[keys.REQUESTER_ANNOTATION] == (
         f"{requester['metadata']['uid']} {requester['metadata']['name']}"
     )
-    assert _ready(provider)
-    assert _labels(provider)[keys.SLEEPING_LABEL] == "false"
+    assert pods.is_ready(provider)
+    assert pods.labels(provider)[keys.SLEEPING_LABEL] == "false"
     assert keys.REQUESTER_FINALIZER in requester["metadata"]["finalizers"]
     assert keys.PROVIDER_FINALIZER in provider["metadata"]["finalizers"]
     return requester, provider
@@ -128,11 +115,11 @@ async def _asleep(env: DualPodsEnv, provider: str) -> Obj:
 
     async def unbound() -> Obj:
         pod = await env.pod(provider)
-        return pod if keys.REQUESTER_ANNOTATION not in _annotations(pod) else {}
+        return pod if keys.REQUESTER_ANNOTATION not in pods.annotations(pod) else {}
 
     pod = await wait_for(unbound, what=f"provider {provider} unbound", within=60)
-    assert _labels(pod)[keys.SLEEPING_LABEL] == "true"
-    assert keys.DUAL_LABEL not in _labels(pod)
+    assert pods.labels(pod)[keys.SLEEPING_LABEL] == "true"
+    assert keys.DUAL_LABEL not in pods.labels(pod)
     assert pod["metadata"].get("finalizers") in (None, [])
     assert (await _server(pod, "GET", "/is_sleeping")) == {"is_sleeping": True}
     return pod
@@ -146,7 +133,7 @@ async def test_01_creation(scenario: Scenario) -> None:
 
     async def waiting_for_the_map() -> Obj:
         found = await env.requesters(RS)
-        status = _annotations(found[0]).get(keys.STATUS_ANNOTATION, "") if found else ""
+        status = pods.annotations(found[0]).get(keys.STATUS_ANNOTATION, "") if found else ""
         return found[0] if "GPU map ConfigMap gpu-map is not available" in status else {}
 
     requester = await wait_for(waiting_for_the_map, what="the requester's status naming the missing gpu-map")
@@ -154,14 +141,14 @@ async def test_01_creation(scenario: Scenario) -> None:
     await env.cluster.kubelet.publish_gpu_map(env.namespace)
     requester, provider = await _bound_pair(env, RS)
     node = requester["spec"]["nodeName"]
-    gpu = _annotations(requester)[keys.ACCELERATORS_ANNOTATION]
+    gpu = pods.annotations(requester)[keys.ACCELERATORS_ANNOTATION]
     assert provider["spec"]["nodeName"] == node
     assert _env(provider)["CUDA_VISIBLE_DEVICES"] == str((await _gpus(env, node))[gpu])
-    assert _annotations(provider)[keys.ACCELERATORS_ANNOTATION] == gpu
-    assert "app" not in _labels(provider)
-    assert _labels(provider)["e2e.dualpods/model"] == "m1"
+    assert pods.annotations(provider)[keys.ACCELERATORS_ANNOTATION] == gpu
+    assert "app" not in pods.labels(provider)
+    assert pods.labels(provider)["e2e.dualpods/model"] == "m1"
     assert (await _server(provider, "GET", "/v1/models"))["data"][0]["id"] == "m1"
-    assert _annotations(requester)[keys.STATUS_ANNOTATION] == '{"Errors": null}'
+    assert pods.annotations(requester)[keys.STATUS_ANNOTATION] == '{"Errors": null}'
     scenario.provider = provider["metadata"]["name"]
 
 
@@ -214,7 +201,7 @@ async def test_04_gpu_pin(scenario: Scenario) -> None:
     await env.delete_pod(scenario.provider)
     await env.scale(RS, 1)
     requester, provider = await _bound_pair(env, RS)
-    assert _annotations(requester)[keys.ACCELERATORS_ANNOTATION] == gpu
+    assert pods.annotations(requester)[keys.ACCELERATORS_ANNOTATION] == gpu
     assert provider["spec"]["nodeName"] == node
     assert _env(provider)["CUDA_VISIBLE_DEVICES"] == "0"
     assert provider["metadata"]["name"] != scenario.provider

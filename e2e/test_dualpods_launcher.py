@@ -16,6 +16,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
 from api.crds import GROUP, VERSION, LauncherPopulationPolicy
+from controller.dualpods import pods
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.dualpods_env import DualPodsEnv, Obj, installed
 from e2e.fixtures import fresh_namespace
@@ -62,27 +63,13 @@ async def scenario(cluster: LoopbackCluster, tmp_path_factory: pytest.TempPathFa
 
 
 async def _launchers_on(env: DualPodsEnv, node: str) -> list[Obj]:
-    return [p for p in await env.launchers() if p["spec"].get("nodeName") == node and not _deleting(p)]
-
-
-def _deleting(pod: Obj) -> bool:
-    return bool(pod["metadata"].get("deletionTimestamp"))
-
-
-def _labels(pod: Obj) -> dict[str, str]:
-    labels: dict[str, str] = pod["metadata"].get("labels") or {}
-    return labels
-
-
-def _annotations(pod: Obj) -> dict[str, str]:
-    annotations: dict[str, str] = pod["metadata"].get("annotations") or {}
-    return annotations
+    return [p for p in await env.launchers() if p["spec"].get("nodeName") == node and not pods.is_deleting(p)]
 
 
 async def _unbound(env: DualPodsEnv, launcher: str) -> Obj:
     async def check() -> Obj:
         pod = await env.pod(launcher)
-        return pod if keys.REQUESTER_ANNOTATION not in _annotations(pod) else {}
+        return pod if keys.REQUESTER_ANNOTATION not in pods.annotations(pod) else {}
 
     return await wait_for(check, what=f"launcher {launcher} unbound", within=60)
 
@@ -134,17 +121,17 @@ async def test_02_basic_creation(scenario: Scenario) -> None:
     requester = await env.ready_requester(RS, within=READY_S)
     launcher = await env.launcher_of(requester)
     scenario.first_launcher = launcher["metadata"]["name"]
-    assert _labels(launcher)[keys.DUAL_LABEL] == requester["metadata"]["name"]
+    assert pods.labels(launcher)[keys.DUAL_LABEL] == requester["metadata"]["name"]
     assert (
-        _annotations(launcher)[keys.REQUESTER_ANNOTATION]
+        pods.annotations(launcher)[keys.REQUESTER_ANNOTATION]
         == f"{requester['metadata']['uid']} {requester['metadata']['name']}"
     )
-    assert _labels(launcher)[ISC_LABEL] == "test-value"
-    assert _annotations(launcher)[ISC_ANNOTATION] == "test-value"
-    assert _labels(launcher)["from-launcher-config"] == "yes"
-    assert _labels(launcher)[keys.SLEEPING_LABEL] == "false"
-    assert _annotations(requester)[keys.ACCELERATORS_ANNOTATION] == scenario.first_gpu
-    assert _labels(requester)[keys.INSTANCE_LABEL] == _annotations(launcher)[keys.INSTANCE_ID_ANNOTATION]
+    assert pods.labels(launcher)[ISC_LABEL] == "test-value"
+    assert pods.annotations(launcher)[ISC_ANNOTATION] == "test-value"
+    assert pods.labels(launcher)["from-launcher-config"] == "yes"
+    assert pods.labels(launcher)[keys.SLEEPING_LABEL] == "false"
+    assert pods.annotations(requester)[keys.ACCELERATORS_ANNOTATION] == scenario.first_gpu
+    assert pods.labels(requester)[keys.INSTANCE_LABEL] == pods.annotations(launcher)[keys.INSTANCE_ID_ANNOTATION]
     async with (
         aiohttp.ClientSession() as http,
         http.post(
@@ -182,7 +169,7 @@ async def test_05_same_node_port_collision(scenario: Scenario) -> None:
     await env.create_requesters("second", "isc", node=scenario.node, gpu=scenario.gpus[1])
     second = await env.ready_requester("second", within=READY_S)
     assert second["metadata"]["labels"][keys.DUAL_LABEL] != scenario.first_launcher
-    assert _annotations(second)[keys.ACCELERATORS_ANNOTATION] == scenario.gpus[1]
+    assert pods.annotations(second)[keys.ACCELERATORS_ANNOTATION] == scenario.gpus[1]
     await env.apps.delete_namespaced_replica_set("second", env.namespace)
     await env.wait_gone("second", within=120)
 
@@ -194,10 +181,10 @@ async def test_06_wake_up_fast_path(scenario: Scenario) -> None:
     await env.scale(RS, 0)
     await env.wait_gone(RS)
     launcher = await _unbound(env, scenario.first_launcher)
-    assert ISC_LABEL not in _labels(launcher)
-    assert ISC_ANNOTATION not in _annotations(launcher)
-    assert _labels(launcher)["from-launcher-config"] == "yes"
-    assert _labels(launcher)[keys.SLEEPING_LABEL] == "true"
+    assert ISC_LABEL not in pods.labels(launcher)
+    assert ISC_ANNOTATION not in pods.annotations(launcher)
+    assert pods.labels(launcher)["from-launcher-config"] == "yes"
+    assert pods.labels(launcher)[keys.SLEEPING_LABEL] == "true"
     listing = await env.instances(launcher)
     assert [i["sleeping"] for i in listing["instances"]] == [True]
 
@@ -205,8 +192,8 @@ async def test_06_wake_up_fast_path(scenario: Scenario) -> None:
     requester = await env.ready_requester(RS, within=READY_S)
     launcher = await env.launcher_of(requester)
     assert launcher["metadata"]["name"] == scenario.first_launcher
-    assert _labels(launcher)[ISC_LABEL] == "test-value"
-    assert _annotations(requester)[keys.ACCELERATORS_ANNOTATION] == scenario.first_gpu
+    assert pods.labels(launcher)[ISC_LABEL] == "test-value"
+    assert pods.annotations(requester)[keys.ACCELERATORS_ANNOTATION] == scenario.first_gpu
 
 
 async def _switch(scenario: Scenario, isc: str) -> Obj:
@@ -298,7 +285,7 @@ async def test_13_unbound_launcher_deleted(scenario: Scenario) -> None:
     requester = await env.ready_requester(RS, within=READY_S)
     launcher = await env.launcher_of(requester)
     assert launcher["metadata"]["name"] != scenario.first_launcher
-    assert _annotations(requester)[keys.ACCELERATORS_ANNOTATION] == scenario.first_gpu
+    assert pods.annotations(requester)[keys.ACCELERATORS_ANNOTATION] == scenario.first_gpu
     scenario.first_launcher = launcher["metadata"]["name"]
 
 
@@ -308,7 +295,7 @@ async def test_14_stopped_instance_recovery(scenario: Scenario) -> None:
     env = scenario.env
     requester = (await env.requesters(RS))[0]
     launcher = await env.launcher_of(requester)
-    instance = _annotations(launcher)[keys.INSTANCE_ID_ANNOTATION]
+    instance = pods.annotations(launcher)[keys.INSTANCE_ID_ANNOTATION]
     await env.launcher_api(launcher, "DELETE", f"/v2/vllm/instances/{instance}")
 
     async def replaced() -> bool:

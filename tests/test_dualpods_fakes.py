@@ -171,6 +171,22 @@ def requester_obj(
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": {"nodeName": NODE}, "status": status}
 
 
+def on_node(pod: Obj, *, ip: str | None, ready: bool, running: bool, restarts: int, failed: bool = False) -> Obj:
+    """`pod` on NODE with the status its kubelet reports: the serving container running, or still being created."""
+    pod["spec"]["nodeName"] = NODE
+    state = {"running": {"startedAt": STARTED_AT}} if running else {"waiting": {"reason": "ContainerCreating"}}
+    pod["status"] = {
+        "phase": "Failed" if failed else "Running",
+        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        "containerStatuses": [
+            {"name": keys.INFERENCE_SERVER_CONTAINER, "ready": ready, "restartCount": restarts, "state": state}
+        ],
+    }
+    if ip is not None:
+        pod["status"]["podIP"] = ip
+    return pod
+
+
 def launcher_obj(
     name: str = LAUNCHER,
     *,
@@ -190,18 +206,7 @@ def launcher_obj(
     metadata.update(name=name, uid=f"{name}-uid", resourceVersion="1", finalizers=[])
     if deleting:
         metadata["deletionTimestamp"] = STARTED_AT
-    pod["spec"]["nodeName"] = NODE
-    state = {"running": {"startedAt": STARTED_AT}} if running else {"waiting": {"reason": "ContainerCreating"}}
-    pod["status"] = {
-        "phase": "Failed" if failed else "Running",
-        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-        "containerStatuses": [
-            {"name": keys.INFERENCE_SERVER_CONTAINER, "ready": ready, "restartCount": restarts, "state": state}
-        ],
-    }
-    if ip is not None:
-        pod["status"]["podIP"] = ip
-    return pod
+    return on_node(pod, ip=ip, ready=ready, running=running, restarts=restarts, failed=failed)
 
 
 def bound(
@@ -268,16 +273,6 @@ def inst(
 
 
 WANTED = wanted_id()
-
-
-def labels(pod: Obj) -> dict[str, str]:
-    found: dict[str, str] = pod["metadata"].get("labels") or {}
-    return found
-
-
-def annotations(pod: Obj) -> dict[str, str]:
-    found: dict[str, str] = pod["metadata"].get("annotations") or {}
-    return found
 
 
 def finalizers(pod: Obj) -> list[str]:
@@ -363,18 +358,7 @@ def provider_obj(
         metadata["deletionTimestamp"] = STARTED_AT
     if bound_to is not None:
         set_binding(pod, bound_to)
-    pod["spec"]["nodeName"] = NODE
-    state = {"running": {"startedAt": STARTED_AT}} if running else {"waiting": {"reason": "ContainerCreating"}}
-    pod["status"] = {
-        "phase": "Running",
-        "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-        "containerStatuses": [
-            {"name": keys.INFERENCE_SERVER_CONTAINER, "ready": ready, "restartCount": restarts, "state": state}
-        ],
-    }
-    if ip is not None:
-        pod["status"]["podIP"] = ip
-    return pod
+    return on_node(pod, ip=ip, ready=ready, running=running, restarts=restarts)
 
 
 # ----- fakes

@@ -15,6 +15,7 @@ import pytest
 from api import keys
 from api.launcher import VllmConfig
 from controller.dualpods.http import HttpError, Reply
+from controller.dualpods.pods import annotations, labels
 from controller.dualpods.reconcile import RELAY_RECHECK_S, SPI_STARTUP_RETRY_S
 from controller.dualpods.requester_client import RequesterError
 from controller.dualpods.status import RequesterProblem
@@ -35,13 +36,11 @@ from tests.test_dualpods_fakes import (
     ROUTING_LABEL,
     WANTED,
     Harness,
-    annotations,
     bound,
     finalizers,
     harness,
     inst,
     isc_obj,
-    labels,
     launcher_obj,
     lc_obj,
     node_obj,

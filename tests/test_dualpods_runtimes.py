@@ -9,6 +9,7 @@ import pytest
 from api import keys
 from api.crds import InferenceServerConfig
 from controller.dualpods.identity import instance_id, runtime_of, vllm_config
+from controller.dualpods.pods import annotations
 from controller.dualpods.status import RequesterProblem
 from tests.test_dualpods_fakes import (
     GPU0,
@@ -17,7 +18,6 @@ from tests.test_dualpods_fakes import (
     REQ,
     WANTED,
     Harness,
-    annotations,
     bound,
     harness,
     inst,
