@@ -160,10 +160,10 @@ async def test_a_launchers_instances_changing_queues_its_requester_or_its_node(h
 @pytest.mark.parametrize(
     ("launcher", "address"),
     [
-        (launcher_obj(ip="10.0.1.9"), "10.0.1.9"),
+        (launcher_obj(ip="127.0.1.9"), "127.0.1.9"),
         (launcher_obj(ip=None, running=False), None),
-        (launcher_obj(ip="10.0.1.9", running=False), None),
-        (launcher_obj(ip="10.0.1.9", failed=True), None),
+        (launcher_obj(ip="127.0.1.9", running=False), None),
+        (launcher_obj(ip="127.0.1.9", failed=True), None),
     ],
     ids=["running", "pending", "not running", "failed"],
 )
@@ -182,7 +182,7 @@ async def test_a_deleted_launchers_watch_stream_is_dropped(h: Harness) -> None:
 async def test_a_launcher_listed_in_full_has_its_iscs_checked_for_obsolete_instances(h: Harness) -> None:
     # After a restart the controller saw no ISC change; the first full list of each launcher is when
     # instances made from an ISC that changed meanwhile get found.
-    view = LauncherView(pod_ip="10.0.1.1")
+    view = LauncherView(pod_ip="127.0.1.1")
     for instance, isc in (("I1i", "isc-x"), ("I2i", "isc-y"), ("I3i", "isc-x")):
         view.instances[instance] = inst(instance, isc=isc)
     h.controller._launcher_listed(view)

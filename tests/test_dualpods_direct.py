@@ -38,7 +38,7 @@ from tests.test_dualpods_fakes import (
     status_errors,
 )
 
-IP = "10.0.2.1"  # provider_obj's address
+IP = "127.0.2.1"  # provider_obj's address
 SERVER = "spec:\n  containers:\n  - name: inference-server\n"  # a patch of the server container, continued
 
 
@@ -111,7 +111,7 @@ def test_newer_clusters_token_volume_is_left_out_too_but_a_users_volume_stays() 
 
 
 def test_the_hash_is_the_same_for_every_requester_of_a_set_on_the_same_gpus() -> None:
-    other = direct_requester_obj("req-2", "uid-2", ip="10.0.0.9", gpus=(GPU1,), ready=True, finalizer=True, rv="9")
+    other = direct_requester_obj("req-2", "uid-2", ip="127.0.0.9", gpus=(GPU1,), ready=True, finalizer=True, rv="9")
     other["spec"]["volumes"][0]["name"] = other["spec"]["volumes"][0]["secret"]["secretName"] = "default-token-zzzzz"
     other["spec"]["containers"][0]["volumeMounts"][0]["name"] = "default-token-zzzzz"
     other["metadata"]["annotations"]["example.com/note"] = "annotations do not count"

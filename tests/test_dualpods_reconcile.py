@@ -93,7 +93,7 @@ def now() -> str:
 
 
 def refused(status: int) -> HttpError:
-    return HttpError("create_instance", "http://10.0.1.1:8001/v2/vllm/instances/x", Reply(status, {"detail": "no"}))
+    return HttpError("create_instance", "http://127.0.1.1:8001/v2/vllm/instances/x", Reply(status, {"detail": "no"}))
 
 
 # ----- §2.4 steps 1-5: lifecycle of the pair
@@ -350,7 +350,7 @@ async def test_a_failed_gpu_query_is_a_status_error(h: Harness) -> None:
 
 
 def unreachable() -> HttpError:
-    return HttpError("get_gpu_uuids", "http://10.0.0.5:8081/v1/dual-pods/accelerators", None, ConnectionRefusedError())
+    return HttpError("get_gpu_uuids", "http://127.0.0.5:8081/v1/dual-pods/accelerators", None, ConnectionRefusedError())
 
 
 async def test_a_requester_still_starting_is_asked_for_its_gpus_again_soon(h: Harness) -> None:
@@ -421,7 +421,7 @@ async def test_a_routing_label_that_the_launcher_config_already_sets_is_refused(
 
 
 async def test_p1_binds_the_launcher_that_holds_the_wanted_instance(h: Harness) -> None:
-    empty, holder = launcher_obj("launcher-a", ip="10.0.1.1"), launcher_obj("launcher-b", ip="10.0.1.2")
+    empty, holder = launcher_obj("launcher-a", ip="127.0.1.1"), launcher_obj("launcher-b", ip="127.0.1.2")
     h.put(requester_obj(), empty, holder)
     h.views.put(empty)
     h.views.put(holder, inst(WANTED), inst("Iotheri", isc="isc2", port=8006))
@@ -476,7 +476,7 @@ async def test_p3_binds_first_and_then_deletes_the_port_conflict_before_creating
     calls = await h.drive()
     kinds = [(c.kind, c.target) for c in calls]
     assert kinds.index(("delete_instance", "Iconflicti")) < kinds.index(("create_instance", WANTED))
-    assert h.journal.of("delete_instance")[0].detail == "10.0.1.1"
+    assert h.journal.of("delete_instance")[0].detail == "127.0.1.1"
 
 
 async def test_p3_at_the_cap_deletes_the_least_recently_used_instance(h: Harness) -> None:
@@ -510,7 +510,7 @@ async def test_without_any_launcher_one_is_created_already_bound(h: Harness) -> 
 
 @pytest.mark.parametrize("starting", ["no IP", "not Ready", "instances not listed yet"])
 async def test_while_a_launcher_is_starting_nothing_is_created(h: Harness, starting: str) -> None:
-    launcher = launcher_obj(ip=None if starting == "no IP" else "10.0.1.1", ready=starting != "not Ready")
+    launcher = launcher_obj(ip=None if starting == "no IP" else "127.0.1.1", ready=starting != "not Ready")
     h.put(requester_obj(), launcher)
     if starting != "no IP":
         h.views.put(launcher, synced=starting != "instances not listed yet")
@@ -520,9 +520,9 @@ async def test_while_a_launcher_is_starting_nothing_is_created(h: Harness, start
 
 async def test_bound_deleting_and_failed_launchers_are_no_candidates(h: Harness) -> None:
     other = requester_obj("other", "other-uid")
-    taken = bound(launcher_obj("launcher-taken", ip="10.0.1.1"), other)
-    going = launcher_obj("launcher-going", ip="10.0.1.2", deleting=True)
-    failed = launcher_obj("launcher-failed", ip="10.0.1.3", failed=True)
+    taken = bound(launcher_obj("launcher-taken", ip="127.0.1.1"), other)
+    going = launcher_obj("launcher-going", ip="127.0.1.2", deleting=True)
+    failed = launcher_obj("launcher-failed", ip="127.0.1.3", failed=True)
     h.put(requester_obj(), other, taken, going, failed)
     for launcher in (taken, going, failed):
         h.views.put(launcher)
@@ -581,7 +581,7 @@ async def test_an_absent_instance_never_known_is_created_from_the_committed_conf
     assert h.journal.kinds() == [("create_instance", WANTED)]
     pod_ip, config, isc_name, requester_name = h.journal[0].detail
     committed = VllmConfig.model_validate_json(annotations(launcher)[keys.VLLM_CONFIG_ANNOTATION])
-    assert (pod_ip, config, isc_name, requester_name) == ("10.0.1.1", committed, ISC, REQ)
+    assert (pod_ip, config, isc_name, requester_name) == ("127.0.1.1", committed, ISC, REQ)
 
 
 async def test_an_instance_the_launcher_refuses_is_a_status_error(h: Harness) -> None:
@@ -691,7 +691,7 @@ async def test_a_create_that_an_earlier_pass_already_made_is_not_an_error(h: Har
     h.views.put(launcher)
     h.launchers.refusal = HttpError(
         "create_instance",
-        "http://10.0.1.1:8001/v2/vllm/instances/x",
+        "http://127.0.1.1:8001/v2/vllm/instances/x",
         Reply(409, {"detail": "Instance x already exists"}),
     )
     await h.reconcile()  # settles the requester
@@ -778,7 +778,7 @@ async def test_a_sleep_over_the_host_budget_first_deletes_the_least_recently_use
     )
     await h.reconcile()
     assert h.journal.kinds() == [
-        ("list", "10.0.1.1"),
+        ("list", "127.0.1.1"),
         ("event", LAUNCHER),
         ("delete_instance", "Ioldi"),
         ("sleep", WANTED),
@@ -796,7 +796,7 @@ async def test_an_instance_too_big_for_the_host_budget_is_deleted_instead_of_sle
     h.views.put(launcher, inst(WANTED, sleeping=False, rss=90, gpu_bytes=20))
     await h.reconcile()
     assert h.journal.kinds() == [
-        ("list", "10.0.1.1"),
+        ("list", "127.0.1.1"),
         ("event", LAUNCHER),
         ("delete_instance", WANTED),
         ("update", LAUNCHER),
@@ -819,7 +819,7 @@ async def test_a_wake_over_the_gpu_budget_first_deletes_the_gpus_least_recently_
     await h.reconcile()
     assert h.journal.kinds() == [
         ("memory_usage", REQ),
-        ("list", "10.0.1.1"),
+        ("list", "127.0.1.1"),
         ("event", LAUNCHER),
         ("delete_instance", "Isamegpui"),
     ]
@@ -915,8 +915,8 @@ async def test_isc_change_deletes_only_idle_obsolete_unbound_instances_of_that_i
     old_gpu1 = wanted_id(old_isc, [GPU1])
     current = wanted_id(new_isc)
     requester = requester_obj("other", "other-uid", gpus=[GPU1])
-    spare = launcher_obj("launcher-spare", ip="10.0.1.1")
-    taken = bound(launcher_obj("launcher-taken", ip="10.0.1.2"), requester, isc=old_isc, gpus=[GPU1])
+    spare = launcher_obj("launcher-spare", ip="127.0.1.1")
+    taken = bound(launcher_obj("launcher-taken", ip="127.0.1.2"), requester, isc=old_isc, gpus=[GPU1])
     h.put(new_isc, requester, spare, taken)
     h.views.put(
         spare,

@@ -116,7 +116,7 @@ async def test_the_requesters_proxy_points_at_the_serving_instance_before_it_is_
     h.put(requester, launcher)
     h.views.put(launcher, inst(WANTED, sleeping=False))
     await h.reconcile()
-    assert h.requesters.proxied[REQ] == ("10.0.1.1", PORT)
+    assert h.requesters.proxied[REQ] == ("127.0.1.1", PORT)
     assert h.journal.of("relay")
 
 
@@ -128,13 +128,13 @@ async def test_lora_adapters_follow_the_isc_without_a_restart(h: Harness) -> Non
     h.put(isc, requester, launcher)
     state = inst(WANTED, sleeping=False).model_copy(update={"options": "--model /models/a --enable-lora"})
     h.views.put(launcher, state)
-    h.providers.adapters["10.0.1.1"] = {"keep", "gone"}
+    h.providers.adapters["127.0.1.1"] = {"keep", "gone"}
     await h.reconcile()
     assert [(c.kind, c.target) for c in h.journal if "lora" in c.kind] == [
         ("unload_lora", "gone"),
         ("load_lora", "new"),
     ]
-    assert h.providers.adapters["10.0.1.1"] == {"keep", "new"}
+    assert h.providers.adapters["127.0.1.1"] == {"keep", "new"}
 
 
 async def test_an_instance_of_another_runtime_is_not_taken_for_obsolete(h: Harness) -> None:
