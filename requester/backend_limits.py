@@ -17,12 +17,12 @@ slowly (it collects its environment, seconds), so it is fetched in the backgroun
 import asyncio
 import json
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from .metrics_text import samples
 from .proxy_target import ProxyTarget
 from .upstream import Upstream, UpstreamError
 
@@ -33,8 +33,6 @@ RETRY_S = 1.0
 GUARD_WAIT_S = 2.0  # what a request waits, at most, for the limits that judge it
 FETCH_TIMEOUT_S = 5.0
 SERVER_INFO_TIMEOUT_S = 60.0
-_CACHE_CONFIG = re.compile(r"^vllm:cache_config_info\{(?P<labels>.*)\}\s", re.MULTILINE)
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass(frozen=True)
@@ -63,9 +61,8 @@ def max_model_len_of(models: Any) -> int | None:
 def kv_cache_tokens_of(metrics_text: str) -> int | None:
     """`num_gpu_blocks x block_size` from `vllm:cache_config_info`, the smallest over engines."""
     sizes = []
-    for match in _CACHE_CONFIG.finditer(metrics_text):
-        labels = dict(_LABEL.findall(match["labels"]))
-        blocks, block_size = _digits(labels.get("num_gpu_blocks")), _digits(labels.get("block_size"))
+    for sample in samples(metrics_text, "vllm:cache_config_info"):
+        blocks, block_size = _digits(sample.labels.get("num_gpu_blocks")), _digits(sample.labels.get("block_size"))
         if blocks and block_size:
             sizes.append(blocks * block_size)
     return min(sizes, default=None)

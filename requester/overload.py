@@ -9,23 +9,22 @@ While `max_num_seqs` is unknown nothing is shed.
 
 import asyncio
 import logging
-import re
 import time
 from dataclasses import dataclass
 
 from .backend_limits import BackendLimits
+from .metrics_text import samples
 from .upstream import Upstream, UpstreamError
 
 log = logging.getLogger(__name__)
 
 SAMPLE_INTERVAL_S = 0.15
 SAMPLE_TIMEOUT_S = 1.0
-_WAITING = re.compile(r"^vllm:num_requests_waiting(?:\{[^}]*\})? (\S+)$", re.MULTILINE)
 
 
 def waiting_of(metrics_text: str) -> float:
     """The sum of `vllm:num_requests_waiting` over engines (0 when absent)."""
-    return sum(float(value) for value in _WAITING.findall(metrics_text))
+    return sum(sample.value for sample in samples(metrics_text, "vllm:num_requests_waiting"))
 
 
 @dataclass(frozen=True)
