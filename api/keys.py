@@ -28,7 +28,6 @@ NODE_NAME_LABEL: Final = PREFIX + "node-name"
 LAUNCHER_TEMPLATE_HASH_ANNOTATION: Final = PREFIX + "launcher-populator-template-hash"
 LAUNCHER_CONFIG_HASH_ANNOTATION: Final = PREFIX + "launcher-config-hash"
 LAUNCHER_STUCK_LABEL: Final = PREFIX + "launcher-stuck"
-INSTANCE_SIGNATURE_ANNOTATION: Final = PREFIX + "vllm-instance-signature"
 COMPONENT_LABEL: Final = "app.kubernetes.io/component"
 LAUNCHER_COMPONENT: Final = "launcher"
 

@@ -99,12 +99,6 @@ class WatchEvent(BaseModel):
     exit_code: int | None = None
 
 
-class ErrorBody(BaseModel):
-    """Error body of every 4xx/5xx answer (FastAPI's shape, which FMA's clients expect)."""
-
-    detail: str
-
-
 class Health(BaseModel):
     status: Literal["OK"] = "OK"
 

@@ -52,8 +52,7 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     except RangeNotSatisfiable as err:
         return web.Response(status=err.status, headers={"Content-Range": f"bytes */{err.total}"})
     except LauncherError as err:
-        headers = {"WWW-Authenticate": "Bearer"} if isinstance(err, Unauthorized) else None
-        return error_response(err.status, err.message, headers)
+        return error_response(err.status, err.message, err.headers)
     except web.HTTPException as err:
         return error_response(err.status, err.reason)
     except Exception as err:  # a bug must not take the API down; say what happened

@@ -16,6 +16,8 @@ FRAGMENTATION_BYTES = 600 * MIB
 MAX_GPU_MEMORY_UTILIZATION = 0.95
 # When the free memory cannot be measured (KAITO's fallback).
 FALLBACK_GPU_MEMORY_UTILIZATION = 0.84
+# vLLM sizes its KV cache by one of these; with neither set, the defaults choose the size.
+KV_CACHE_SIZING_FLAGS = frozenset({"kv_cache_memory_bytes", "gpu_memory_utilization"})
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ def vllm_defaults(explicit: frozenset[str], machine: Machine) -> EngineDefaults:
             # bf16 (vLLM's default) picks AMX attention kernels that can die with SIGILL on AMX CPUs;
             # float32 uses the vector kernels everywhere.
             defaults.add("--dtype", "float32")
-        if not explicit & {"kv_cache_memory_bytes", "gpu_memory_utilization"}:
+        if not explicit & KV_CACHE_SIZING_FLAGS:
             # On a CPU a utilization fraction reserves that share of the host's RAM; bytes are
             # deterministic and let several instances share a host.
             defaults.add("--kv-cache-memory-bytes", str(machine.cpu_kv_cache_bytes))
@@ -77,7 +79,7 @@ def vllm_defaults(explicit: frozenset[str], machine: Machine) -> EngineDefaults:
     if "enable_sleep_mode" not in explicit:
         # What makes a sleeping instance release its GPU memory.
         defaults.add("--enable-sleep-mode")
-    if not explicit & {"kv_cache_memory_bytes", "gpu_memory_utilization"}:
+    if not explicit & KV_CACHE_SIZING_FLAGS:
         utilization = gpu_memory_utilization(machine.gpus, machine.sleeper_reserve_bytes)
         defaults.add("--gpu-memory-utilization", f"{utilization:.2f}")
     return defaults

@@ -5,6 +5,7 @@ class LauncherError(Exception):
     """A request the launcher refuses; `status` is the HTTP status the API answers with."""
 
     status = 500
+    headers: dict[str, str] | None = None  # sent with the error answer
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -43,6 +44,7 @@ class BackendError(LauncherError):
 
 class Unauthorized(LauncherError):
     status = 401
+    headers = {"WWW-Authenticate": "Bearer"}
 
 
 class Unprocessable(LauncherError):

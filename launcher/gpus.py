@@ -4,6 +4,7 @@ Three sources: NVML on a real GPU node; FMA's mock modes for machines without GP
 entry in the `gpu-map` ConfigMap when NODE_NAME and NAMESPACE are set, else GPU-0..GPU-(n-1).
 """
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -47,6 +48,11 @@ class GpuInventory:
 
 
 async def load_from_nvml() -> GpuMap:
+    """UUID to index of every GPU the driver sees; in a thread, since NVML's calls block (its init for long)."""
+    return await asyncio.to_thread(_nvml_map)
+
+
+def _nvml_map() -> GpuMap:
     import pynvml
 
     pynvml.nvmlInit()

@@ -53,13 +53,14 @@ IPC_NAME_CHARS = 36
 TEMP_DIR_PREFIX = "dualpods-"
 BACKEND_TIMEOUT = aiohttp.ClientTimeout(total=120, connect=5)
 SLEEP_STATE_TIMEOUT = aiohttp.ClientTimeout(total=2)
+LOG_FILE = "log"  # in the instance's work directory
+DEFAULT_RUNTIME = "vllm"  # when the instance names none
 
 
 @dataclass
 class Instance:
     id: str
     config: VllmConfig
-    runtime: Runtime
     argv: list[str]
     defaults_applied: dict[str, str]
     port: int
@@ -67,6 +68,7 @@ class Instance:
     work_dir: Path
     temp_dir: Path
     created_at: float
+    stats: ProcessTreeStats
     revision: int = 0
     status: InstanceStatus = InstanceStatus.RUNNING
     ready: bool = False
@@ -76,11 +78,10 @@ class Instance:
     deleting: bool = False
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    stats: ProcessTreeStats | None = None
 
     @property
     def log_path(self) -> Path:
-        return self.work_dir / "log"
+        return self.work_dir / LOG_FILE
 
     @property
     def running(self) -> bool:
@@ -95,7 +96,7 @@ class Instance:
             gpu_uuids=self.config.gpu_uuids,
             env_vars=self.config.env_vars,
             annotations=self.config.annotations,
-            runtime=self.config.runtime or "vllm",
+            runtime=self.config.runtime or DEFAULT_RUNTIME,
             ready=self.ready,
             sleeping=self.sleeping,
             sleep_level=self.sleep_level,
@@ -103,7 +104,7 @@ class Instance:
             defaults_applied=self.defaults_applied or None,
             port=self.port,
             exit_code=self.exit_code,
-            process=self.stats.sample(gpu_usage) if detail and self.stats and self.running else None,
+            process=self.stats.sample(gpu_usage) if detail and self.running else None,
         )
 
 
@@ -146,12 +147,12 @@ class InstanceManager:
     async def state(self, instance_id: str) -> InstanceState:
         instance = self.get(instance_id)
         await self._refresh_sleep_state(instance)
-        return instance.state(detail=True, gpu_usage=gpu_memory_by_pid())
+        return instance.state(detail=True, gpu_usage=await asyncio.to_thread(gpu_memory_by_pid))
 
     async def list_detailed(self) -> AllInstancesState:
         instances = list(self._instances.values())
         await asyncio.gather(*(self._refresh_sleep_state(i) for i in instances))
-        gpu_usage = gpu_memory_by_pid()
+        gpu_usage = await asyncio.to_thread(gpu_memory_by_pid)
         return AllInstancesState(
             revision=self.events.revision,
             total_instances=len(instances),
@@ -218,12 +219,11 @@ class InstanceManager:
         temp_dir = _short_temp_dir()
         child_env = {**runtime.child_environment(), "TMPDIR": str(temp_dir), **env}
         started = time.monotonic()
-        pid = fork_instance(runtime, effective, child_env, work_dir / "log", f"dualpods-instance {instance_id}")
+        pid = fork_instance(runtime, effective, child_env, work_dir / LOG_FILE, f"dualpods-instance {instance_id}")
         self.metrics.fork_seconds.observe(time.monotonic() - started)
         instance = Instance(
             id=instance_id,
             config=config,
-            runtime=runtime,
             argv=effective,
             defaults_applied=defaults.chosen,
             port=port,
@@ -244,7 +244,7 @@ class InstanceManager:
         return instance.state()
 
     def _runtime(self, name: str | None) -> Runtime:
-        runtime = self.runtimes.get(name or "vllm")
+        runtime = self.runtimes.get(name or DEFAULT_RUNTIME)
         if runtime is None:
             raise BadRequest(f"unknown runtime {name!r}; this launcher runs: {', '.join(sorted(self.runtimes))}")
         return runtime
@@ -377,7 +377,6 @@ class InstanceManager:
                 log.warning("instance %s ignored SIGTERM for %.0f s; killing it", instance.id, self.stop_grace_seconds)
                 process_control.signal_group(instance.pid, signal.SIGKILL)
                 await instance.exited.wait()
-        process_control.signal_group(instance.pid, signal.SIGKILL)  # stragglers of its group
 
     def _on_exit(self, instance: Instance, exit_code: int) -> None:
         instance.status = InstanceStatus.STOPPED

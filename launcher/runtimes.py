@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from .engine_defaults import EngineDefaults, Machine, transformers_defaults, vllm_defaults
+from .engine_defaults import KV_CACHE_SIZING_FLAGS, EngineDefaults, Machine, transformers_defaults, vllm_defaults
 from .errors import BadRequest
 
 _UNSET: Any = object()
@@ -24,7 +24,6 @@ _UNSET: Any = object()
 
 @dataclass(frozen=True)
 class ParsedOptions:
-    argv: list[str]
     values: argparse.Namespace
     explicit: frozenset[str]  # argparse dests the user set, whatever spelling they used
 
@@ -70,7 +69,7 @@ class Runtime(ABC):
         except (ValueError, TypeError) as err:
             raise BadRequest(f"invalid options: {err}") from None
         explicit = frozenset(k for k, v in vars(explicit_probe).items() if v is not _UNSET)
-        return ParsedOptions(argv=argv, values=values, explicit=explicit)
+        return ParsedOptions(values=values, explicit=explicit)
 
     def _run_parser(self, argv: list[str], namespace: argparse.Namespace | None) -> argparse.Namespace:
         return self.parser.parse_args(argv, namespace)
@@ -155,7 +154,7 @@ class VllmRuntime(Runtime):
         return vllm_defaults(parsed.explicit, machine)
 
     def wants_gpu_memory(self, parsed: ParsedOptions) -> bool:
-        return not self.on_cpu and not parsed.explicit & {"gpu_memory_utilization", "kv_cache_memory_bytes"}
+        return not self.on_cpu and not parsed.explicit & KV_CACHE_SIZING_FLAGS
 
     def child_environment(self) -> dict[str, str]:
         env = {"VLLM_SERVER_DEV_MODE": "1"}  # the /sleep, /wake_up and /is_sleeping routes
