@@ -110,27 +110,12 @@ def _manager(request: web.Request) -> InstanceManager:
 
 
 async def index(request: web.Request) -> web.Response:
-    base = INSTANCES_PATH
-    return json_response(
-        Index(
-            name="dualpods launcher",
-            endpoints={
-                "index": "/",
-                "health": "/health",
-                "metrics": "/metrics",
-                "create_instance": f"POST {base}",
-                "create_named_instance": f"PUT {base}/{{instance_id}}",
-                "delete_instance": f"DELETE {base}/{{instance_id}}",
-                "delete_all_instances": f"DELETE {base}",
-                "get_instance_status": f"GET {base}/{{instance_id}}",
-                "get_all_instances": f"GET {base}",
-                "get_instance_logs": f"GET {base}/{{instance_id}}/log",
-                "watch_instances": f"GET {base}/watch",
-                "sleep_instance": f"POST {base}/{{instance_id}}/sleep",
-                "wake_instance": f"POST {base}/{{instance_id}}/wake_up",
-            },
-        )
-    )
+    """The routes by name; the instance routes with their method, as FMA lists them."""
+    endpoints = {"index": "/"} | {
+        name: f"{route.method} {route.path}" if route.path.startswith(INSTANCES_PATH) else route.path
+        for name, route in ROUTES
+    }
+    return json_response(Index(name="dualpods launcher", endpoints=endpoints))
 
 
 async def health(request: web.Request) -> web.Response:
@@ -222,24 +207,31 @@ async def watch_instances(request: web.Request) -> web.StreamResponse:
     return response
 
 
+_BASE = INSTANCES_PATH
+_ONE = f"{_BASE}/{{instance_id}}"
+# (name in the index, route); `watch` before `{instance_id}`, which would match it too.
+ROUTES: list[tuple[str, web.RouteDef]] = [
+    ("health", web.get("/health", health)),
+    ("metrics", web.get("/metrics", metrics)),
+    ("create_instance", web.post(_BASE, create_instance)),
+    ("get_all_instances", web.get(_BASE, list_instances)),
+    ("delete_all_instances", web.delete(_BASE, delete_all_instances)),
+    ("watch_instances", web.get(f"{_BASE}/watch", watch_instances)),
+    ("create_named_instance", web.put(_ONE, create_named_instance)),
+    ("get_instance_status", web.get(_ONE, get_instance)),
+    ("delete_instance", web.delete(_ONE, delete_instance)),
+    ("get_instance_logs", web.get(f"{_ONE}/log", instance_log)),
+    ("sleep_instance", web.post(f"{_ONE}/sleep", sleep_instance)),
+    ("wake_instance", web.post(f"{_ONE}/wake_up", wake_instance)),
+]
+
+
 def build_app(manager: InstanceManager, token: str = "") -> web.Application:
     app = web.Application(middlewares=[count_requests, errors_as_json, require_token])
     app[MANAGER] = manager
     app[TOKEN] = token
-    base = INSTANCES_PATH
     app.router.add_get("/", index)
-    app.router.add_get("/health", health)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_post(base, create_instance)
-    app.router.add_get(base, list_instances)
-    app.router.add_delete(base, delete_all_instances)
-    app.router.add_get(f"{base}/watch", watch_instances)  # before {instance_id}, which would match it
-    app.router.add_put(f"{base}/{{instance_id}}", create_named_instance)
-    app.router.add_get(f"{base}/{{instance_id}}", get_instance)
-    app.router.add_delete(f"{base}/{{instance_id}}", delete_instance)
-    app.router.add_get(f"{base}/{{instance_id}}/log", instance_log)
-    app.router.add_post(f"{base}/{{instance_id}}/sleep", sleep_instance)
-    app.router.add_post(f"{base}/{{instance_id}}/wake_up", wake_instance)
+    app.router.add_routes([route for _, route in ROUTES])
 
     async def stop_instances(app: web.Application) -> None:
         await manager.shutdown()
