@@ -14,7 +14,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from api import keys
 from api.crds import GROUP, VERSION, CustomResource, InferenceServerConfig, LauncherConfig, LauncherPopulationPolicy
 from api.keys import LAUNCHER_PORT
-from controller.dualpods.pods import is_ready
+from controller.pods import is_ready
 from e2e.chart import InstalledControllers
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import install_crds

@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from api import keys
-from controller.dualpods import pods
+from controller import pods
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.dualpods_env import DualPodsEnv, Obj
 from e2e.fixtures import fresh_namespace

@@ -16,7 +16,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
 from api.crds import GROUP, VERSION, LauncherPopulationPolicy
-from controller.dualpods import pods
+from controller import pods
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.dualpods_env import DualPodsEnv, Obj, installed
 from e2e.fixtures import fresh_namespace

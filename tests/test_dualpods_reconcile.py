@@ -15,11 +15,11 @@ import pytest
 from api import keys
 from api.launcher import VllmConfig
 from controller.dualpods.http import HttpError, Reply
-from controller.dualpods.pods import annotations, labels
 from controller.dualpods.reconcile import RELAY_RECHECK_S, SPI_STARTUP_RETRY_S
 from controller.dualpods.requester_client import RequesterError
 from controller.dualpods.status import RequesterProblem
 from controller.informer import Obj
+from controller.pods import annotations, labels
 from tests.test_dualpods_fakes import (
     GPU0,
     GPU1,

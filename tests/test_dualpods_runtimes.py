@@ -9,8 +9,8 @@ import pytest
 from api import keys
 from api.crds import InferenceServerConfig
 from controller.dualpods.identity import instance_id, runtime_of, vllm_config
-from controller.dualpods.pods import annotations
 from controller.dualpods.status import RequesterProblem
+from controller.pods import annotations
 from tests.test_dualpods_fakes import (
     GPU0,
     LAUNCHER,

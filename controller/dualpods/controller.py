@@ -14,12 +14,12 @@ from prometheus_client import CollectorRegistry
 from api import keys
 from api.crds import InferenceServerConfig, LauncherConfig
 from api.keys import GPU_MAP_CONFIGMAP
+from controller import pods
 from controller.events import EventRecorder
 from controller.informer import Informer, Obj
 from controller.kube import custom_objects
 from controller.workqueue import WorkQueue, run_workers
 
-from . import pods
 from .direct import GPU, NOMINAL
 from .http import HttpCaller
 from .launcher_client import LauncherClient

@@ -16,10 +16,10 @@ from typing import Final
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
+from controller import pods
 from controller.events import EventRecorder
 from controller.informer import Informer
 
-from . import pods
 from .gpu_map import GpuMapError, gpu_indices
 from .http import HttpError
 from .memory import Memory

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from api import keys
+from controller import pods
 from controller.go_template import PatchYAMLError, TemplateError, render_server_patch
 from controller.strategic_merge import StrategicMergePatchError, apply_strategic_merge_patch, pod_schema
-
-from . import pods
 
 CUDA_VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"
 GPU_RESOURCE: Final = "nvidia.com/gpu"

@@ -21,11 +21,11 @@ from pydantic import ValidationError
 from api import keys
 from api.crds import CustomResource, InferenceServerConfig, LauncherConfig, SleeperBudget
 from api.launcher import InstanceState, InstanceStatus, VllmConfig
+from controller import pods
 from controller.events import EventRecorder
 from controller.informer import Informer
 from controller.launcher_template import TemplateError, launcher_config_hash, node_independent_pod, pod_for_node
 
-from . import pods
 from .budget import Sleeper, gpu_sleeper_reserve, gpu_victim, gpus_over_budget, host_victims
 from .direct import DirectProviders
 from .http import HttpError

@@ -3,8 +3,8 @@
 from typing import Any
 
 from api.keys import ADMIN_PORT_ANNOTATION, DEFAULT_ADMIN_PORT
+from controller import pods
 
-from . import pods
 from .http import HttpCaller, HttpError
 
 

@@ -14,8 +14,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
-
-from . import pods
+from controller import pods
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from api import keys
+from controller import pods
 from controller.launcher_template import Pod
 
 
@@ -37,16 +38,6 @@ class Thresholds:
     starting: float
 
 
-def is_bound(pod: Pod) -> bool:
-    """Bound per the authoritative record: a `requester` annotation of "<uid> <name>"."""
-    parts = pod["metadata"].get("annotations", {}).get(keys.REQUESTER_ANNOTATION, "").split(" ")
-    return len(parts) == 2 and all(parts)
-
-
-def is_deleting(pod: Pod) -> bool:
-    return pod["metadata"].get("deletionTimestamp") is not None
-
-
 def template_hash(pod: Pod) -> str | None:
     hash_: str | None = pod["metadata"].get("annotations", {}).get(keys.LAUNCHER_TEMPLATE_HASH_ANNOTATION)
     return hash_
@@ -55,10 +46,6 @@ def template_hash(pod: Pod) -> str | None:
 def _condition(pod: Pod, kind: str) -> Mapping[str, Any] | None:
     conditions = (pod.get("status") or {}).get("conditions") or []
     return next((c for c in conditions if c.get("type") == kind and c.get("status") == "True"), None)
-
-
-def is_ready(pod: Pod) -> bool:
-    return _condition(pod, "Ready") is not None
 
 
 def _time(stamp: str) -> datetime:
@@ -73,11 +60,11 @@ def phase_of(
     `current_hash` is None while the LauncherConfig is missing or malformed: every unbound launcher
     is then stale.
     """
-    if is_bound(pod):
+    if pods.binding(pod) is not None:  # the authoritative record of a binding
         return Phase.BOUND, None
     if current_hash is None or template_hash(pod) != current_hash:
         return Phase.STALE, None
-    if is_ready(pod):
+    if pods.is_ready(pod):
         return Phase.UNBOUND, None
     scheduled = _condition(pod, "PodScheduled")
     if scheduled is not None and scheduled.get("lastTransitionTime"):
@@ -93,14 +80,14 @@ def phase_of(
 
 
 def tally(
-    pods: Iterable[Pod], current_hash: str | None, thresholds: Thresholds, now: datetime
+    launchers: Iterable[Pod], current_hash: str | None, thresholds: Thresholds, now: datetime
 ) -> tuple[Counter[Phase], datetime | None]:
     """Launchers per phase, and the earliest moment one of them (not deleting) becomes stuck."""
     counts: Counter[Phase] = Counter()
     earliest: datetime | None = None
-    for pod in pods:
+    for pod in launchers:
         phase, due = phase_of(pod, current_hash, thresholds, now)
         counts[phase] += 1
-        if due is not None and not is_deleting(pod) and (earliest is None or due < earliest):
+        if due is not None and not pods.is_deleting(pod) and (earliest is None or due < earliest):
             earliest = due
     return counts, earliest

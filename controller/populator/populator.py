@@ -18,6 +18,7 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from api.crds import LauncherConfig, LauncherPopulationPolicy
+from controller import pods
 from controller.events import EventRecorder
 from controller.informer import Informer, Obj
 from controller.kube import custom_objects
@@ -28,7 +29,7 @@ from controller.populator.key import LauncherKey, launcher_key, selector
 from controller.populator.kubeapi import COMPONENT, KubeLauncherApi, StatusWriter
 from controller.populator.metrics import LauncherPodCount
 from controller.populator.nodes import NodeFacts
-from controller.populator.phases import Thresholds, is_deleting
+from controller.populator.phases import Thresholds
 from controller.populator.reconcile import KeyReconciler
 from controller.workqueue import WorkQueue, run_workers
 
@@ -132,7 +133,7 @@ class Populator:
     def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
         if new is not None and (key := launcher_key(new)) is not None:
             self._expectations.observe_creation(key, new["metadata"]["uid"])
-            if is_deleting(new):
+            if pods.is_deleting(new):
                 self._expectations.observe_deletion(key, new["metadata"]["uid"])
         elif new is None and old is not None and (key := launcher_key(old)) is not None:
             self._expectations.observe_deletion(key, old["metadata"]["uid"])
@@ -168,7 +169,7 @@ class Populator:
         # One being deleted counts as missing: no new launchers for it, and the old ones are left to the
         # garbage collector (or, orphaned, to the user).
         digest = None
-        if config is not None and config["metadata"].get("deletionTimestamp") is None:
+        if config is not None and not pods.is_deleting(config):
             digest = digest_config(config, self._options.launcher_token_secret)
         if self._digest.set_config(name, digest):
             state = "missing or being deleted" if digest is None else digest.error or f"template {digest.template_hash}"

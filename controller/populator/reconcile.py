@@ -14,13 +14,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol
 
+from controller import pods
 from controller.launcher_template import Pod, pod_for_node
 from controller.populator.digest import Digest, Target
 from controller.populator.expectations import Expectations, PendingExpectations
 from controller.populator.key import LauncherKey
 from controller.populator.kubeapi import DeleteOutcome, LauncherApi
 from controller.populator.metrics import LauncherPodCount
-from controller.populator.phases import Thresholds, is_bound, is_deleting, is_ready, phase_of, tally, template_hash
+from controller.populator.phases import Thresholds, phase_of, tally, template_hash
 from controller.populator.stuck import report_stuck
 
 log = logging.getLogger(__name__)
@@ -44,7 +45,7 @@ def _sooner(*delays: float | None) -> float | None:
 def _keep_order(pod: Pod) -> tuple[bool, str, str]:
     """Ready launchers first, then the oldest: surplus ones are deleted from the end."""
     meta = pod["metadata"]
-    return not is_ready(pod), meta.get("creationTimestamp", ""), meta["name"]
+    return not pods.is_ready(pod), meta.get("creationTimestamp", ""), meta["name"]
 
 
 class KeyReconciler:
@@ -97,9 +98,9 @@ class KeyReconciler:
         return _sooner(again, await self._converge(key, target, launchers, now))
 
     async def _converge(self, key: LauncherKey, target: Target, launchers: list[Pod], now: datetime) -> float | None:
-        live = [pod for pod in launchers if not is_deleting(pod)]
-        bound = [pod for pod in live if is_bound(pod)]
-        unbound = [pod for pod in live if not is_bound(pod)]
+        live = [pod for pod in launchers if not pods.is_deleting(pod)]
+        bound = [pod for pod in live if pods.binding(pod) is not None]
+        unbound = [pod for pod in live if pods.binding(pod) is None]
         current = sorted((p for p in unbound if template_hash(p) == target.template_hash), key=_keep_order)
         stale = [p for p in unbound if template_hash(p) != target.template_hash]
 
@@ -136,7 +137,7 @@ class KeyReconciler:
         outcome = await self._api.delete(pod)
         uid = pod["metadata"]["uid"]
         cached = self._cached(key, uid)
-        if outcome is DeleteOutcome.DELETED and cached is not None and not is_deleting(cached):
+        if outcome is DeleteOutcome.DELETED and cached is not None and not pods.is_deleting(cached):
             self._expectations.expect_deletion(key, uid)
         return outcome
 

@@ -7,6 +7,7 @@ makes the Event one-off, and it is removed once the launcher is no longer stuck.
 from collections.abc import Iterable
 
 from api import keys
+from controller import pods
 from controller.launcher_template import Pod
 from controller.populator.kubeapi import LauncherApi
 from controller.populator.phases import STUCK, Phase
@@ -22,7 +23,7 @@ async def report_stuck(api: LauncherApi, launchers: Iterable[tuple[Pod, Phase]])
     """Bring each kept launcher's label (and Event) in line with its phase; API errors other than
     NotFound propagate, so the key is retried."""
     for pod, phase in launchers:
-        labels = pod["metadata"].get("labels") or {}
+        labels = pods.labels(pod)
         if phase in STUCK:
             if labels.get(keys.LAUNCHER_STUCK_LABEL) != "true" and await api.set_stuck_label(pod, True):
                 await api.warn(pod, REASON, message(phase))

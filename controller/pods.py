@@ -1,4 +1,4 @@
-"""Reading Pods as the API server's JSON: the few facts the dual-pods controller needs of them."""
+"""Reading Pods as the API server's JSON: the few facts the controllers need of them."""
 
 import json
 from dataclasses import dataclass
