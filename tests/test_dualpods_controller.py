@@ -213,3 +213,17 @@ async def test_direct_providers_are_indexed_by_nominal_hash_and_gpu(h: Harness) 
     assert [p["metadata"]["name"] for p in h.caches.pods.by_index(NOMINAL, digest)] == [PROVIDER]
     for index in ("0", "1"):
         assert [p["metadata"]["name"] for p in h.caches.pods.by_index(GPU, f"{NODE} {index}")] == [PROVIDER]
+
+
+async def test_fma_object_counts_follow_the_caches(h: Harness) -> None:
+    h.put(requester_obj("a", "a-uid"), requester_obj("b", "b-uid", isc="isc2"), requester_obj("c", "c-uid"))
+    h.put(isc_obj(), isc_obj("isc2"))
+    assert h.metric("fma_requester_count", isc_name=ISC) == 2
+    assert h.metric("fma_requester_count", isc_name="isc2") == 1
+    assert h.metric("fma_isc_count", launcher_config_name="lc") == 2
+
+    h.remove(requester_obj("b", "b-uid", isc="isc2"))
+    h.remove(isc_obj("isc2"))
+    assert h.metric("fma_requester_count", isc_name="isc2") == 0, "kept at 0, as FMA's"
+    assert h.metric("fma_requester_count", isc_name=ISC) == 2
+    assert h.metric("fma_isc_count", launcher_config_name="lc") == 1

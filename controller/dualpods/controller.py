@@ -84,6 +84,8 @@ class DualPodsController:
         self.caches.pods.add_index(GPU, gpu_keys)
         self.caches.pods.add_index(DIRECT_REQUESTERS, _direct_requester)
         self.metrics = DualPodsMetrics(registry)
+        self.caches.pods.subscribe(self._count_requesters)
+        self.caches.iscs.subscribe(self._count_iscs)
         self.queue: WorkQueue[Key] = WorkQueue("dual-pods")
         self._api = api
         self._session: aiohttp.ClientSession | None = None
@@ -203,8 +205,25 @@ class DualPodsController:
     def _lc_changed(self, old: Obj | None, new: Obj | None) -> None:
         name = pods.name(new or old or {"metadata": {"name": ""}})
         for isc in self.caches.iscs.items():
-            if (isc.get("spec") or {}).get("launcherConfigName") == name:
+            if _launcher_config_name(isc) == name:
                 self._isc_changed(isc, isc)
+
+    # ----- FMA's object counts
+
+    def _count_requesters(self, old: Obj | None, new: Obj | None) -> None:
+        """`fma_requester_count` of each ISC the changed Pod names (kept at 0 once none do, as FMA's)."""
+        for isc in {name for pod in (old, new) if pod is not None for name in _requester_isc(pod)}:
+            self.metrics.requester_count.labels(isc).set(len(self.caches.pods.by_index(REQUESTERS_BY_ISC, isc)))
+
+    def _count_iscs(self, old: Obj | None, new: Obj | None) -> None:
+        """`fma_isc_count` of the LauncherConfig(s) the changed ISC names."""
+        for lc in {_launcher_config_name(isc) for isc in (old, new) if isc is not None}:
+            count = sum(_launcher_config_name(isc) == lc for isc in self.caches.iscs.items())
+            self.metrics.isc_count.labels(lc).set(count)
+
+
+def _launcher_config_name(isc: Obj) -> str:
+    return str((isc.get("spec") or {}).get("launcherConfigName", ""))
 
 
 def _bound_to(pod: Obj) -> list[str]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from api.launcher import INSTANCES_PATH, EventType, InstanceState, InstanceStatus, WatchEvent
+from api.launcher import INSTANCES_PATH, EventType, InstanceState, WatchEvent
 
 from .launcher_client import LauncherClient, launcher_url
 
@@ -33,9 +33,6 @@ class LauncherView:
     instances: dict[str, InstanceState] = field(default_factory=dict)
     revision: int = 0
     synced: bool = False
-
-    def running(self) -> dict[str, InstanceState]:
-        return {i: s for i, s in self.instances.items() if s.status is InstanceStatus.RUNNING}
 
 
 class GoneError(Exception):
