@@ -29,6 +29,8 @@ LAUNCHER_TEMPLATE_HASH_ANNOTATION: Final = PREFIX + "launcher-populator-template
 LAUNCHER_CONFIG_HASH_ANNOTATION: Final = PREFIX + "launcher-config-hash"
 LAUNCHER_STUCK_LABEL: Final = PREFIX + "launcher-stuck"
 COMPONENT_LABEL: Final = "app.kubernetes.io/component"
+HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
+GPU_RESOURCE: Final = "nvidia.com/gpu"
 LAUNCHER_COMPONENT: Final = "launcher"
 
 PROVIDER_FINALIZER: Final = PREFIX + "provider"

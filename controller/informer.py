@@ -140,7 +140,7 @@ class Informer:
             if obj.get("code") == 410:
                 raise WatchExpired()
             raise RuntimeError(f"watch error: {obj.get('message')}")
-        version: str | None = obj.get("metadata", {}).get("resourceVersion")
+        version = _version(obj)
         if kind in ("ADDED", "MODIFIED"):
             self._apply(object_key(obj), obj)
         elif kind == "DELETED":

@@ -30,7 +30,6 @@ FORCED_ENV = {
 }
 # What the launcher's --mock-gpus mode reads to find its node's entry in the gpu-map ConfigMap.
 DOWNWARD_ENV = {"NODE_NAME": "spec.nodeName", "NAMESPACE": "metadata.namespace"}
-GPU_RESOURCE = "nvidia.com/gpu"
 TOKEN_VOLUME = "dualpods-launcher-token"
 TOKEN_DIR = "/var/run/secrets/dualpods/launcher-token"
 
@@ -80,8 +79,8 @@ def _patch_launcher_container(container: dict[str, Any], token_secret: str | Non
     }  # fmt: skip
     resources = container.setdefault("resources", {})
     for kind in ("limits", "requests"):
-        if GPU_RESOURCE in resources.get(kind, {}):
-            resources[kind][GPU_RESOURCE] = "0"
+        if keys.GPU_RESOURCE in resources.get(kind, {}):
+            resources[kind][keys.GPU_RESOURCE] = "0"
     if token_secret:
         _set_env(container, "LAUNCHER_AUTH_TOKEN_FILE", {"value": f"{TOKEN_DIR}/token"})
         mounts = [m for m in container.get("volumeMounts", []) if m.get("name") != TOKEN_VOLUME]
@@ -100,7 +99,7 @@ def node_independent_pod(config: LauncherConfig, token_secret: str | None = None
         )
     _patch_launcher_container(launcher, token_secret)
     if isinstance(spec.get("overhead"), dict):
-        spec["overhead"].pop(GPU_RESOURCE, None)
+        spec["overhead"].pop(keys.GPU_RESOURCE, None)
     if token_secret:
         volumes = [v for v in spec.get("volumes", []) if v.get("name") != TOKEN_VOLUME]
         spec["volumes"] = [*volumes, {"name": TOKEN_VOLUME, "secret": {"secretName": token_secret}}]
@@ -145,5 +144,5 @@ def pod_for_node(node_independent: Pod, template_hash: str, node: str) -> Pod:
     pod = copy.deepcopy(node_independent)
     pod["metadata"]["labels"][keys.NODE_NAME_LABEL] = node
     pod["metadata"]["annotations"][keys.LAUNCHER_CONFIG_HASH_ANNOTATION] = launcher_config_hash(template_hash, node)
-    pod["spec"].setdefault("nodeSelector", {})["kubernetes.io/hostname"] = node
+    pod["spec"].setdefault("nodeSelector", {})[keys.HOSTNAME_LABEL] = node
     return pod

@@ -2,6 +2,7 @@
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from api import keys
@@ -73,15 +74,21 @@ def container_ready(pod: Pod) -> bool:
     return bool(container_status(pod).get("ready"))
 
 
-def container_started_at(pod: Pod) -> str | None:
-    running = (container_status(pod).get("state") or {}).get("running") or {}
-    started: str | None = running.get("startedAt")
-    return started
+def container_age_s(pod: Pod) -> float | None:
+    """Seconds since the container last started; None while it is not running."""
+    started = ((container_status(pod).get("state") or {}).get("running") or {}).get("startedAt")
+    if not started:
+        return None
+    return (datetime.now().astimezone() - datetime.fromisoformat(started)).total_seconds()
+
+
+def restart_count(pod: Pod) -> int:
+    return int(container_status(pod).get("restartCount") or 0)
 
 
 def in_trouble(pod: Pod) -> bool:
     """Restarted and not Ready: FMA deletes such a provider at unbind rather than reusing it."""
-    return int(container_status(pod).get("restartCount") or 0) > 0 and not is_ready(pod)
+    return restart_count(pod) > 0 and not is_ready(pod)
 
 
 def is_requester(pod: Pod) -> bool:

@@ -227,3 +227,11 @@ async def test_fma_object_counts_follow_the_caches(h: Harness) -> None:
     assert h.metric("fma_requester_count", isc_name="isc2") == 0, "kept at 0, as FMA's"
     assert h.metric("fma_requester_count", isc_name=ISC) == 2
     assert h.metric("fma_isc_count", launcher_config_name="lc") == 1
+
+
+@pytest.mark.usefixtures("requesters")
+async def test_a_node_heartbeat_queues_nothing(h: Harness) -> None:
+    beat = with_rv(node_obj(), "2")
+    beat["status"] = {"conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": "2099-01-01T00:00:00Z"}]}
+    h.controller._node_changed(node_obj(), beat)
+    assert await queued(h.controller) == set()

@@ -188,6 +188,8 @@ class DualPodsController:
             self._enqueue((ISC, str(isc)))
 
     def _node_changed(self, old: Obj | None, new: Obj | None) -> None:
+        if old is not None and new is not None and _node_facts(old) == _node_facts(new):
+            return  # a heartbeat, a condition, an image list: nothing a reconcile reads
         self._enqueue_requesters_on(pods.name(new or old or {"metadata": {"name": ""}}))
 
     def _isc_changed(self, old: Obj | None, new: Obj | None) -> None:
@@ -220,6 +222,11 @@ class DualPodsController:
         for lc in {_launcher_config_name(isc) for isc in (old, new) if isc is not None}:
             count = sum(_launcher_config_name(isc) == lc for isc in self.caches.iscs.items())
             self.metrics.isc_count.labels(lc).set(count)
+
+
+def _node_facts(node: Obj) -> tuple[bool, bool]:
+    """What the reconciler reads of a Node besides its existence: being deleted, being cordoned."""
+    return pods.is_deleting(node), bool((node.get("spec") or {}).get("unschedulable"))
 
 
 def _launcher_config_name(isc: Obj) -> str:

@@ -177,14 +177,10 @@ class DirectProviders:
 
     def _asleep(self, provider: pods.Pod) -> bool | None:
         known = self.memory.asleep.get(pods.uid(provider))
-        return known[1] if known is not None and known[0] == _restarts(provider) else None
+        return known[1] if known is not None and known[0] == pods.restart_count(provider) else None
 
     def _note(self, provider: pods.Pod, asleep: bool) -> None:
-        self.memory.asleep[pods.uid(provider)] = (_restarts(provider), asleep)
-
-
-def _restarts(pod: pods.Pod) -> int:
-    return int(pods.container_status(pod).get("restartCount") or 0)
+        self.memory.asleep[pods.uid(provider)] = (pods.restart_count(provider), asleep)
 
 
 def _requester_name(provider: pods.Pod) -> str:

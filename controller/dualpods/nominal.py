@@ -22,8 +22,6 @@ from controller.go_template import PatchYAMLError, TemplateError, render_server_
 from controller.strategic_merge import StrategicMergePatchError, apply_strategic_merge_patch, pod_schema
 
 CUDA_VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"
-GPU_RESOURCE: Final = "nvidia.com/gpu"
-HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 # The token volume the API server's admission mounts into every Pod: `kube-api-access-*` (projected, Kubernetes
 # 1.21+) or, before that, a Secret volume `<ServiceAccount>-token-*`.
 _API_ACCESS: Final = re.compile(r"^kube-api-access-[a-z0-9]+$")
@@ -51,13 +49,13 @@ def nominal_provider(requester: pods.Pod, node: str, indices: list[str], gpus: l
     if unknown := pod_schema().unknown_fields(pod):
         raise NominalError("strict decoding error: " + ", ".join(f'unknown field "{field}"' for field in unknown))
     spec = pod.setdefault("spec", {})
-    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), HOSTNAME_LABEL: node}
+    spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), keys.HOSTNAME_LABEL: node}
     container = inference_server(pod)
     server_port(pod)  # a provider whose port is unknown could never be woken or put to sleep
     _set_env(container, CUDA_VISIBLE_DEVICES, ",".join(indices))
     resources = container.setdefault("resources", {})
     for kind in ("limits", "requests"):
-        resources[kind] = {**(resources.get(kind) or {}), GPU_RESOURCE: "0"}  # the requester holds the GPUs
+        resources[kind] = {**(resources.get(kind) or {}), keys.GPU_RESOURCE: "0"}  # the requester holds the GPUs
     metadata = pod.setdefault("metadata", {})
     metadata["generateName"] = f"{pods.name(requester)}-dual-"
     metadata["annotations"] = {

@@ -13,7 +13,6 @@ patch); the steps only direct mode has are in direct.py, the rest is shared.
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime
 from typing import TypeVar
 
 from pydantic import ValidationError
@@ -36,7 +35,7 @@ from .memory import Memory
 from .metrics import DualPodsMetrics
 from .provider_client import ProviderClient
 from .requester_client import RequesterClient, RequesterError
-from .routing import RoutingMetadata, from_isc, problems
+from .routing import RoutingMetadata, committed_routing, from_isc, problems
 from .selection import Candidate, choose, instance_port, plan_for
 from .status import RequesterProblem, status_json
 from .writer import PodWriter, set_annotation, set_binding, set_finalizer, set_label
@@ -349,7 +348,7 @@ class Reconciler:
                 return None  # the DELETED event brings us back
             await self.launchers.wake(pod_ip, wanted, isc_name, name)
             return None  # its AWAKE event brings us back
-        routing = RoutingMetadata.model_validate_json(annotations.get(keys.ISC_ROUTING_METADATA_ANNOTATION) or "{}")
+        routing = committed_routing(launcher)
         other_labels = {k: v for k, v in pods.labels(launcher).items() if k not in routing.labels}
         other_annotations = {k: v for k, v in annotations.items() if k not in routing.annotations}
         if found := problems(routing, other_labels, other_annotations):
@@ -359,7 +358,7 @@ class Reconciler:
             return None
         await self.writer.update(launcher, lambda p: _serving_metadata(p, routing), "instance serving")
         self._set_duality(launcher, 1)
-        port = int(annotations.get(keys.SERVER_PORT_ANNOTATION, "0"))
+        port = _server_port(launcher)
         await self._sync_lora(requester, pod_ip, port, state)
         return await self._relay(requester, True, isc_name, target=(pod_ip, port))
 
@@ -398,7 +397,7 @@ class Reconciler:
         recently used others beyond the LauncherConfig's maxInstances (FMA's reclaim)."""
         lc = self._launcher_config_of(launcher)
         max_instances = lc.spec.max_instances if lc is not None else None
-        port = int(pods.annotations(launcher).get(keys.SERVER_PORT_ANNOTATION, "0"))
+        port = _server_port(launcher)
         others = [s for s in view.instances.values() if s.instance_id != wanted]
         plan = plan_for(Candidate(pods.name(launcher), others), wanted, port, max_instances or len(others) + 1)
         uid = pods.uid(requester)
@@ -469,9 +468,8 @@ class Reconciler:
         log.info("Successfully relayed the readiness requesterName=%s ready=%s", pods.name(requester), ready)
         if ready and uid not in self.memory.actuated:
             self.memory.actuated.add(uid)
-            started = pods.container_started_at(requester)
-            if started:
-                elapsed = (datetime.now().astimezone() - datetime.fromisoformat(started)).total_seconds()
+            elapsed = pods.container_age_s(requester)
+            if elapsed is not None:
                 self.metrics.actuation_seconds.labels(
                     self.namespace, self.memory.paths.get(uid, "hot"), str(self.memory.victims.get(uid, 0)), isc_name
                 ).observe(max(0.0, elapsed))
@@ -503,7 +501,7 @@ class Reconciler:
                 await self._unbind(launcher, requester)
             return
         annotations = pods.annotations(launcher)
-        routing = RoutingMetadata.model_validate_json(annotations.get(keys.ISC_ROUTING_METADATA_ANNOTATION) or "{}")
+        routing = committed_routing(launcher)
         if any(pods.labels(launcher).get(k) == v for k, v in routing.labels.items()):
             # Routing labels go first, so request routers drop the endpoint while it still serves.
             await self.writer.update(launcher, lambda p: _remove_routing_labels(p, routing), "unbind: routing")
@@ -594,19 +592,22 @@ class Reconciler:
         log.info("launcher %s: %s", pods.name(launcher), message)
         await self.events.record(launcher, "Normal", "SleeperBudget", message)
 
+    def _current_isc(self, name: str) -> InferenceServerConfig | None:
+        """The ISC as it is now; None when it is gone or invalid."""
+        try:
+            return self._config(InferenceServerConfig, self.c.iscs, name)
+        except RequesterProblem:
+            return None
+
     def _obsolete(self, state: InstanceState) -> bool:
         """The instance's InferenceServerConfig changed (or is gone) since it was created."""
-        isc_name = (state.annotations or {}).get(keys.INSTANCE_ISC_NAME, "")
-        try:
-            isc = self._config(InferenceServerConfig, self.c.iscs, isc_name)
-        except RequesterProblem:
-            return True
-        return instance_id(isc, state.gpu_uuids or [], state.runtime or VLLM) != state.instance_id
+        return not _made_from(state, self._current_isc((state.annotations or {}).get(keys.INSTANCE_ISC_NAME, "")))
 
     # ----- instances of a changed InferenceServerConfig
 
     async def reconcile_isc(self, isc_name: str) -> float | None:
         """Delete sleeping instances made from an older version of this ISC (awake ones go at unbind)."""
+        isc = self._current_isc(isc_name)
         for launcher in self.c.pods.by_index(LAUNCHERS, "true"):
             view = self.views.get(pods.name(launcher))
             pod_ip = pods.pod_ip(launcher)
@@ -616,11 +617,16 @@ class Reconciler:
             for state in list(view.instances.values()):
                 mine = (state.annotations or {}).get(keys.INSTANCE_ISC_NAME) == isc_name
                 idle = state.sleeping or state.status is InstanceStatus.STOPPED
-                if mine and idle and state.instance_id != bound_instance and self._obsolete(state):
+                if mine and idle and state.instance_id != bound_instance and not _made_from(state, isc):
                     log.info("deleting obsolete instance %s of ISC %s on launcher %s", state.instance_id, isc_name,
                              pods.name(launcher))  # fmt: skip
                     await self.launchers.delete_instance(pod_ip, state.instance_id, isc_name)
         return None
+
+
+def _made_from(state: InstanceState, isc: InferenceServerConfig | None) -> bool:
+    """The instance is what this version of the ISC makes (on its GPUs, with its runtime)."""
+    return isc is not None and instance_id(isc, state.gpu_uuids or [], state.runtime or VLLM) == state.instance_id
 
 
 def _sleepers(states: list[InstanceState], exclude: str) -> list[Sleeper]:
@@ -638,11 +644,13 @@ def _sleepers(states: list[InstanceState], exclude: str) -> list[Sleeper]:
 
 def _just_started(requester: pods.Pod) -> bool:
     """Its container is not running yet, or started within the start-up window."""
-    started = pods.container_started_at(requester)
-    if started is None:
-        return True
-    age = (datetime.now().astimezone() - datetime.fromisoformat(started)).total_seconds()
-    return age < SPI_STARTUP_WINDOW_S
+    age = pods.container_age_s(requester)
+    return age is None or age < SPI_STARTUP_WINDOW_S
+
+
+def _server_port(launcher: pods.Pod) -> int:
+    """The port of the instance bound on this launcher (0 before a binding)."""
+    return int(pods.annotations(launcher).get(keys.SERVER_PORT_ANNOTATION, "0"))
 
 
 def _bound_uid(pod: pods.Pod) -> str | None:
@@ -686,9 +694,7 @@ def _remove_routing_labels(launcher: pods.Pod, routing: RoutingMetadata) -> None
 
 
 def _unbind_metadata(launcher: pods.Pod) -> None:
-    routing = RoutingMetadata.model_validate_json(
-        pods.annotations(launcher).get(keys.ISC_ROUTING_METADATA_ANNOTATION) or "{}"
-    )
+    routing = committed_routing(launcher)
     _remove_routing_labels(launcher, routing)
     for key in routing.annotations:
         set_annotation(launcher, key, None)

@@ -6,8 +6,11 @@ never an inference endpoint (e.g. of an InferencePool) before it can answer.
 
 from pydantic import BaseModel, Field
 
+from api import keys
 from api.crds import InferenceServerConfig
 from api.labels import label_value_errors, qualified_name_errors
+from controller import pods
+from controller.pods import Pod
 
 RESERVED_DOMAINS = ("kubernetes.io", "k8s.io")  # and their subdomains, as Kubernetes reserves them
 OWN_PREFIX = "dual-pods.llm-d.ai"
@@ -23,6 +26,13 @@ class RoutingMetadata(BaseModel):
 
     labels: dict[str, str] = Field(default_factory=dict)
     annotations: dict[str, str] = Field(default_factory=dict)
+
+
+def committed_routing(provider: Pod) -> RoutingMetadata:
+    """The set committed on a provider at its binding (empty when unbound)."""
+    return RoutingMetadata.model_validate_json(
+        pods.annotations(provider).get(keys.ISC_ROUTING_METADATA_ANNOTATION) or "{}"
+    )
 
 
 def from_isc(isc: InferenceServerConfig) -> RoutingMetadata:
