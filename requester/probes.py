@@ -10,9 +10,13 @@ READY_PATH = "/ready"
 DEFAULT_PORT = 8080
 
 
+def ready_response(ready: bool) -> web.Response:
+    return text("OK") if ready else text("Service Unavailable", 503)
+
+
 def build_probes_app(readiness: Readiness, metrics: RequesterMetrics) -> web.Application:
     async def ready(request: web.Request) -> web.Response:
-        return text("OK") if readiness.ready else text("Service Unavailable", 503)
+        return ready_response(readiness.ready)
 
     app = web.Application(middlewares=[count_and_contain(metrics, "probes")])
     app.router.add_get(READY_PATH, ready)

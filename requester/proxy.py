@@ -23,8 +23,9 @@ from api.openai_errors import ApiError
 from . import guard
 from .backend_limits import BackendLimits
 from .metrics import RequesterMetrics
-from .middleware import count_and_contain, text
+from .middleware import count_and_contain
 from .overload import Overload
+from .probes import READY_PATH, ready_response
 from .prompt_tokens import PromptCounter
 from .proxy_target import ProxyTarget
 from .readiness import Readiness
@@ -33,7 +34,6 @@ from .upstream import Upstream
 log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 8082  # FMA's --proxy-port
-READY_PATH = "/ready"
 MONITORING_PATHS = frozenset({"/health", "/healthz", "/ping", "/metrics", "/version"})
 GUARDED_PATHS = {"/v1/completions": False, "/v1/chat/completions": True}  # path -> is chat
 # KAITO's rate-limited paths, with vLLM's /v1 and /v2 spellings of them.
@@ -97,7 +97,7 @@ class Proxy:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path
         if path == READY_PATH:
-            return text("OK") if self._forwarding() else text("Service Unavailable", 503)
+            return ready_response(self._forwarding())
         if path in MONITORING_PATHS:
             if self._target.target is None:
                 return _unavailable("no model server is bound to this requester yet.")

@@ -19,22 +19,20 @@ class Readiness:
     def __init__(self, metrics: RequesterMetrics, process_started: float) -> None:
         self._metrics = metrics
         self._process_started = process_started
-        self._ready = False
         self._first_ready_after: float | None = None
         self._became_ready = asyncio.Event()
         metrics.ready.set(0)
 
     @property
     def ready(self) -> bool:
-        return self._ready
+        return self._became_ready.is_set()
 
     async def wait(self) -> None:
         """Return once ready (at once if ready now)."""
         await self._became_ready.wait()
 
     def set(self, ready: bool) -> None:
-        log.info("setting ready", extra={"ready": ready, "was_ready": self._ready})
-        self._ready = ready
+        log.info("setting ready", extra={"ready": ready, "was_ready": self.ready})
         if ready:
             self._became_ready.set()
         else:

@@ -129,7 +129,8 @@ class AdapterSlots:
         while len(order) >= self.capacity:
             self.detach(model, order.pop(0))
         try:
-            model.load_adapter(adapter.path, adapter_name=adapter.name)
+            # Never a download (transformers 5.19 mishandles its own `local_files_only=`; the hub kwargs work).
+            model.load_adapter(adapter.path, adapter_name=adapter.name, adapter_kwargs={"local_files_only": True})
         except Exception as error:
             if adapter.name in self.attached(model):  # injected, then the weights did not fit
                 model.delete_adapter(adapter.name)
