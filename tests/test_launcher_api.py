@@ -15,7 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from e2e.launcher_process import LauncherProcess, free_port
+from e2e.cluster.ports import free_port
+from e2e.launcher_process import LauncherProcess
+from e2e.waiting import wait_for
 
 TOKEN = "s3cret-token"
 BASE = "/v2/vllm/instances"
@@ -199,10 +201,22 @@ async def test_index_lists_the_routes(http: aiohttp.ClientSession) -> None:
     assert index["endpoints"]["watch_instances"] == f"GET {BASE}/watch"
 
 
+async def log_size(http: aiohttp.ClientSession, instance_id: str) -> int:
+    async with http.get(f"{BASE}/{instance_id}/log") as response:
+        return len(await response.read())
+
+
 async def test_unsatisfiable_range_names_the_log_size(http: aiohttp.ClientSession) -> None:
     await create(http, "quiet")
-    async with http.get(f"{BASE}/quiet/log") as response:
-        size = len(await response.read())
+    await wait_ready(http, "quiet")  # the server has logged its start; then the log only grows with its requests
+    sizes = [await log_size(http, "quiet")]
+
+    async def settled() -> bool:  # the access-log line of the last readiness poll may still be coming
+        sizes.append(await log_size(http, "quiet"))
+        return sizes[-1] == sizes[-2]
+
+    await wait_for(settled, what="the instance's log to stop growing", within=10, interval=0.2)
+    size = sizes[-1]
     async with http.get(f"{BASE}/quiet/log", headers={"Range": f"bytes={size + 10}-"}) as response:
         assert response.status == 416
         assert response.headers["Content-Range"] == f"bytes */{size}"
