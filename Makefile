@@ -64,8 +64,7 @@ lint: venv
 test: venv tools control-plane lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-demo: venv tools control-plane
-	$(PY) -m e2e.cluster up --state-dir $(CLUSTER_STATE)
+demo: cluster-up
 	$(PY) -m e2e.demo --state-dir $(CLUSTER_STATE)
 
 launcher-demo: venv

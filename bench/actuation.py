@@ -26,7 +26,7 @@ import psutil
 
 from e2e.actuation import Actuation, actuate, release
 from e2e.cluster.cluster import LoopbackCluster, default_nodes
-from e2e.dualpods_env import DualPodsEnv
+from e2e.dualpods_env import DualPodsEnv, installed
 from e2e.fixtures import fresh_namespace
 from e2e.tiny_model import ensure_tiny_model
 
@@ -142,14 +142,12 @@ async def main() -> None:
         cluster = LoopbackCluster(Path(tmp) / "state")
         await cluster.up(default_nodes(), die_with_parent=True)
         try:
-            async with await cluster.api_client() as api, fresh_namespace(api, "bench-actuation") as namespace:
-                env = DualPodsEnv(cluster, api, namespace, Path(tmp))
-                await env.setup()
-                await env.controllers.install()
-                try:
-                    await (standin if args.mode == "standin" else vllm)(env, args, samples)
-                finally:
-                    await env.teardown()
+            async with (
+                await cluster.api_client() as api,
+                fresh_namespace(api, "bench-actuation") as namespace,
+                installed(cluster, api, namespace, Path(tmp)) as env,
+            ):
+                await (standin if args.mode == "standin" else vllm)(env, args, samples)
         finally:
             cluster.down()
     report(args, samples)

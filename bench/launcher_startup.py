@@ -11,9 +11,12 @@ Usage: .venv/bin/python bench/launcher_startup.py [--rounds 3]
 """
 
 import argparse
+import contextlib
 import json
+import os
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -25,7 +28,8 @@ from pathlib import Path
 
 import psutil
 
-from e2e.launcher_process import LauncherProcess, free_port, offline_environment, wait_healthy
+from e2e.cluster.ports import free_port
+from e2e.launcher_process import LauncherProcess, offline_environment, wait_healthy
 from e2e.tiny_model import ensure_tiny_model
 
 HEALTH_TIMEOUT_S = 300.0
@@ -67,8 +71,8 @@ def cold(argv: list[str], port: int, work_dir: Path, single_process: bool) -> fl
         health = f"http://127.0.0.1:{port}/health"
         return wait_healthy(health, lambda: server.poll() is None, HEALTH_TIMEOUT_S, started=started)
     finally:
-        for process in [*psutil.Process(server.pid).children(recursive=True), psutil.Process(server.pid)]:
-            process.terminate()
+        with contextlib.suppress(ProcessLookupError):  # its own session: the group holds the engine core too
+            os.killpg(server.pid, signal.SIGTERM)
         server.wait(60)
 
 

@@ -12,6 +12,7 @@ Usage: .venv/bin/python bench/proxy_latency.py [--requests 300] [--warmup 30]
 """
 
 import argparse
+import contextlib
 import http.client
 import json
 import platform
@@ -28,7 +29,8 @@ from pathlib import Path
 
 import psutil
 
-from e2e.launcher_process import REPO, free_port, offline_environment
+from e2e.cluster.ports import free_port
+from e2e.launcher_process import REPO, offline_environment
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
@@ -118,21 +120,19 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=30)
     args = parser.parse_args()
     backend_port, spi_port, probes_port, proxy_port = (free_port() for _ in range(4))
-    with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp, contextlib.ExitStack() as running:
         work_dir = Path(tmp)
         standin = start(["tests.standin", "--port", str(backend_port), "--model", "bench"], work_dir, "standin")
+        running.callback(stop, standin)
         ports = ["--spi-port", str(spi_port), "--probes-port", str(probes_port), "--proxy-port", str(proxy_port)]
         requester = start(["requester", "--host", HOST, *ports, "--gpu-source", "env"], work_dir, "requester")
-        try:
-            wait_answering(f"http://{HOST}:{backend_port}/health", standin)
-            wait_answering(f"http://{HOST}:{spi_port}/metrics", requester)
-            spi = f"http://{HOST}:{spi_port}"
-            call("PUT", f"{spi}/v1/proxy/config", json.dumps({"address": HOST, "port": backend_port}).encode())
-            call("POST", f"{spi}/v1/become-ready")
-            samples = measure(backend_port, proxy_port, args.requests, args.warmup)
-        finally:
-            stop(requester)
-            stop(standin)
+        running.callback(stop, requester)  # stopped first
+        wait_answering(f"http://{HOST}:{backend_port}/health", standin)
+        wait_answering(f"http://{HOST}:{spi_port}/metrics", requester)
+        spi = f"http://{HOST}:{spi_port}"
+        call("PUT", f"{spi}/v1/proxy/config", json.dumps({"address": HOST, "port": backend_port}).encode())
+        call("POST", f"{spi}/v1/become-ready")
+        samples = measure(backend_port, proxy_port, args.requests, args.warmup)
     machine = f"{psutil.cpu_count()} CPUs, {platform.machine()}, load average {psutil.getloadavg()[0]:.1f}"
     print(f"\n{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {machine}; {args.requests} requests per path and request")
     print("| request | direct p50 | proxied p50 | added p50 | direct p99 | proxied p99 | added p99 | pairwise p50 |")

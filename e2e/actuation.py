@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from api import keys
+from controller import pods
 from e2e.dualpods_env import DualPodsEnv, Obj
 from e2e.waiting import wait_for
 
@@ -49,8 +50,7 @@ async def actuate(env: DualPodsEnv, replica_set: str, within: float = 300) -> Ac
     async def ready() -> Obj:
         nonlocal ready_seen
         found = await env.requesters(replica_set)
-        conditions = (found[0].get("status", {}).get("conditions") or []) if found else []
-        if any(c["type"] == "Ready" and c["status"] == "True" for c in conditions):
+        if found and pods.is_ready(found[0]):
             ready_seen = time.time()
             return found[0]
         return {}
@@ -70,9 +70,4 @@ async def release(env: DualPodsEnv, replica_set: str) -> None:
     """Scale `replica_set` to 0 and wait until every launcher is unbound (its instance asleep)."""
     await env.scale(replica_set, 0)
     await env.wait_gone(replica_set, within=120)
-
-    async def unbound() -> bool:
-        return all(keys.REQUESTER_ANNOTATION not in (p["metadata"].get("annotations") or {})
-                   for p in await env.launchers())  # fmt: skip
-
-    await wait_for(unbound, what="launchers unbound", within=120, interval=0.05)
+    await env.wait_launchers_unbound(within=120, interval=0.05)

@@ -13,7 +13,7 @@ import psutil
 from kubernetes_asyncio import client
 
 from e2e.cluster.binaries import venv_tool
-from e2e.cluster.cluster import LoopbackCluster
+from e2e.cluster.cluster import LoopbackCluster, pod_is_ready
 from e2e.launcher_process import REPO
 from e2e.waiting import wait_for
 
@@ -22,15 +22,19 @@ DUAL_PODS = "dual-pods-controller"
 POPULATOR = "launcher-populator"
 
 
+def helm_env(home: Path) -> dict[str, str]:
+    """helm's state (config, cache, plugins) under `home`, so nothing of the user's is read or written."""
+    return {**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache"),
+            "XDG_CONFIG_HOME": str(home / "config"), "XDG_DATA_HOME": str(home / "data")}  # fmt: skip
+
+
 async def helm(cluster: LoopbackCluster, work_dir: Path, *args: str) -> str:
     """Run helm against the loopback cluster with its state kept in `work_dir`."""
     home = work_dir / "helm-home"
     home.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache"),
-           "XDG_CONFIG_HOME": str(home / "config"), "XDG_DATA_HOME": str(home / "data")}  # fmt: skip
     process = await asyncio.create_subprocess_exec(
         str(venv_tool("helm")), "--kubeconfig", str(cluster.kubeconfig), *args,
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env=helm_env(home), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await process.communicate()
     if process.returncode != 0:
@@ -69,7 +73,7 @@ class InstalledControllers:
     async def wait_running(self, component: str, replicas: int = 1) -> list[Any]:
         async def ready() -> list[Any]:
             found = await self.pods(component)
-            ok = [p for p in found if any(c.type == "Ready" and c.status == "True" for c in p.status.conditions or [])]
+            ok = [p for p in found if pod_is_ready(p)]
             return ok if len(ok) >= replicas else []
 
         result: list[Any] = await wait_for(ready, what=f"{component} Ready", within=60)

@@ -1,6 +1,7 @@
 """Installing the generated CRDs into the loopback cluster, as a user would: `kubectl apply`."""
 
 import asyncio
+from pathlib import Path
 
 from kubernetes_asyncio import client
 
@@ -26,8 +27,14 @@ async def kubectl(cluster: LoopbackCluster, *args: str, stdin: str = "") -> str:
     return out.decode()
 
 
+_INSTALLED: set[Path] = set()  # the clusters (by kubeconfig) this process has installed them in
+
+
 async def install_crds(cluster: LoopbackCluster, api: client.ApiClient) -> None:
-    """The CRDs of config/crd/, applied (idempotently) and Established."""
+    """The CRDs of config/crd/, applied (idempotently) and Established; once per cluster and process
+    (CRDs are cluster-wide and nothing here deletes them)."""
+    if cluster.kubeconfig in _INSTALLED:
+        return
     # Client-side apply also proves the LauncherConfig CRD fits its last-applied annotation (256 KiB).
     await kubectl(cluster, "apply", "-f", str(CRD_DIR))
     extensions = client.ApiextensionsV1Api(api)
@@ -41,3 +48,4 @@ async def install_crds(cluster: LoopbackCluster, api: client.ApiClient) -> None:
         return True
 
     await wait_for(established, what="the three CRDs Established", within=30)
+    _INSTALLED.add(cluster.kubeconfig)

@@ -14,7 +14,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from api import keys
 from api.crds import GROUP, VERSION, CustomResource, InferenceServerConfig, LauncherConfig, LauncherPopulationPolicy
 from api.keys import LAUNCHER_PORT
-from controller.pods import is_ready
+from controller import pods
 from e2e.chart import InstalledControllers
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import install_crds
@@ -62,7 +62,7 @@ class DualPodsEnv:
             await wait_for(self._no_requesters, what="every requester gone", within=60)
         await self.controllers.uninstall()
         for pod in await self.pods():
-            finalizers = pod["metadata"].get("finalizers") or []
+            finalizers = pods.finalizers(pod)
             kept = [f for f in finalizers if not f.startswith(keys.PREFIX)]
             if kept != finalizers:
                 patch = {
@@ -71,8 +71,7 @@ class DualPodsEnv:
                 await self.core.patch_namespaced_pod(pod["metadata"]["name"], self.namespace, patch)
 
     async def _no_requesters(self) -> bool:
-        kinds = (keys.INFERENCE_SERVER_CONFIG_ANNOTATION, keys.SERVER_PATCH_ANNOTATION)
-        return not [p for p in await self.pods() if set(kinds) & set(p["metadata"].get("annotations") or {})]
+        return not [p for p in await self.pods() if pods.is_requester(p)]
 
     # ----- objects a model-variant deployer creates
 
@@ -209,7 +208,7 @@ class DualPodsEnv:
         return result
 
     async def requesters(self, replica_set: str) -> list[Obj]:
-        return [p for p in await self.pods(f"app={replica_set}") if not p["metadata"].get("deletionTimestamp")]
+        return [p for p in await self.pods(f"app={replica_set}") if not pods.is_deleting(p)]
 
     async def launchers(self) -> list[Obj]:
         return await self.pods(f"{keys.COMPONENT_LABEL}={keys.LAUNCHER_COMPONENT}")
@@ -217,15 +216,14 @@ class DualPodsEnv:
     async def providers(self) -> list[Obj]:
         """Direct providers (bound or asleep) that are not being deleted."""
         found = await self.pods()
-        return [p for p in found if keys.NOMINAL_ANNOTATION in p["metadata"].get("annotations", {}) and not
-                p["metadata"].get("deletionTimestamp")]  # fmt: skip
+        return [p for p in found if pods.is_direct_provider(p) and not pods.is_deleting(p)]
 
     async def ready_requester(self, replica_set: str, within: float = 120) -> Obj:
         """The one live requester of the set, once it is Ready and bound."""
 
         async def ready() -> Obj:
             found = await self.requesters(replica_set)
-            if len(found) == 1 and is_ready(found[0]) and keys.DUAL_LABEL in found[0]["metadata"].get("labels", {}):
+            if len(found) == 1 and pods.is_ready(found[0]) and keys.DUAL_LABEL in pods.labels(found[0]):
                 return found[0]
             return {}
 
@@ -255,6 +253,14 @@ class DualPodsEnv:
     async def instances(self, launcher: Obj) -> dict[str, Any]:
         listing: dict[str, Any] = await self.launcher_api(launcher, "GET", "/v2/vllm/instances")
         return listing
+
+    async def wait_launchers_unbound(self, within: float, interval: float = 0.1) -> None:
+        """Until no launcher is bound (their instances asleep)."""
+
+        async def unbound() -> bool:
+            return all(pods.binding(p) is None for p in await self.launchers())
+
+        await wait_for(unbound, what="every launcher unbound", within=within, interval=interval)
 
     async def wait_gone(self, replica_set: str, within: float = 60) -> None:
         await wait_for(
@@ -291,14 +297,19 @@ def _requester_spec(gpus: int, node: str | None, gpu: str | None) -> Obj:
 
 @contextlib.asynccontextmanager
 async def installed(
-    cluster: LoopbackCluster, api: client.ApiClient, namespace: str, work_dir: Path, *chart_values: str
+    cluster: LoopbackCluster,
+    api: client.ApiClient,
+    namespace: str,
+    work_dir: Path,
+    *chart_values: str,
+    gpu_map: bool = True,
 ) -> AsyncIterator[DualPodsEnv]:
     """A namespace set up for dual pods with the controllers installed by the chart (`--set` values),
-    taken down afterwards in the order that leaves no finalizer behind."""
+    taken down afterwards in the order that leaves no finalizer behind (also when installing failed)."""
     env = DualPodsEnv(cluster, api, namespace, work_dir)
-    await env.setup()
-    await env.controllers.install(*chart_values)
     try:
+        await env.setup(gpu_map)
+        await env.controllers.install(*chart_values)
         yield env
     finally:
         await env.teardown()

@@ -7,6 +7,7 @@ Fixtures:
     api        a kubernetes-asyncio ApiClient with admin rights, closed after the test.
     env        a DualPodsEnv: the namespace set up for dual pods, with the controllers installed by the
                Helm chart (default values), taken down after the test.
+    crds       our three CRDs installed in the cluster (once per session).
     namespace  a fresh namespace (its default ServiceAccount ready for Pods), deleted after the test;
                `fresh_namespace(api, label)` makes one for a wider scope (e.g. a module's scenario).
 Helpers: `e2e.waiting.wait_for(check, what=..., within=seconds)`.
@@ -23,6 +24,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from e2e.cluster.cluster import LoopbackCluster, default_nodes
+from e2e.crds import install_crds
 from e2e.dualpods_env import DualPodsEnv, installed
 from e2e.waiting import wait_for
 
@@ -36,6 +38,12 @@ async def cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Loo
         yield loopback
     finally:
         loopback.down()
+
+
+@pytest.fixture
+async def crds(cluster: LoopbackCluster, api: client.ApiClient) -> None:
+    """Our three CRDs installed and Established in the session's cluster."""
+    await install_crds(cluster, api)
 
 
 @pytest.fixture

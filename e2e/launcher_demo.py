@@ -13,7 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from e2e.launcher_process import LauncherProcess, free_port
+from e2e.cluster.ports import free_port
+from e2e.launcher_process import LauncherProcess
 from e2e.tiny_model import ensure_tiny_model
 
 T = TypeVar("T")

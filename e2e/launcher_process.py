@@ -6,7 +6,6 @@ so callers can assert that the launcher leaves nothing behind.
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,15 +16,10 @@ from pathlib import Path
 
 import psutil
 
+from e2e.cluster.ports import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 PRELOAD_TIMEOUT_S = 180.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def wait_healthy(
@@ -101,8 +95,12 @@ class LauncherProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        wait_healthy(f"{self.url}/health", lambda: self.process is not None and self.process.poll() is None,
-                     PRELOAD_TIMEOUT_S, self.log_tail)  # fmt: skip
+        try:
+            wait_healthy(f"{self.url}/health", lambda: self.process is not None and self.process.poll() is None,
+                         PRELOAD_TIMEOUT_S, self.log_tail)  # fmt: skip
+        except BaseException:
+            self.stop()  # not left running (with whatever it forked) when it never became healthy
+            raise
         return self
 
     def descendants(self) -> list[psutil.Process]:

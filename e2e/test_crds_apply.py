@@ -22,7 +22,7 @@ from api.crds import (
     parse_object,
 )
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.crds import install_crds, kubectl
+from e2e.crds import kubectl
 
 EXAMPLES = CRD_DIR.parent / "examples"
 
@@ -31,11 +31,6 @@ def examples() -> list[dict[str, Any]]:
     """The example objects of our kinds (config/examples/ may hold other ones)."""
     docs = (doc for path in sorted(EXAMPLES.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()))
     return [doc for doc in docs if doc["apiVersion"] == API_VERSION]
-
-
-@pytest.fixture
-async def crds(cluster: LoopbackCluster, api: client.ApiClient) -> None:
-    await install_crds(cluster, api)
 
 
 async def create(api: client.ApiClient, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:

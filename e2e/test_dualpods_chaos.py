@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from api import keys
 from e2e.chart import DUAL_PODS
-from e2e.dualpods_env import DualPodsEnv, Obj
+from e2e.dualpods_env import DualPodsEnv
 from e2e.waiting import wait_for
 
 RS = "swapper"
@@ -49,14 +49,6 @@ async def kill_after(env: DualPodsEnv, delay: float) -> None:
     await wait_for(lambda: env.controllers.kill(DUAL_PODS), what="a running controller to kill", within=60)
 
 
-async def wait_unbound(env: DualPodsEnv) -> None:
-    async def all_unbound() -> bool:
-        pods: list[Obj] = await env.launchers()
-        return all(keys.REQUESTER_ANNOTATION not in (p["metadata"].get("annotations") or {}) for p in pods)
-
-    await wait_for(all_unbound, what="every launcher unbound", within=90)
-
-
 async def test_swaps_converge_after_controller_kills(env: DualPodsEnv) -> None:
     await env.create_launcher_config("lc", max_instances=2, launcher_args=["--stand-in"])
     await env.create_population_policy("keep-one", "lc", count=1)
@@ -73,7 +65,7 @@ async def test_swaps_converge_after_controller_kills(env: DualPodsEnv) -> None:
         if round_ % 2:
             await kill_after(env, delay)
         await env.wait_gone(RS, within=90)
-        await wait_unbound(env)
+        await env.wait_launchers_unbound(within=90)
         # Bind step (select, bind, create or wake, relay readiness), with a kill during it on even rounds.
         await env.set_requester_isc(RS, target)
         await env.scale(RS, 1)

@@ -19,7 +19,7 @@ import pytest
 from api import keys
 from controller import pods
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.dualpods_env import DualPodsEnv, Obj
+from e2e.dualpods_env import DualPodsEnv, Obj, installed
 from e2e.fixtures import fresh_namespace
 from e2e.tiny_model import ensure_tiny_model
 from e2e.waiting import wait_for
@@ -69,14 +69,13 @@ class Scenario:
 
 @pytest.fixture(scope="module")
 async def scenario(cluster: LoopbackCluster, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Scenario]:
-    async with await cluster.api_client() as api, fresh_namespace(api, "fma-direct-cases") as namespace:
-        env = DualPodsEnv(cluster, api, namespace, tmp_path_factory.mktemp("fma-direct"))
-        await env.setup(gpu_map=False)
-        await env.controllers.install()
-        try:
-            yield Scenario(env, sorted(n.name for n in await cluster.kubelet.nodes()))
-        finally:
-            await env.teardown()
+    work_dir = tmp_path_factory.mktemp("fma-direct")
+    async with (
+        await cluster.api_client() as api,
+        fresh_namespace(api, "fma-direct-cases") as namespace,
+        installed(cluster, api, namespace, work_dir, gpu_map=False) as env,
+    ):
+        yield Scenario(env, sorted(n.name for n in await cluster.kubelet.nodes()))
 
 
 async def _gpus(env: DualPodsEnv, node: str) -> dict[str, int]:

@@ -24,9 +24,8 @@ from api.crds import GROUP, VERSION, LauncherConfig, LauncherPopulationPolicy
 from controller.launcher_template import launcher_config_hash
 from controller.populator import Populator, PopulatorOptions
 from controller.serving import serve_metrics
-from e2e.cluster.cluster import LoopbackCluster
+from e2e.cluster.cluster import pod_is_ready
 from e2e.cluster.ports import free_port
-from e2e.crds import install_crds
 from e2e.waiting import wait_for
 
 GPU_NODES = {"nvidia.com/gpu.present": "true"}
@@ -39,11 +38,6 @@ STANDIN = {
 PAUSE = {"name": keys.INFERENCE_SERVER_CONTAINER, "image": "registry.example/launcher:v1"}
 # What a test waits for before it checks that nothing more happens.
 QUIET_S = 2.0
-
-
-@pytest.fixture
-async def crds(cluster: LoopbackCluster, api: client.ApiClient) -> None:
-    await install_crds(cluster, api)
 
 
 def launcher_config(name: str, container: dict[str, Any], **spec: Any) -> dict[str, Any]:
@@ -142,10 +136,6 @@ def per_node(pods: list[client.V1Pod]) -> Counter[str]:
     return Counter(pod.metadata.labels[keys.NODE_NAME_LABEL] for pod in pods)
 
 
-def is_ready(pod: client.V1Pod) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-
-
 async def gpu_nodes(api: client.ApiClient) -> list[str]:
     nodes = await client.CoreV1Api(api).list_node(label_selector="nvidia.com/gpu.present=true")
     return sorted(node.metadata.name for node in nodes.items)
@@ -160,7 +150,7 @@ async def settled(
         pods = await launchers(api, namespace)
         if any(p.metadata.deletion_timestamp for p in pods) or per_node(pods) != Counter(expected):
             return None
-        return pods if not ready or all(map(is_ready, pods)) else None
+        return pods if not ready or all(map(pod_is_ready, pods)) else None
 
     pods: list[client.V1Pod] | None = await wait_for(check, what=f"launchers per node {expected}", within=60)
     assert pods is not None
@@ -281,7 +271,7 @@ async def _replaced(
     fresh = [p for p in pods if p.metadata.uid not in old]
     done = (
         len(fresh) == len(before) - 1
-        and all(map(is_ready, fresh))
+        and all(map(pod_is_ready, fresh))
         and not any(p.metadata.deletion_timestamp for p in pods)
     )
     return pods if done and keep in {p.metadata.uid for p in pods} else None

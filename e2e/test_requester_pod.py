@@ -13,7 +13,7 @@ import psutil
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from e2e.cluster.cluster import LoopbackCluster
+from e2e.cluster.cluster import LoopbackCluster, pod_is_ready
 from e2e.waiting import wait_for
 
 IMAGE = "ghcr.io/llm-d-incubation/llm-d-fast-model-actuation/requester:v0.6.0"
@@ -46,10 +46,6 @@ def requester_pod(name: str) -> dict[str, Any]:
     }
 
 
-def is_ready(pod: client.V1Pod) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-
-
 async def http(method: str, url: str) -> tuple[int, str]:
     async with aiohttp.ClientSession() as session, session.request(method, url) as response:
         return response.status, await response.text()
@@ -78,7 +74,7 @@ async def test_requester_pod_reports_its_gpu_and_relays_readiness(
 
     # Running but not Ready: the kubelet has probed /ready and been told 503.
     await wait_for(lambda: unready_probes(spi), what="the kubelet to probe /ready", within=30)
-    assert not is_ready(await core.read_namespaced_pod("requester", namespace))
+    assert not pod_is_ready(await core.read_namespaced_pod("requester", namespace))
 
     # The SPI lists exactly the GPU the kubelet assigned, which is one of its node's GPUs.
     status, body = await http("GET", f"{spi}/v1/dual-pods/accelerators")
@@ -95,7 +91,7 @@ async def test_requester_pod_reports_its_gpu_and_relays_readiness(
     assert await http("POST", f"{spi}/v1/become-ready") == (200, "OK\n")
 
     async def pod_ready(wanted: bool) -> bool:
-        return is_ready(await core.read_namespaced_pod("requester", namespace)) == wanted
+        return pod_is_ready(await core.read_namespaced_pod("requester", namespace)) == wanted
 
     await wait_for(lambda: pod_ready(True), what="the Pod to become Ready", within=30)
     assert await http("POST", f"{spi}/v1/become-unready") == (200, "OK\n")

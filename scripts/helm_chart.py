@@ -1,6 +1,5 @@
 """Render the project's Helm chart with the project's helm (for generators and tests)."""
 
-import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -8,19 +7,19 @@ from typing import Any
 
 import yaml
 
+from e2e.chart import CHART, helm_env
 from e2e.cluster.binaries import venv_tool
 
 REPO = Path(__file__).resolve().parents[1]
-CHART = REPO / "charts" / "dualpods"
 Obj = dict[str, Any]
 
 
 def run_helm(*args: str) -> subprocess.CompletedProcess[str]:
     """Run helm with its state in a throwaway home, so nothing of the user's is read or written."""
     with tempfile.TemporaryDirectory() as home:
-        env = {**os.environ, "HOME": home, "XDG_CACHE_HOME": f"{home}/cache", "XDG_CONFIG_HOME": f"{home}/config",
-               "XDG_DATA_HOME": f"{home}/data"}  # fmt: skip
-        return subprocess.run([str(venv_tool("helm")), *args], env=env, capture_output=True, text=True, check=False)
+        return subprocess.run(
+            [str(venv_tool("helm")), *args], env=helm_env(Path(home)), capture_output=True, text=True, check=False
+        )
 
 
 def helm(*args: str) -> str:

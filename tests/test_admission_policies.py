@@ -22,8 +22,9 @@ from celpy.adapter import json_to_cel
 from celpy.evaluation import CELEvalError
 
 from api import keys
+from e2e.chart import CHART
 from scripts.admission_policies import CONCATENATED, CONFIG_DIR, POLICY_KINDS, generated_files
-from scripts.helm_chart import CHART, REPO, render_chart, run_helm
+from scripts.helm_chart import REPO, render_chart, run_helm
 
 IMMUTABLE = "fma-immutable-fields"
 BOUND = "fma-bound-serverreqpod"

@@ -8,7 +8,8 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from scripts.helm_chart import CHART, REPO, helm, render_chart
+from e2e.chart import CHART
+from scripts.helm_chart import REPO, helm, render_chart
 
 KUBE_VERSION = "1.30.0"
 EVERYTHING_ON = [

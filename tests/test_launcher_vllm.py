@@ -13,7 +13,8 @@ import openai
 import psutil
 import pytest
 
-from e2e.launcher_process import LauncherProcess, free_port
+from e2e.cluster.ports import free_port
+from e2e.launcher_process import LauncherProcess
 
 BASE = "/v2/vllm/instances"
 READY_TIMEOUT_S = 180

@@ -20,7 +20,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from e2e.launcher_process import REPO, free_port, offline_environment
+from e2e.cluster.ports import free_port
+from e2e.launcher_process import REPO, offline_environment
 from requester.__main__ import parse_args
 from requester.gpus import DeclaredGpus, GpuDiscoveryError, NvmlGpus, SourceChoice, discover
 from requester.visible_devices import Scope, VisibleDevices, parse

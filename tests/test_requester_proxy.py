@@ -26,7 +26,8 @@ import pytest
 from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam
 
-from e2e.launcher_process import REPO, free_port, offline_environment
+from e2e.cluster.ports import free_port
+from e2e.launcher_process import REPO, offline_environment
 from e2e.waiting import wait_for
 from requester.__main__ import build_listeners, parse_args
 from requester.backend_limits import kv_cache_tokens_of, max_num_seqs_of

@@ -4,7 +4,6 @@ driven by vLLM's flags, seen through the `openai` client and vLLM's sleep/wake e
 import asyncio
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from e2e.cluster.ports import free_port
+
 REPO = Path(__file__).resolve().parent.parent
 # An instance's vLLM option string as a launcher would pass it, flags the stand-in ignores included.
 VLLM_FLAGS = shlex.split(
@@ -24,13 +25,6 @@ VLLM_FLAGS = shlex.split(
     "--kv-cache-memory-bytes 67108864 --max-model-len 256 --enable-lora --max-lora-rank 8"
 )
 POLL_LIMIT_S = 20.0
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 async def _until(condition: Callable[[], Awaitable[bool]], what: str) -> None:
@@ -93,7 +87,7 @@ def start_standin(tmp_path: Path) -> Iterator[Callable[..., Standin]]:
     started: list[Standin] = []
 
     def start(*flags: str) -> Standin:
-        port = _free_port()
+        port = free_port()
         log = tmp_path / f"standin-{port}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
@@ -263,7 +257,7 @@ async def test_sigterm_exits_0_promptly_while_holding_requests(
 
 def test_refuses_to_bind_beyond_loopback() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "tests.standin", "--host", "0.0.0.0", "--port", str(_free_port())],
+        [sys.executable, "-m", "tests.standin", "--host", "0.0.0.0", "--port", str(free_port())],
         cwd=REPO,
         capture_output=True,
         text=True,

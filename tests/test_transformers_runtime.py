@@ -20,7 +20,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from tokenizers import Tokenizer
 
-from e2e.launcher_process import REPO, free_port, offline_environment, wait_healthy
+from e2e.cluster.ports import free_port
+from e2e.launcher_process import REPO, offline_environment, wait_healthy
 from e2e.tiny_lora import ensure_tiny_lora
 
 START_TIMEOUT_S = 120.0

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from kubernetes_asyncio import client, config
 from pydantic import BaseModel
@@ -65,7 +66,6 @@ class LoopbackCluster:
         *,
         apiserver_port: int = 0,
         etcd_port: int = 0,
-        gpu_map_namespaces: tuple[str, ...] = ("default",),
         die_with_parent: bool = False,
     ) -> dict[str, float]:
         """Start everything and wait until the Nodes are Ready; returns seconds per step.
@@ -91,11 +91,10 @@ class LoopbackCluster:
                 api_server_host=LOOPBACK,
                 api_server_port=plane.ports.apiserver,
                 nodes=nodes,
-                gpu_map_namespaces=list(gpu_map_namespaces),
             )
             settings_file = self.kubelet_dir / "config.yaml"
             settings.save(settings_file)
-            kubelet, _ = processes.spawn(
+            kubelet = processes.spawn(
                 _KUBELET,
                 [sys.executable, "-m", "e2e.kubelet", "--config", str(settings_file)],
                 log=plane.logs_dir / "kubelet.log",
@@ -159,9 +158,16 @@ class LoopbackCluster:
         return read_container_log(logs, meta.namespace, meta.name, meta.uid, container, previous=previous)
 
 
+def _ready(conditions: list[Any] | None) -> bool:
+    return any(c.type == "Ready" and c.status == "True" for c in conditions or [])
+
+
 def node_is_ready(node: client.V1Node) -> bool:
-    ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
-    return ready and not node.spec.taints
+    return _ready(node.status.conditions) and not node.spec.taints
+
+
+def pod_is_ready(pod: client.V1Pod) -> bool:
+    return _ready(pod.status.conditions)
 
 
 def default_nodes(count: int = 2, gpus: int = 2) -> list[NodeConfig]:

@@ -99,7 +99,7 @@ class ControlPlane:
 
     def _spawn(self, name: str, argv: list[str]) -> tuple["subprocess.Popen[bytes]", Path]:
         log = self.logs_dir / f"{name}.log"
-        process, _ = processes.spawn(
+        process = processes.spawn(
             name, argv, log=log, record_dir=self.records_dir, die_with_parent=self.die_with_parent
         )
         return process, log

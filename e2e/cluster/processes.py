@@ -32,7 +32,7 @@ def spawn(
     record_dir: Path,
     die_with_parent: bool,
     env: dict[str, str] | None = None,
-) -> tuple["subprocess.Popen[bytes]", ProcessRecord]:
+) -> "subprocess.Popen[bytes]":
     """Start `argv` in a new session with output to `log`, and record it under `record_dir`.
 
     `die_with_parent` makes the kernel send SIGTERM when the calling thread dies (a pytest session
@@ -54,7 +54,7 @@ def spawn(
     )
     sequence = len(list(record_dir.glob("*.json")))
     (record_dir / f"{sequence:02d}-{name}.json").write_text(record.model_dump_json())
-    return process, record
+    return process
 
 
 def _process(record: ProcessRecord) -> psutil.Process | None:

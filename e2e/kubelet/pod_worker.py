@@ -79,7 +79,7 @@ class PodWorker:
         try:
             await self._deleting.wait()
             grace = self._env.grace_seconds if self._env is not None else 0.0
-            await asyncio.gather(*(s.stop(grace) for s in self._supervisors))
+            await self.stop(grace)
             await self._cancel(lifecycle)
             self._release_gpus()
             if not self._gone.is_set():
