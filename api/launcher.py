@@ -10,6 +10,38 @@ from pydantic import BaseModel, Field
 
 API_VERSION: Final = "2.0"
 INSTANCES_PATH: Final = "/v2/vllm/instances"
+# A watch stream that has nothing to report sends an empty line this often (NDJSON readers, FMA's
+# included, skip it), so a client can tell a quiet stream from a dead one: one silent for
+# WATCH_SILENCE_TIMEOUT_S is taken as lost, and the client lists again.
+WATCH_HEARTBEAT_S: Final = 5.0
+WATCH_SILENCE_TIMEOUT_S: Final = 20.0
+
+
+class ErrorReason(StrEnum):
+    """Machine-readable cause of a launcher error, in the `reason` field beside FMA's `detail`.
+
+    Clients switch on it instead of searching the message."""
+
+    ALREADY_EXISTS = "AlreadyExists"  # 409: an instance with this ID exists
+    PORT_IN_USE = "PortInUse"  # 409: another instance serves on the port
+    NOT_FOUND = "NotFound"  # 404
+    UNKNOWN_GPU = "UnknownGPU"  # a gpu_uuids entry this node does not have
+    INVALID_OPTIONS = "InvalidOptions"  # 400: the model-server options are refused before the fork
+    INVALID_BODY = "InvalidBody"  # 400/422: the body or a query parameter is malformed
+    NOT_RUNNING = "NotRunning"  # 409: sleep or wake of a stopped instance
+    REVISION_GONE = "RevisionGone"  # 410: `since` is outside the launcher's event history
+    UNAUTHORIZED = "Unauthorized"  # 401
+    BACKEND_FAILED = "BackendFailed"  # 502: the instance's own server failed a forwarded call
+    INTERNAL = "Internal"  # 500
+
+
+class StopReason(StrEnum):
+    """Why an instance stopped without being asked to (the STOPPED event and the state carry it)."""
+
+    EXITED = "Exited"  # its server process exited by itself
+    ENGINE_DIED = "EngineDied"  # a process of its tree (e.g. vLLM's engine core) died; the rest was killed
+    UNRESPONSIVE = "Unresponsive"  # its /health stopped answering in time; it was killed
+    WAKE_CHECK_FAILED = "WakeCheckFailed"  # after a wake it no longer answered its recorded probe; killed
 
 
 class VllmConfig(BaseModel):
@@ -24,6 +56,8 @@ class VllmConfig(BaseModel):
     # for the sleeping instances the LauncherConfig allows (E6; used to size vLLM's share).
     runtime: str | None = None
     gpu_sleeper_reserve_bytes: int | None = Field(default=None, ge=0)
+    # Whether each wake is checked against a greedy probe recorded at first ready (default: yes).
+    verify_wakes: bool | None = None
 
 
 class InstanceStatus(StrEnum):
@@ -60,11 +94,15 @@ class InstanceState(BaseModel):
     defaults_applied: dict[str, str] | None = None
     port: int | None = None
     exit_code: int | None = None
+    stop_reason: StopReason | None = None
     process: ProcessStats | None = None
 
 
 class AllInstancesState(BaseModel):
     revision: int
+    # dualpods extension (launcher epochs): a fresh ID per launcher process. Revisions restart with the
+    # process, so a client that sees a new boot ID must list again. None from a launcher that has none.
+    boot_id: str | None = None
     total_instances: int
     running_instances: int
     instances: list[InstanceState]
@@ -72,6 +110,7 @@ class AllInstancesState(BaseModel):
 
 class InstanceIds(BaseModel):
     revision: int
+    boot_id: str | None = None
     instance_ids: list[str]
     count: int
 
@@ -92,11 +131,13 @@ class EventType(StrEnum):
 
 
 class WatchEvent(BaseModel):
-    """One line of the NDJSON watch stream; STOPPED events also carry the exit code."""
+    """One line of the NDJSON watch stream; STOPPED events also carry the exit code, and every event the
+    launcher's boot ID."""
 
     type: EventType
     object: InstanceState
     exit_code: int | None = None
+    boot_id: str | None = None
 
 
 class Health(BaseModel):

@@ -1,6 +1,6 @@
 """The requester proxy's added latency per request: the same requests sent direct and through the proxy.
 
-A stand-in model server (`python -m tests.standin`, no delays) and a real `python -m requester` run as
+A stand-in model server (`python -m standin`, no delays) and a real `python -m requester` run as
 processes on loopback; the requester is bound to the stand-in as the dual-pods controller binds it
 (`PUT /v1/proxy/config`, then `become-ready`). One client then alternates direct and proxied requests
 on two keep-alive connections, so the shared machine's noise falls on both alike:
@@ -122,7 +122,7 @@ def main() -> None:
     backend_port, spi_port, probes_port, proxy_port = (free_port() for _ in range(4))
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp, contextlib.ExitStack() as running:
         work_dir = Path(tmp)
-        standin = start(["tests.standin", "--port", str(backend_port), "--model", "bench"], work_dir, "standin")
+        standin = start(["standin", "--port", str(backend_port), "--model", "bench"], work_dir, "standin")
         running.callback(stop, standin)
         ports = ["--spi-port", str(spi_port), "--probes-port", str(probes_port), "--proxy-port", str(proxy_port)]
         requester = start(["requester", "--host", HOST, *ports, "--gpu-source", "env"], work_dir, "requester")

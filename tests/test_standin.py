@@ -91,7 +91,7 @@ def start_standin(tmp_path: Path) -> Iterator[Callable[..., Standin]]:
         log = tmp_path / f"standin-{port}.log"
         with log.open("wb") as out:
             process = subprocess.Popen(
-                [sys.executable, "-m", "tests.standin", "--port", str(port), *flags],
+                [sys.executable, "-m", "standin", "--port", str(port), *flags],
                 cwd=REPO,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -257,7 +257,7 @@ async def test_sigterm_exits_0_promptly_while_holding_requests(
 
 def test_refuses_to_bind_beyond_loopback() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "tests.standin", "--host", "0.0.0.0", "--port", str(free_port())],
+        [sys.executable, "-m", "standin", "--host", "0.0.0.0", "--port", str(free_port())],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -15,8 +15,8 @@ import signal
 
 from aiohttp import web
 
-from tests.standin.app import create_app
-from tests.standin.engine import Engine
+from standin.app import create_app
+from standin.engine import Engine
 
 log = logging.getLogger("standin")
 
@@ -45,7 +45,7 @@ def _seconds(value: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     """vLLM's client-visible serve flags plus the stand-in's delays; see `main` for the rest."""
     parser = argparse.ArgumentParser(
-        prog="python -m tests.standin",
+        prog="python -m standin",
         description="A test double with vLLM's HTTP surface; unknown vLLM flags are ignored.",
         allow_abbrev=False,  # a vLLM flag must never be taken for an abbreviation of ours
     )

@@ -7,8 +7,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from api.openai_errors import ApiError
-from tests.standin.engine import Engine
-from tests.standin.openai_bodies import Job
+from standin.engine import Engine
+from standin.openai_bodies import Job
 
 ENGINE = web.AppKey("engine", Engine)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

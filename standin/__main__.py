@@ -1,0 +1,3 @@
+from standin.cli import main
+
+main()

@@ -1,3 +1,0 @@
-from tests.standin.cli import main
-
-main()
