@@ -521,6 +521,8 @@ class InstanceManager:
         instance.exited.set()
         # The engine core may outlive the server process it belonged to.
         process_control.signal_group(instance.pid, signal.SIGKILL)
+        if instance.stop_reason is not None:
+            self.metrics.stops.labels(instance.stop_reason).inc()
         if instance.deleting:
             return  # the DELETE reports it
         log.warning(

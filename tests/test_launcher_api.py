@@ -467,6 +467,9 @@ async def test_a_hung_instance_is_killed_as_unresponsive_and_calls_to_it_fail_in
     assert answered_at - stopped_at < 10
     assert (event["exit_code"], event["object"]["stop_reason"]) == (-9, "Unresponsive")
     assert "hung" not in instance_processes(launcher)
+    async with http.get("/metrics") as response:
+        metrics = await response.text()
+    assert 'dualpods_launcher_instance_stops_total{reason="Unresponsive"} 1.0' in metrics
 
 
 async def test_sleeping_waking_and_busy_instances_are_not_killed(http: aiohttp.ClientSession) -> None:
