@@ -80,7 +80,11 @@ def check_port(port: int, own_port: int) -> None:
 def check_port_free(host: str, port: int) -> None:
     """409 when another process of this host already listens where the instance would (best effort: the
     port could still be taken between this check and the instance's bind)."""
-    for family, kind, proto, _, address in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+    try:
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return  # not an address this check can bind; the instance will say
+    for family, kind, proto, _, address in addresses:
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
