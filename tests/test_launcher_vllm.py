@@ -314,10 +314,12 @@ async def test_the_same_launcher_forks_the_transformers_runtime(http: aiohttp.Cl
 async def test_sigterm_to_the_launcher_leaves_nothing(tmp_path: Path, model_a: Path) -> None:
     shm_before = set(os.listdir("/dev/shm"))
     launcher = LauncherProcess(tmp_path / "launcher").start()
-    async with aiohttp.ClientSession(launcher.url) as http:
-        await start_instance(http, "x", model_a, "model-a")
-    assert len(launcher.descendants()) >= 2  # the server and its engine core
-    assert launcher.stop() == []
+    try:
+        async with aiohttp.ClientSession(launcher.url) as http:
+            await start_instance(http, "x", model_a, "model-a")
+        assert len(launcher.descendants()) >= 2  # the server and its engine core
+    finally:  # stopped, and checked, even when the test fails before
+        assert launcher.stop() == []
     # vLLM's shared-memory broadcast segments are named psm_*.
     assert [name for name in os.listdir("/dev/shm") if name.startswith("psm_") and name not in shm_before] == []
     assert not [p for p in tmp_path.glob("**/*") if p.name.startswith(("vllm_dist", "dualpods-"))]
