@@ -1,0 +1,249 @@
+"""Who may change this requester (E15): the SPI's state-changing routes need the controller's bearer token.
+
+The dual-pods controller sends a ServiceAccount token of its own that the TokenRequest API issued for
+this requester's audience (`api.requester.requester_audience`: namespace and Pod name). This module
+asks the API server about it with a TokenReview for that audience, checks that the API server says the
+audience matches, and that the user is one of the controller ServiceAccounts this requester trusts
+(`--trusted-controllers`). Nothing needs configuring per Pod: every replica of the controller uses the
+same ServiceAccount, so a leader failover changes nothing here, and users who write requester Pods
+only give them a ServiceAccount that may create TokenReviews.
+
+Fails closed: no token, a token the API server refuses, an untrusted user, and a token that cannot be
+checked at all (no RBAC, no API server) are each refused with 401 or 403 and a message saying which.
+A positive answer is cached for `CACHE_S` (the controller reuses its token for minutes); at most
+`MAX_REVIEWS` TokenReviews are in flight, so a flood of made-up tokens cannot multiply into load on
+the API server beyond that.
+
+The kubernetes client is imported off the event loop when the server starts (`warm`): it takes about
+0.2 s, which would otherwise delay the requester's start, and so every hot start.
+"""
+
+import asyncio
+import fnmatch
+import hashlib
+import importlib
+import logging
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import aiohttp
+from aiohttp import web
+
+from api.requester import SpiErrorReason
+
+log = logging.getLogger(__name__)
+
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+SA_PREFIX = "system:serviceaccount:"
+CACHE_S = 30.0
+CACHE_ENTRIES = 64
+MAX_REVIEWS = 4
+REVIEW_TIMEOUT_S = 5.0
+MAX_TOKEN_BYTES = 16 * 1024
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="dualpods-requester"'}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a call is refused: its status, reason and message."""
+
+    status: int
+    reason: SpiErrorReason
+    detail: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return CHALLENGE if self.status == 401 else {}
+
+
+class SpiAuth(Protocol):
+    async def check(self, request: web.Request) -> Refusal | None:
+        """None to let the call through."""
+
+    async def warm(self) -> None:
+        """Prepare what the first check needs (called once the servers listen)."""
+
+    async def close(self) -> None: ...
+
+
+class OpenSpi:
+    """`--spi-auth none`: FMA's open SPI, for an FMA controller or a cluster without the TokenReview RBAC."""
+
+    async def check(self, request: web.Request) -> Refusal | None:
+        return None
+
+    async def warm(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class TrustedControllers:
+    """ServiceAccount patterns: `NAME` (in this requester's namespace) or `NAMESPACE/NAME`; `*` globs."""
+
+    def __init__(self, patterns: str, namespace: str) -> None:
+        self.patterns = tuple(
+            p if "/" in p else f"{namespace}/{p}" for p in (part.strip() for part in patterns.split(",")) if p
+        )
+        if not self.patterns:
+            raise ValueError("no trusted controller ServiceAccounts given")
+        for pattern in self.patterns:
+            namespace_part, _, name = pattern.partition("/")
+            if not namespace_part or not name or "/" in name:
+                raise ValueError(f"{pattern!r} is not NAME or NAMESPACE/NAME")
+
+    def trusts(self, username: str) -> bool:
+        if not username.startswith(SA_PREFIX):
+            return False
+        namespace, _, name = username.removeprefix(SA_PREFIX).partition(":")
+        return any(fnmatch.fnmatchcase(f"{namespace}/{name}", pattern) for pattern in self.patterns)
+
+
+class _CannotVerify(Exception):
+    pass
+
+
+def _bearer_token(request: web.Request) -> str | Refusal:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if not header:
+        detail = "this route changes the requester: it needs `Authorization: Bearer <token>` from the controller"
+        return Refusal(401, SpiErrorReason.UNAUTHENTICATED, detail)
+    if scheme.lower() != "bearer" or not token.strip():
+        return Refusal(401, SpiErrorReason.UNAUTHENTICATED, "the Authorization header must be `Bearer <token>`")
+    if len(token) > MAX_TOKEN_BYTES:
+        return Refusal(401, SpiErrorReason.UNAUTHENTICATED, f"the bearer token is over {MAX_TOKEN_BYTES} bytes")
+    return token.strip()
+
+
+class TokenReviewAuth:
+    """The SPI's writes need a token the API server issued for `audience` to a trusted ServiceAccount."""
+
+    def __init__(self, audience: str, trusted: TrustedControllers, kubeconfig: str | None) -> None:
+        self.audience = audience
+        self.trusted = trusted
+        self._kubeconfig = kubeconfig
+        self._api: Any = None
+        self._client: Any = None  # the kubernetes_asyncio.client module, once imported
+        self._loading = asyncio.Lock()
+        self._reviews = asyncio.Semaphore(MAX_REVIEWS)
+        self._accepted: OrderedDict[bytes, tuple[str, float]] = OrderedDict()  # token digest -> (user, until)
+
+    async def warm(self) -> None:
+        try:
+            await self._api_client()
+        except _CannotVerify as err:
+            log.error("cannot verify the controller's tokens; state-changing calls will be refused",
+                      extra={"error": str(err)})  # fmt: skip
+
+    async def close(self) -> None:
+        if self._api is not None:
+            await self._api.close()
+
+    async def _api_client(self) -> Any:
+        async with self._loading:
+            if self._api is None:
+                client, config = await asyncio.to_thread(_import_kubernetes)
+                self._client = client
+                self._api = await _load_api(client, config, self._kubeconfig)
+            return self._api
+
+    async def check(self, request: web.Request) -> Refusal | None:
+        token = _bearer_token(request)
+        if isinstance(token, Refusal):
+            return self._refused(request, token)
+        digest = hashlib.sha256(token.encode()).digest()
+        cached = self._accepted.get(digest)
+        if cached is not None and cached[1] > time.monotonic():
+            return None
+        try:
+            username = await self._review(token)
+        except _CannotVerify as err:
+            return self._refused(request, Refusal(401, SpiErrorReason.CANNOT_VERIFY, str(err)))
+        if isinstance(username, Refusal):
+            return self._refused(request, username)
+        if not self.trusted.trusts(username):
+            detail = (f"{username} is not a controller this requester trusts (--trusted-controllers: "
+                      f"{', '.join(self.trusted.patterns)})")  # fmt: skip
+            return self._refused(request, Refusal(403, SpiErrorReason.FORBIDDEN, detail))
+        self._accepted[digest] = (username, time.monotonic() + CACHE_S)
+        while len(self._accepted) > CACHE_ENTRIES:
+            self._accepted.popitem(last=False)
+        log.info("controller authenticated", extra={"user": username, "route": request.path})
+        return None
+
+    async def _review(self, token: str) -> str | Refusal:
+        """The user the API server says the token belongs to, for this audience; a Refusal if it says no."""
+        api = await self._api_client()
+        client = self._client
+        body = client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=[self.audience]))
+        try:
+            async with self._reviews, asyncio.timeout(REVIEW_TIMEOUT_S):
+                review = await client.AuthenticationV1Api(api).create_token_review(body)
+        except client.ApiException as err:
+            if err.status == 403:
+                raise _CannotVerify(
+                    "this requester's ServiceAccount may not create TokenReviews, so it cannot check the "
+                    "controller's token; run the Pod as the chart's `<release>-requester` ServiceAccount (or bind "
+                    f"its own to a role allowing `create tokenreviews`): {_api_message(err)}"
+                ) from None
+            raise _CannotVerify(f"the API server answered {err.status} to a TokenReview: {_api_message(err)}") from None
+        except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            raise _CannotVerify(f"the API server could not be asked to review the token: {err!r}") from None
+        status = review.status
+        if status is None or not status.authenticated:
+            why = (status.error if status is not None else None) or "not authenticated"
+            detail = f"the bearer token is not valid for {self.audience}: {why}"
+            return Refusal(401, SpiErrorReason.UNAUTHENTICATED, detail)
+        if self.audience not in (status.audiences or []):
+            detail = f"the API server did not confirm the token's audience {self.audience} (got {status.audiences})"
+            return Refusal(401, SpiErrorReason.UNAUTHENTICATED, detail)
+        return str(status.user.username if status.user is not None else "")
+
+    def _refused(self, request: web.Request, refusal: Refusal) -> Refusal:
+        log.warning("refused a state-changing call",
+                    extra={"route": request.path, "peer": request.remote, "reason": refusal.reason.value,
+                           "detail": refusal.detail})  # fmt: skip
+        return refusal
+
+
+def _api_message(err: Any) -> str:
+    return str(getattr(err, "reason", "") or err)[:300]
+
+
+def _import_kubernetes() -> tuple[Any, Any]:
+    return importlib.import_module("kubernetes_asyncio.client"), importlib.import_module("kubernetes_asyncio.config")
+
+
+async def _load_api(client: Any, config: Any, kubeconfig: str | None) -> Any:
+    """In a Pod its ServiceAccount's credentials, else the kubeconfig (`--kubeconfig`, `$KUBECONFIG`)."""
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        try:
+            config.load_incluster_config()
+            return client.ApiClient()
+        except config.ConfigException as err:
+            raise _CannotVerify(f"cannot use the Pod's ServiceAccount credentials: {err}") from None
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    if not path:
+        raise _CannotVerify("no API server to review tokens with: not in a Pod, and no --kubeconfig or KUBECONFIG")
+    configuration = client.Configuration()
+    try:
+        await config.load_kube_config(config_file=path, client_configuration=configuration)
+    except (config.ConfigException, OSError) as err:
+        raise _CannotVerify(f"cannot load the kubeconfig {path}: {err}") from None
+    return client.ApiClient(configuration)
+
+
+def own_namespace(explicit: str | None) -> str | None:
+    """`--namespace`/`POD_NAMESPACE`, else the namespace of the Pod's ServiceAccount."""
+    if explicit:
+        return explicit
+    try:
+        return (SERVICE_ACCOUNT_DIR / "namespace").read_text().strip() or None
+    except OSError:
+        return None
