@@ -167,7 +167,7 @@ async def get_proxy_config(request: web.Request) -> web.Response:
         max_model_len=current.max_model_len, kv_cache_tokens=current.kv_cache_tokens, max_num_seqs=limits.max_num_seqs()
     )
     state = contract.ProxyConfigState(**target.model_dump(), limits=known)
-    return _json(state.model_dump(mode="json"))
+    return _json(state.model_dump(mode="json", exclude={"limits"}, exclude_none=True) | {"limits": known.model_dump()})
 
 
 @documented(Operation("Prometheus metrics of the requester", {200: Reply("Prometheus text", TEXT)}))
