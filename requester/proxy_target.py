@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pydantic import ValidationError
 
 from api.requester import ProxyConfig
+from api.validation import validation_message
 
 log = logging.getLogger(__name__)
 Target = ProxyConfig
@@ -24,16 +25,6 @@ Target = ProxyConfig
 
 class TargetError(ValueError):
     """The body is not a valid target (a 400); the message names the value."""
-
-
-def validation_message(error: ValidationError) -> str:
-    """pydantic's first complaint, with where it is and the value given."""
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"])
-    message = first["msg"].removeprefix("Value error, ")
-    given = first.get("input")
-    shown = "" if isinstance(given, dict) or f"{given!r}" in message else f" (got {given!r:.80})"
-    return f"{where}: {message}{shown}" if where else f"{message}{shown}"
 
 
 def parse_target(body: bytes) -> Target:

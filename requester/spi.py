@@ -21,6 +21,7 @@ from api import requester as contract
 from api.keys import DEFAULT_ADMIN_PORT
 from api.openapi import TEXT, Content, Operation, Reply, documented, operation_of, serve_openapi
 from api.requester import SpiError, SpiErrorReason
+from api.validation import validation_message
 
 from . import proxy_openapi
 from .backend_limits import BackendLimits
@@ -29,7 +30,7 @@ from .gpus import GpuSource
 from .log_relay import LogRelay, StartPositionError
 from .metrics import RequesterMetrics
 from .middleware import count_and_contain, text
-from .proxy_target import ProxyTarget, TargetError, parse_target, validation_message
+from .proxy_target import ProxyTarget, TargetError, parse_target
 from .readiness import Readiness
 from .spi_auth import SpiAuth
 

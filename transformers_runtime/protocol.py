@@ -10,7 +10,7 @@ import time
 import uuid
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from api.openai_errors import ApiError
 
@@ -30,6 +30,10 @@ _NEUTRAL: dict[str, tuple[object, ...]] = {
     "response_format": (None, {"type": "text"}),
 }
 GREEDY_EPSILON = 1e-5  # vLLM's: a temperature below it means greedy decoding
+# What torch.Generator.manual_seed takes; a seed beyond it would fail in the model thread.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+MAX_PATH_CHARS = 4096  # PATH_MAX: a longer LoRA path cannot name a file
+MAX_NAME_CHARS = 256
 
 
 class _Body(BaseModel):
@@ -48,7 +52,7 @@ class _GenerationRequest(_Body):
     temperature: float | None = None
     top_p: float | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     max_tokens: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -253,10 +257,45 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+LoraName = Annotated[str, Field(max_length=MAX_NAME_CHARS), AfterValidator(_no_nul)]
+
+
 class LoadLoraAdapterRequest(_Body):
-    lora_name: str = ""
-    lora_path: str = ""
+    lora_name: LoraName = ""
+    lora_path: Annotated[str, Field(max_length=MAX_PATH_CHARS), AfterValidator(_no_nul)] = ""
 
 
 class UnloadLoraAdapterRequest(_Body):
-    lora_name: str = ""
+    lora_name: LoraName = ""
+
+
+# Sleep and wake (vLLM's dev-mode routes) --------------------------------------------------------
+
+
+class SleepQuery(BaseModel):
+    level: Literal["0", "1", "2"] = Field(default="1", description="1: weights to CPU; 2: dropped; 0: KV cache only")
+    mode: Literal["abort", "wait"] = Field(default="abort", description="what happens to requests in flight")
+
+
+class WakeQuery(BaseModel):
+    tags: list[Literal["weights", "kv_cache"]] | None = Field(default=None, description="what to wake (default: all)")
+
+
+class SleepReply(BaseModel):
+    status: Literal["sleeping"] = "sleeping"
+    level: int
+
+
+class WakeReply(BaseModel):
+    status: Literal["awake", "sleeping"]
+    tags: list[str] | None
+
+
+class IsSleepingReply(BaseModel):
+    is_sleeping: bool
