@@ -131,7 +131,7 @@ def _content(content: Content, schemas: _Schemas, mode: str) -> dict[str, Any]:
     return {content.media_type: {"schema": schema}}
 
 
-def _operation(method: str, path: str, operation: Operation, schemas: _Schemas) -> dict[str, Any]:
+def _operation(method: str, path: str, operation: Operation, schemas: _Schemas, secured: bool) -> dict[str, Any]:
     described: dict[str, Any] = {
         "summary": operation.summary,
         "operationId": f"{method.lower()}{path}".replace("/", "_").replace("{", "").replace("}", ""),
@@ -152,7 +152,7 @@ def _operation(method: str, path: str, operation: Operation, schemas: _Schemas) 
         if operation.body.max_bytes is not None:
             body["description"] = f"At most {operation.body.max_bytes} bytes (413 beyond)."
         described["requestBody"] = body
-    if operation.bearer:
+    if operation.bearer and secured:
         described["security"] = [{BEARER_SCHEME: []}]
     for status, reply in sorted(operation.responses.items()):
         answer: dict[str, Any] = {"description": reply.description}
@@ -170,16 +170,19 @@ def build_document(
     version: str,
     operations: Iterable[tuple[str, str, Operation]],
     description: str = "",
-    bearer_description: str = "",
+    bearer_description: str | None = None,
 ) -> dict[str, Any]:
-    """The document of `(method, path, operation)` triples."""
+    """The document of `(method, path, operation)` triples. Operations marked `bearer` need the token only
+    with a `bearer_description` (a server may run with its authentication off)."""
     schemas = _Schemas()
     listed = list(operations)
     paths: dict[str, dict[str, Any]] = {}
     for method, path, operation in listed:
-        paths.setdefault(path, {})[method.lower()] = _operation(method, path, operation, schemas)
+        paths.setdefault(path, {})[method.lower()] = _operation(
+            method, path, operation, schemas, bearer_description is not None
+        )
     components: dict[str, Any] = {"schemas": dict(sorted(schemas.components.items()))}
-    if any(operation.bearer for _, _, operation in listed):
+    if bearer_description is not None and any(operation.bearer for _, _, operation in listed):
         components["securitySchemes"] = {
             BEARER_SCHEME: {"type": "http", "scheme": "bearer", "description": bearer_description}
         }
@@ -204,9 +207,10 @@ def app_operations(app: web.Application) -> list[tuple[str, str, Operation]]:
 
 
 def serve_openapi(
-    app: web.Application, title: str, version: str, description: str = "", bearer_description: str = ""
+    app: web.Application, title: str, version: str, description: str = "", bearer_description: str | None = None
 ) -> None:
-    """Add `GET /openapi.json` and `GET /docs` to `app`, describing every other route of it."""
+    """Add `GET /openapi.json` and `GET /docs` to `app`, describing every other route of it (see
+    `build_document` for `bearer_description`)."""
     built: dict[str, Any] = {}
 
     def document() -> dict[str, Any]:

@@ -70,7 +70,7 @@ def _limit(description: str) -> Any:
 class ProxyConfig(BaseModel):
     """FMA 0.7's `PUT /v1/proxy/config` body, plus optional limits of the instance."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # as Go decodes FMA's JSON: no "8000", no true
 
     address: str = Field(
         max_length=45,

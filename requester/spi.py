@@ -32,7 +32,7 @@ from .metrics import RequesterMetrics
 from .middleware import count_and_contain, text
 from .proxy_target import ProxyTarget, TargetError, parse_target
 from .readiness import Readiness
-from .spi_auth import SpiAuth
+from .spi_auth import OpenSpi, SpiAuth
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,9 @@ def build_spi_app(
     app.router.add_get(METRICS_PATH, metrics)
     app[PROXY_DOCUMENT] = proxy_openapi.document()
     app.router.add_get(contract.PROXY_OPENAPI_PATH, proxy_openapi_json)
-    serve_openapi(app, "dualpods requester SPI", VERSION, description=__doc__ or "",
-                  bearer_description="a ServiceAccount token of the dual-pods controller for this requester's "
-                  "audience `dualpods-requester:<namespace>:<pod>`, checked with a TokenReview")  # fmt: skip
+    bearer = None if isinstance(auth, OpenSpi) else (
+        "a ServiceAccount token of the dual-pods controller for this requester's audience "
+        "`dualpods-requester:<namespace>:<pod>`, checked with a TokenReview"
+    )  # fmt: skip
+    serve_openapi(app, "dualpods requester SPI", VERSION, description=__doc__ or "", bearer_description=bearer)
     return app

@@ -227,14 +227,17 @@ async def test_proxy_config_follows_the_latest_put_and_a_repeat_is_harmless(http
 
 async def test_a_new_target_gets_the_next_requests(http: aiohttp.ClientSession) -> None:
     """The proxy forgets the old server (its limits too) when the controller points it elsewhere."""
-    async with serving(standin(max_model_len=64)) as first, serving(standin(max_model_len=512)) as second:
-        async with requester() as req:
-            await req.bind(http, first)
-            status, body, _ = await post(http, f"{req.proxy}/v1/completions", {**COMPLETION, "max_tokens": 100})
-            assert (status, body["error"]["code"]) == (400, "context_length_exceeded"), body
-            assert (await req.put_config(http, second))[0] == 200
-            status, body, _ = await post(http, f"{req.proxy}/v1/completions", {**COMPLETION, "max_tokens": 100})
-            assert status == 200, body
+    async with (
+        serving(standin(max_model_len=64)) as first,
+        serving(standin(max_model_len=512)) as second,
+        requester() as req,
+    ):
+        await req.bind(http, first)
+        status, body, _ = await post(http, f"{req.proxy}/v1/completions", {**COMPLETION, "max_tokens": 100})
+        assert (status, body["error"]["code"]) == (400, "context_length_exceeded"), body
+        assert (await req.put_config(http, second))[0] == 200
+        status, body, _ = await post(http, f"{req.proxy}/v1/completions", {**COMPLETION, "max_tokens": 100})
+        assert status == 200, body
 
 
 # --- holding while not ready ------------------------------------------------------------------------

@@ -138,6 +138,8 @@ def _prompt_ids(state: ServerState, request: CompletionRequest | ChatCompletionR
 
 
 def _budget(state: ServerState, request: CompletionRequest | ChatCompletionRequest, ids: list[int]) -> Prompt:
+    if not ids:  # vLLM's check; an empty prompt has no position to generate from
+        raise ApiError(400, "The decoder prompt cannot be empty", "prompt")
     limit = state.checkpoint.max_model_len
     if len(ids) >= limit:
         raise ApiError(

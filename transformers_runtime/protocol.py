@@ -1,8 +1,9 @@
 """OpenAI request and response bodies (the subset vLLM's server accepts that this runtime implements).
 
-Requests ignore unknown fields, as vLLM does; features vLLM has and this runtime lacks (logprobs,
-penalties, tools, structured output...) are refused with a 400 rather than silently dropped, so a
-client never gets an answer that quietly ignored what it asked for.
+Requests ignore unknown fields, as vLLM does, but take JSON types strictly (a number is not a string);
+features vLLM has and this runtime lacks (logprobs, penalties, tools, structured output...) are
+refused with a 400 rather than silently dropped, so a client never gets an answer that quietly
+ignored what it asked for.
 """
 
 import math
@@ -37,7 +38,9 @@ MAX_NAME_CHARS = 256
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Strict types: `"n": "2"` or `"top_p": true` is a 400 here (vLLM's lax pydantic would take them), so a
+    # body means what its JSON says, and the OpenAPI document is exactly what is accepted.
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Body):
