@@ -28,7 +28,7 @@ from .metrics import RequesterMetrics
 from .proxy_target import ProxyTarget
 from .readiness import Readiness
 from .server import Listener, serve
-from .spi_auth import OpenSpi, SpiAuth, TokenReviewAuth, TrustedControllers, own_namespace
+from .spi_auth import OpenSpi, SpiAuth, TokenReviewAuth, TrustedControllers, own_namespace, review_api
 from .upstream import Upstream
 from .visible_devices import ENV_NAME, parse
 
@@ -185,7 +185,7 @@ def spi_auth(args: argparse.Namespace) -> SpiAuth:
     audience = requester_audience(args.namespace, args.pod_name)
     log.info("the SPI's state-changing routes need a controller token",
              extra={"audience": audience, "trusted": list(args.trusted.patterns)})  # fmt: skip
-    return TokenReviewAuth(audience, args.trusted, args.kubeconfig)
+    return TokenReviewAuth(audience, args.trusted, review_api(args.kubeconfig))
 
 
 def build_listeners(

@@ -6,6 +6,7 @@ holding that ServiceAccount's token, as the Pod's files would), and the controll
 must leave the requester as it was: unready, no proxy target, nothing relayed.
 """
 
+import base64
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from controller.dualpods.requester_client import RequesterClient, RequesterError
 from controller.dualpods.requester_tokens import RequesterTokens
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.cluster.ports import free_port
+from requester.spi_auth import CannotVerify, InClusterApi
 from tests.test_requester import RequesterProcess
 
 CONTROLLER_SA = "rel-fma-controllers"  # trusted by the requester's default (`*-fma-controllers`)
@@ -180,6 +182,34 @@ async def test_a_requester_that_cannot_review_tokens_fails_closed(setting: Setti
             await untouched(process)
         finally:
             assert process.stop() == 0
+
+
+async def test_in_a_pod_the_review_uses_the_service_account_files(setting: Setting, tmp_path: Path) -> None:
+    """What a requester Pod does (the e2e tests run it in Pods): its ServiceAccount's token and CA files."""
+    admin = yaml.safe_load(setting.cluster.kubeconfig.read_text())["clusters"][0]["cluster"]
+    host, port = admin["server"].removeprefix("https://").rsplit(":", 1)
+    audience = requester_audience(setting.namespace, POD)
+    token = await setting.token(CONTROLLER_SA, audience)
+    for account in (REVIEWER_SA, BLIND_SA):
+        files = tmp_path / account
+        files.mkdir()
+        (files / "ca.crt").write_bytes(base64.b64decode(admin["certificate-authority-data"]))
+        (files / "token").write_text(await setting.token(account, "https://kubernetes.default.svc.cluster.local"))
+        api = InClusterApi(host, port, files)
+        try:
+            if account == REVIEWER_SA:
+                review = await api.review(token, audience)
+                assert review["authenticated"] is True
+                assert review["user"]["username"] == f"system:serviceaccount:{setting.namespace}:{CONTROLLER_SA}"
+                assert audience in review["audiences"]
+                assert not (await api.review(token, requester_audience(setting.namespace, "other"))).get(
+                    "authenticated"
+                )
+            else:
+                with pytest.raises(CannotVerify, match="may not create TokenReviews"):
+                    await api.review(token, audience)
+        finally:
+            await api.close()
 
 
 def requester_pod(name: str, namespace: str, ip: str, port: int) -> dict[str, Any]:
