@@ -18,6 +18,7 @@ from api.keys import LAUNCHER_PORT
 
 from . import gpus, process_control
 from .app import build_app
+from .dialect import Dialect
 from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES
 from .events import HISTORY_SIZE, EventLog
 from .instances import InstanceManager, ManagerSettings
@@ -69,6 +70,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--stand-in",
         action="store_true",
         help="fork the stand-in server (the simulation runtime, no model) instead of vLLM",
+    )
+    parser.add_argument(
+        "--fma-only",
+        action="store_true",
+        default=env("LAUNCHER_FMA_ONLY", "").lower() in ("1", "true", "yes"),
+        help="serve FMA 0.6.4's launcher API alone, every dualpods addition off (env LAUNCHER_FMA_ONLY=true)",
     )
     parser.add_argument("--stop-grace-seconds", type=float, default=10.0)
     parser.add_argument(
@@ -145,6 +152,9 @@ def main(argv: list[str] | None = None) -> None:
     own_state_dir = args.state_dir is None
     state_dir: Path = Path(tempfile.mkdtemp(prefix="dualpods-launcher-")) if own_state_dir else args.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
+    dialect = Dialect(fma_only=args.fma_only)
+    if dialect.fma_only:
+        log.info("serving FMA's launcher API alone (--fma-only): no sleep/wake routes, events or fields of dualpods")
     inventory = gpus.inventory(args.mock_gpus, os.environ.get("NODE_NAME"), os.environ.get("NAMESPACE"))
     log.info("GPUs come from %s", inventory.source)
     settings = ManagerSettings(
@@ -157,9 +167,10 @@ def main(argv: list[str] | None = None) -> None:
             args.health_interval_seconds, args.health_timeout_seconds, args.health_failure_threshold
         ),
         backend_timeout_seconds=args.backend_timeout_seconds,
+        dialect=dialect,
     )
     manager = InstanceManager(runtimes, inventory, metrics, EventLog(args.watch_history), settings)
-    app = build_app(manager, token)
+    app = build_app(manager, token, dialect)
 
     async def reap_children(app: web.Application) -> None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGCHLD, manager.reaper.reap)

@@ -40,6 +40,7 @@ from api.launcher import (
 )
 
 from . import gpu_memory, liveness, process_control, validation
+from .dialect import Dialect
 from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES, Machine
 from .errors import BackendError, BackendTimeout, BadRequest, Conflict, InvalidOptions, NotFound
 from .events import EventLog
@@ -85,6 +86,7 @@ class ManagerSettings:
     # The most a forwarded sleep or wake may take; one to an instance that hangs fails sooner, when
     # its liveness check kills it.
     backend_timeout_seconds: float = 120.0
+    dialect: Dialect = field(default_factory=Dialect)  # which events are recorded
 
 
 @dataclass
@@ -236,7 +238,7 @@ class InstanceManager:
         port = int(parsed.values.port)
         validation.check_port(port, self.settings.port)
         env = dict(config.env_vars or {})
-        if config.gpu_uuids is not None:
+        if config.gpu_uuids:  # as FMA: an empty list leaves every GPU visible
             indices = await self.gpus.indices(config.gpu_uuids)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in indices)
             # Echoed in the state, as FMA does, so clients see the devices the instance got.
@@ -370,8 +372,7 @@ class InstanceManager:
     # ----- sleeping and waking (E1)
 
     async def sleep(self, instance_id: str, level: int) -> InstanceState:
-        if level not in (1, 2):
-            raise BadRequest(f"invalid sleep level {level}: use 1 (offload weights) or 2 (discard them)")
+        """Sleep at `level` 1 (weights offloaded to host memory) or 2 (discarded)."""
         instance = self.get(instance_id)
         async with instance.lock:
             self._require_serving(instance)
@@ -552,6 +553,8 @@ class InstanceManager:
         return self._session
 
     def _publish(self, instance: Instance, type_: EventType, exit_code: int | None = None) -> None:
+        if not self.settings.dialect.publishes(type_):
+            return
         instance.revision = self.events.next_revision()
         self.events.publish(type_, instance.state(), exit_code)
 

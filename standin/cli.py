@@ -3,6 +3,7 @@
 The flags that shape what a client sees (`--model`, `--served-model-name`, `--host`, `--port`,
 `--max-model-len`) mean what they mean to vLLM; every other vLLM flag (`--dtype float32`,
 `--enforce-eager`, ...) is accepted and ignored, so an instance's vLLM option string works unchanged.
+As vLLM, it logs at the level VLLM_LOGGING_LEVEL names (default INFO).
 """
 
 import argparse
@@ -10,6 +11,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
 import shlex
 import signal
 
@@ -59,6 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     delays.add_argument("--sleep-delay", type=_seconds, default=0.0, help="of each POST /sleep")
     delays.add_argument("--wake-delay", type=_seconds, default=0.0, help="of each POST /wake_up")
     delays.add_argument("--request-delay", type=_seconds, default=0.0, help="of each inference request")
+    delays.add_argument(
+        "--shutdown-delay", type=_seconds, default=0.0, help="from SIGTERM to exiting (a server slow to stop)"
+    )
     return parser
 
 
@@ -89,6 +94,7 @@ async def _serve(args: argparse.Namespace) -> None:
         log.info("serving %s on http://%s:%d", ", ".join(engine.served_names), args.host, args.port)
         await stop.wait()
         log.info("shutting down")
+        await asyncio.sleep(args.shutdown_delay)
     finally:
         await runner.cleanup()
 
@@ -96,7 +102,10 @@ async def _serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then return (exit status 0). Blocks; `argv` as vLLM's."""
     args, ignored = build_parser().parse_known_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    level = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper()
+    if level not in logging.getLevelNamesMapping():
+        level = "INFO"
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     if ignored:
         log.info("ignoring flags the stand-in does not model: %s", shlex.join(ignored))
     asyncio.run(_serve(args))

@@ -31,7 +31,7 @@ from launcher.engine_defaults import GIB, GpuMemory, Machine, transformers_defau
 from launcher.errors import BadRequest, Conflict, Gone, InvalidOptions, RangeNotSatisfiable
 from launcher.events import EventLog, Subscription
 from launcher.liveness import EngineProcesses, LivenessPolicy
-from launcher.logs import PAGE_BYTES, resolve_range
+from launcher.logs import FIRST_PAGE, PAGE_BYTES, content_range, parse_range, resolve_range
 from launcher.runtimes import VllmRuntime
 
 
@@ -46,19 +46,26 @@ from launcher.runtimes import VllmRuntime
     ],
 )
 def test_satisfiable_ranges(header: str, total: int, expected: str) -> None:
-    assert resolve_range(header, total).content_range == expected
+    byte_range = resolve_range(parse_range(header), total)
+    assert content_range(byte_range.start, b"x" * byte_range.length, total) == expected
+
+
+def test_no_range_is_the_first_page() -> None:
+    assert resolve_range(FIRST_PAGE, 3 * PAGE_BYTES).length == PAGE_BYTES
+    assert resolve_range(FIRST_PAGE, 30).length == 30
 
 
 @pytest.mark.parametrize("header", ["bytes=-5", "bytes=5-2", "bytes=1-2,4-5", "lines=0-1", "bytes=a-b", ""])
 def test_malformed_ranges(header: str) -> None:
     with pytest.raises(BadRequest):
-        resolve_range(header, 100)
+        parse_range(header)
 
 
-def test_a_range_past_the_end_is_unsatisfiable() -> None:
+@pytest.mark.parametrize(("header", "total"), [("bytes=100-", 100), ("bytes=0-", 0), ("bytes=1048576-2097151", 10)])
+def test_a_range_past_the_end_is_unsatisfiable(header: str, total: int) -> None:
     with pytest.raises(RangeNotSatisfiable) as caught:
-        resolve_range("bytes=100-", 100)
-    assert caught.value.total == 100
+        resolve_range(parse_range(header), total)
+    assert caught.value.total == total
 
 
 def _publish(log: EventLog, count: int) -> None:
