@@ -53,6 +53,7 @@ class ErrorReason(StrEnum):
     METHOD_NOT_ALLOWED = "MethodNotAllowed"  # 405
     BACKEND_FAILED = "BackendFailed"  # 502: the instance's own server failed a forwarded call, or died in it
     BACKEND_TIMEOUT = "BackendTimeout"  # 504: the instance did not answer a forwarded call in time
+    WAKE_CHECK_FAILED = "WakeCheckFailed"  # 502: woken, the instance failed its probe; it was killed
     INTERNAL = "Internal"  # 500
 
 
@@ -106,6 +107,32 @@ class InstanceStatus(StrEnum):
     STOPPED = "stopped"
 
 
+class WakeCheckStatus(StrEnum):
+    OFF = "off"  # verify_wakes is false (or the launcher is FMA-only, or runs with --no-verify-wakes)
+    PENDING = "pending"  # to be recorded at the instance's first ready
+    RECORDED = "recorded"  # every wake is checked against the probe
+    UNAVAILABLE = "unavailable"  # the probe could not be recorded (`detail` says why): wakes go unchecked
+
+
+class WakeProbe(BaseModel):
+    """A short greedy completion of the instance, as recorded at its first ready: the prompt's token IDs, the
+    token IDs it generated, and their log-probabilities where the runtime gives them."""
+
+    prompt_token_ids: list[int] | None = None  # None where the runtime does not report them (the text is sent)
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+
+
+class WakeCheck(BaseModel):
+    """The post-wake check of one instance (`InstanceState.wake_check`)."""
+
+    status: WakeCheckStatus
+    probe: WakeProbe | None = None
+    passed: int = 0  # wakes checked and passed
+    last_seconds: float | None = None  # what the last check took
+    detail: str | None = None  # why the probe is unavailable, or why the last check failed
+
+
 class ProcessStats(BaseModel):
     """Resource use of an instance's whole process tree (psutil), in the detailed state only."""
 
@@ -136,6 +163,7 @@ class InstanceState(BaseModel):
     port: int | None = None
     exit_code: int | None = None
     stop_reason: StopReason | None = None
+    wake_check: WakeCheck | None = None
     process: ProcessStats | None = None
 
 

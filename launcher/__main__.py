@@ -77,6 +77,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=env("LAUNCHER_FMA_ONLY", "").lower() in ("1", "true", "yes"),
         help="serve FMA 0.6.4's launcher API alone, every dualpods addition off (env LAUNCHER_FMA_ONLY=true)",
     )
+    parser.add_argument(
+        "--verify-wakes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="check every wake of an instance against a probe recorded at its first ready, before it is reported "
+        "awake; an instance's own verify_wakes wins (off with --fma-only)",
+    )
     parser.add_argument("--stop-grace-seconds", type=float, default=10.0)
     parser.add_argument(
         "--watch-history",
@@ -168,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
         backend_timeout_seconds=args.backend_timeout_seconds,
         dialect=dialect,
+        verify_wakes=args.verify_wakes and not dialect.fma_only,
     )
     manager = InstanceManager(runtimes, inventory, metrics, EventLog(args.watch_history), settings)
     app = build_app(manager, token, dialect)

@@ -79,6 +79,13 @@ class BackendError(LauncherError):
     reason = ErrorReason.BACKEND_FAILED
 
 
+class WakeCheckFailed(LauncherError):
+    """Woken, the instance no longer answered its recorded probe; it was killed (`launcher.wake_check`)."""
+
+    status = 502
+    reason = ErrorReason.WAKE_CHECK_FAILED
+
+
 class BackendTimeout(LauncherError):
     """The instance did not answer a forwarded request in time (it hung, or stopped answering /health)."""
 

@@ -31,6 +31,8 @@ class ParsedOptions:
 class Runtime(ABC):
     name: str
     on_cpu = True  # set by preload where it matters
+    # Whether its completions give log-probabilities (the post-wake probe compares them too).
+    probe_logprobs = True
 
     @abstractmethod
     def preload(self) -> None:
@@ -206,6 +208,7 @@ class TransformersRuntime(KnownArgsRuntime):
     """The transformers fallback runtime (E4, E5): `python -m transformers_runtime` in the child."""
 
     name = "transformers"
+    probe_logprobs = False  # it refuses `logprobs`; the probe compares token IDs alone
 
     def preload(self) -> None:
         for module in ("transformers_runtime.cli", "transformers", "peft", "torch"):

@@ -44,6 +44,13 @@ def _seconds(value: str) -> float:
     return seconds
 
 
+def _wake_count(value: str) -> int:
+    count = int(value)
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"a wake count starts at 1, not {value}")
+    return count
+
+
 def build_parser() -> argparse.ArgumentParser:
     """vLLM's client-visible serve flags plus the stand-in's delays; see `main` for the rest."""
     parser = argparse.ArgumentParser(
@@ -63,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
     delays.add_argument("--request-delay", type=_seconds, default=0.0, help="of each inference request")
     delays.add_argument(
         "--shutdown-delay", type=_seconds, default=0.0, help="from SIGTERM to exiting (a server slow to stop)"
+    )
+    parser.add_argument(
+        "--corrupt-after-wake",
+        type=_wake_count,
+        default=None,
+        metavar="N",
+        help="answer other tokens from the N-th wake on (a model a sleep/wake cycle corrupted; N >= 1)",
     )
     return parser
 
@@ -86,6 +100,7 @@ async def _serve(args: argparse.Namespace) -> None:
         sleep_delay=args.sleep_delay,
         wake_delay=args.wake_delay,
         request_delay=args.request_delay,
+        corrupt_after_wake=args.corrupt_after_wake,
     )
     runner = web.AppRunner(create_app(engine), shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()

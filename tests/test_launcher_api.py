@@ -532,3 +532,91 @@ async def test_deleting_a_stopped_process_is_prompt(launcher: LauncherProcess, h
     assert loop.time() - started < 2.5
     assert (deleted["status"], deleted["exit_code"]) == ("stopped", 0)
     assert "stop_reason" not in deleted  # it was asked to stop
+
+
+# ----- the post-wake check
+
+
+async def wait_recorded(http: aiohttp.ClientSession, instance_id: str) -> dict[str, Any]:
+    async def recorded() -> dict[str, Any]:
+        async with http.get(f"{BASE}/{instance_id}") as response:
+            state: dict[str, Any] = await response.json()
+        return state if state["wake_check"]["status"] == "recorded" else {}
+
+    return await wait_for(recorded, what=f"the probe of {instance_id} to be recorded", within=10, interval=0.05)
+
+
+async def metric(http: aiohttp.ClientSession, line_start: str) -> float:
+    async with http.get("/metrics") as response:
+        text = await response.text()
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(line_start)]
+    return values[0] if values else 0.0
+
+
+async def sleep_and_wake(http: aiohttp.ClientSession, instance_id: str) -> tuple[int, dict[str, Any]]:
+    async with http.post(f"{BASE}/{instance_id}/sleep") as response:
+        assert response.status == 200
+    async with http.post(f"{BASE}/{instance_id}/wake_up") as response:
+        return response.status, await response.json()
+
+
+async def test_a_wake_that_corrupts_the_model_fails_its_check_and_the_instance_is_killed(
+    launcher: LauncherProcess, http: aiohttp.ClientSession
+) -> None:
+    failed_before = await metric(http, 'dualpods_launcher_wake_checks_total{result="failed"}')
+    passed_before = await metric(http, 'dualpods_launcher_wake_checks_total{result="passed"}')
+    await create(http, "fragile", options=standin_options(extra="--corrupt-after-wake 2"))
+    probe = (await wait_recorded(http, "fragile"))["wake_check"]["probe"]
+    assert (len(probe["token_ids"]), len(probe["logprobs"])) == (4, 4)
+    assert probe["prompt_token_ids"]
+    status, woken = await sleep_and_wake(http, "fragile")  # the first wake: the model is still right
+    assert (status, woken["sleeping"], woken["wake_check"]["passed"]) == (200, False, 1)
+    assert woken["wake_check"]["last_seconds"] < 0.05
+    revision = (await listing(http, detail=False))["revision"]
+    async with http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
+        status, body = await sleep_and_wake(http, "fragile")  # the second wake corrupts it
+        async with asyncio.timeout(5):
+            events = [await next_event(watch), await next_event(watch)]
+    assert (status, body["reason"]) == (502, "WakeCheckFailed"), body
+    assert "failed its post-wake check and was killed: token 0 is" in body["detail"]
+    assert [e["type"] for e in events] == ["SLEEPING", "STOPPED"]  # never AWAKE
+    stopped = events[1]
+    assert (stopped["exit_code"], stopped["object"]["stop_reason"]) == (-9, "WakeCheckFailed")
+    assert stopped["object"]["wake_check"]["detail"].startswith("token 0 is")
+    assert "fragile" not in instance_processes(launcher)
+    assert await metric(http, 'dualpods_launcher_wake_checks_total{result="failed"}') == failed_before + 1
+    assert await metric(http, 'dualpods_launcher_wake_checks_total{result="passed"}') == passed_before + 1
+    assert await metric(http, 'dualpods_launcher_instance_stops_total{reason="WakeCheckFailed"}') >= 1
+
+
+async def test_a_wake_behind_the_launchers_back_is_checked_before_it_is_reported(
+    launcher: LauncherProcess, http: aiohttp.ClientSession
+) -> None:
+    """FMA's controllers sleep and wake through vLLM's own routes; the launcher sees the sleep at a read, and checks
+    the wake at its next liveness probe (every 2 s), with nobody reading."""
+    state = await create(http, "direct", options=standin_options(extra="--corrupt-after-wake 1"))
+    await wait_recorded(http, "direct")
+    revision = (await listing(http, detail=False))["revision"]
+    async with (
+        aiohttp.ClientSession(f"http://127.0.0.1:{state['port']}") as server,
+        http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch,
+    ):
+        async with server.post("/sleep") as response:
+            assert response.status == 200
+        async with http.get(f"{BASE}/direct") as response:
+            assert (await response.json())["sleeping"] is True
+        async with server.post("/wake_up") as response:
+            assert response.status == 200
+        async with asyncio.timeout(10):
+            events = [await next_event(watch), await next_event(watch)]
+    assert [e["type"] for e in events] == ["SLEEPING", "STOPPED"]
+    assert events[1]["object"]["stop_reason"] == "WakeCheckFailed"
+
+
+async def test_verify_wakes_false_leaves_a_wake_unchecked(http: aiohttp.ClientSession) -> None:
+    unchecked_before = await metric(http, 'dualpods_launcher_wake_checks_total{result="unchecked"}')
+    await create(http, "trusted", options=standin_options(extra="--corrupt-after-wake 1"), verify_wakes=False)
+    assert (await wait_ready(http, "trusted"))["wake_check"] == {"status": "off", "passed": 0}
+    status, woken = await sleep_and_wake(http, "trusted")
+    assert (status, woken["status"], woken["sleeping"]) == (200, "running", False)
+    assert await metric(http, 'dualpods_launcher_wake_checks_total{result="unchecked"}') == unchecked_before + 1

@@ -1,5 +1,6 @@
 """Parts of the launcher on their own: log ranges, the event history, event bounds, engine defaults,
-option parsing, and the liveness watch (against real processes and a scripted /health)."""
+option parsing, the liveness watch (against real processes and a scripted /health), and the rules of the
+post-wake check."""
 
 import asyncio
 import os
@@ -33,6 +34,7 @@ from launcher.events import EventLog, Subscription
 from launcher.liveness import EngineProcesses, LivenessPolicy
 from launcher.logs import FIRST_PAGE, PAGE_BYTES, content_range, parse_range, resolve_range
 from launcher.runtimes import VllmRuntime
+from launcher.wake_check import LOGPROB_TOLERANCE, ProbeAnswer, compare, parse_choice
 
 
 @pytest.mark.parametrize(
@@ -442,3 +444,63 @@ async def test_a_healthy_instance_is_never_judged() -> None:
 def test_a_liveness_policy_must_be_able_to_fire() -> None:
     with pytest.raises(ValueError, match="invalid liveness policy"):
         LivenessPolicy(failure_threshold=0)
+
+
+# ----- the post-wake check
+
+
+def _answer(tokens: list[int], logprobs: list[float] | None = None, runner_up: float = -3.0) -> ProbeAnswer:
+    runners_up: list[tuple[int, float] | None] | None = None
+    if logprobs is not None:
+        runners_up = [(t + 1, runner_up) for t in tokens]
+    return ProbeAnswer([1, 2, 3], tokens, logprobs, runners_up)
+
+
+@pytest.mark.parametrize(
+    ("replayed", "problem"),
+    [
+        (_answer([5, 6, 7], [-0.5, -1.0, -0.2]), None),
+        (_answer([5, 6, 7], [-0.5 + LOGPROB_TOLERANCE / 2, -1.0, -0.2]), None),  # within the tolerance
+        (_answer([5, 6, 7], [-0.5, -1.5, -0.2]), "token 1 (6) has log-probability -1.5000, recorded -1.0000"),
+        (_answer([5, 9, 7], [-0.5, -1.0, -0.2]), "token 1 is 9, recorded 6"),
+        (_answer([5, 7, 7], [-0.5, -3.0, -0.2]), "token 1 is 7, recorded 6"),  # the runner-up, far behind
+        (_answer([5, 6], [-0.5, -1.0]), "the answer has 2 tokens [5, 6], recorded [5, 6, 7]"),
+    ],
+)
+def test_a_replayed_probe_must_answer_as_recorded(replayed: ProbeAnswer, problem: str | None) -> None:
+    recorded = _answer([5, 6, 7], [-0.5, -1.0, -0.2])
+    found = compare(recorded, replayed)
+    assert found == problem if problem is None else problem in (found or "")
+
+
+def test_a_near_tie_may_go_the_other_way() -> None:
+    """Recorded: token 6 at -1.0 and its runner-up 7 at -1.05; a replay that takes 7 there parts from it, and passes."""
+    recorded = _answer([5, 6, 7], [-0.5, -1.0, -0.2], runner_up=-1.05)
+    assert compare(recorded, _answer([5, 7, 42, 43], [-0.5, -1.05, -2.0, -2.0])) is None
+    assert compare(recorded, _answer([5, 8, 42], [-0.5, -1.05, -2.0])) is not None  # not the runner-up
+
+
+def test_without_logprobs_the_tokens_alone_are_compared() -> None:
+    recorded = _answer([5, 6, 7])
+    assert compare(recorded, _answer([5, 6, 7])) is None
+    assert compare(recorded, _answer([5, 6, 8])) == "token 2 is 8, recorded 7 (answer [5, 6, 8], recorded [5, 6, 7])"
+
+
+def test_a_vllm_completion_choice_is_read_with_its_runners_up() -> None:
+    choice = {
+        "text": " a b",
+        "token_ids": [11, 12],
+        "prompt_token_ids": [1, 2],
+        "logprobs": {
+            "tokens": ["token_id:11", "token_id:12"],
+            "token_logprobs": [-0.1, -0.2],
+            "top_logprobs": [{"token_id:11": -0.1, "token_id:40": -2.0}, {"token_id:12": -0.2}],
+        },
+    }
+    answer = parse_choice(choice, logprobs=True)
+    assert answer == ProbeAnswer([1, 2], [11, 12], [-0.1, -0.2], [(40, -2.0), None])
+    assert parse_choice({"text": "", "token_ids": [3], "prompt_token_ids": None}, logprobs=False) == ProbeAnswer(
+        None, [3]
+    )
+    with pytest.raises(ValueError, match="not a list of token IDs"):
+        parse_choice({"text": "no ids"}, logprobs=False)
