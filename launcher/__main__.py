@@ -42,10 +42,15 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
     return parse
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def _env_flag(name: str) -> bool:
+    """A flag's default from the environment (for commands that cannot add flags, FMA's `python3 launcher.py`)."""
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+def parse_args(argv: list[str] | None = None, prog: str = "python -m launcher") -> argparse.Namespace:
     env = os.environ.get
     parser = argparse.ArgumentParser(
-        prog="python -m launcher", description="Preloads vLLM and forks model-server instances on request."
+        prog=prog, description="Preloads vLLM and forks model-server instances on request."
     )
     parser.add_argument("--host", default=env("LAUNCHER_HOST", "0.0.0.0"), help="address to serve on (default: all)")
     parser.add_argument("--port", type=int, default=int(env("LAUNCHER_PORT", LAUNCHER_PORT)))
@@ -69,12 +74,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--stand-in",
         action="store_true",
-        help="fork the stand-in server (the simulation runtime, no model) instead of vLLM",
+        default=_env_flag("LAUNCHER_STAND_IN"),
+        help="fork the stand-in server (the simulation runtime, no model) instead of vLLM (env LAUNCHER_STAND_IN=true)",
     )
     parser.add_argument(
         "--fma-only",
         action="store_true",
-        default=env("LAUNCHER_FMA_ONLY", "").lower() in ("1", "true", "yes"),
+        default=_env_flag("LAUNCHER_FMA_ONLY"),
         help="serve FMA 0.6.4's launcher API alone, every dualpods addition off (env LAUNCHER_FMA_ONLY=true)",
     )
     parser.add_argument(
@@ -137,8 +143,9 @@ def make_runtimes(args: argparse.Namespace) -> dict[str, Runtime]:
     return {"vllm": VllmRuntime(), "transformers": TransformersRuntime()}
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m launcher") -> None:
+    """Also FMA's `python3 launcher.py` (`fma_compat`), which takes the same arguments."""
+    args = parse_args(argv, prog)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

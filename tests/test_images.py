@@ -39,3 +39,14 @@ def test_every_python_package_an_image_copies_exists() -> None:
     for dockerfile in (REPO / "images").glob("*.Dockerfile"):
         for source in re.findall(r"^COPY (\S+) ", dockerfile.read_text(), flags=re.MULTILINE):
             assert (REPO / source).exists(), f"{dockerfile.name} copies {source}, which does not exist"
+
+
+@pytest.mark.parametrize("dockerfile", ["launcher-cpu.Dockerfile", "launcher-gpu.Dockerfile"])
+def test_launcher_images_have_fmas_entry_points_in_their_working_directory(dockerfile: str) -> None:
+    """FMA's controllers run `python3 launcher.py` there and the sidecar `python3 /app/launcher_pod_notifier.py`;
+    the loopback kubelet gives the launcher image the same files (images/fma-app, checked in test_fma_commands)."""
+    text = (REPO / "images" / dockerfile).read_text()
+    assert re.findall(r"^WORKDIR (\S+)$", text, flags=re.MULTILINE)[-1] == "/app"
+    assert "RUN python3 -m launcher.fma_compat /app" in text
+    assert IMAGE_MAP["dualpods/launcher"]["workingDir"] == "/app"
+    assert IMAGE_MAP["dualpods/launcher"]["files"] == {"/app": "{repo}/images/fma-app"}

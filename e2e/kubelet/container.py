@@ -25,8 +25,9 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _setup_script(hostname: str, mounts: list[Mount]) -> str:
-    """Shell run as the namespace's first process: hostname, bind mounts, then exec the command."""
+def _setup_script(hostname: str, mounts: list[Mount], workdir: str | None) -> str:
+    """Shell run as the namespace's first process: hostname, bind mounts, the working directory, then exec the
+    command."""
     lines = ["set -e", f"hostname {shlex.quote(hostname)}"]
     for mount in mounts:
         target = shlex.quote(mount.target)
@@ -35,6 +36,8 @@ def _setup_script(hostname: str, mounts: list[Mount]) -> str:
         lines.append(f"mount --bind {shlex.quote(str(mount.source))} {target}")
         if mount.read_only:
             lines.append(f"mount -o remount,bind,ro {target}")
+    if workdir:
+        lines.append(f"cd {shlex.quote(workdir)}")
     lines.append('exec "$@"')
     return "\n".join(lines)
 
@@ -54,6 +57,7 @@ class ContainerProcess:
         *,
         env: dict[str, str],
         cwd: Path,
+        workdir: str | None = None,
         hostname: str,
         mounts: list[Mount],
         log: Path,
@@ -67,7 +71,7 @@ class ContainerProcess:
             *_NAMESPACES,
             "sh",
             "-c",
-            _setup_script(hostname, mounts),
+            _setup_script(hostname, mounts, workdir),
             "container",
             *argv,
         ]

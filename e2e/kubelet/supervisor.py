@@ -76,6 +76,7 @@ class ContainerSupervisor:
         self.status = ContainerStatus(name=spec.name, image=spec.image or "")
         self._process: ContainerProcess | None = None
         self._env: dict[str, str] = {}
+        self._workdir: str | None = spec.working_dir  # or the image's, once known
         self._stopping = False
         self._stopped = asyncio.Event()
 
@@ -104,6 +105,9 @@ class ContainerSupervisor:
         entry = self._runtime.images.lookup(self.spec.image or "")
         if entry is None:
             return None, pod_env, mounts
+        image_files = [Mount(Path(source), target, read_only=True) for target, source in entry.files.items()]
+        mounts = [*image_files, *mounts]  # the image's files under the Pod's volumes
+        self._workdir = self.spec.working_dir or entry.working_dir
         argv = command_line(
             entry,
             [expand(a, pod_env) for a in self.spec.command] if self.spec.command else None,
@@ -182,7 +186,8 @@ class ContainerSupervisor:
         process = await ContainerProcess.start(
             argv,
             env=env,
-            cwd=Path(self.spec.working_dir) if self.spec.working_dir else REPO_ROOT,
+            cwd=REPO_ROOT,
+            workdir=self._workdir,
             hostname=self._hostname(),
             mounts=mounts,
             log=container_log(
