@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
+from api import log_format
 from controller.kube import api_client
 from controller.leader import LeaderElection, LostLeadership
 from controller.serving import serve_metrics
@@ -90,6 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         command.add_argument("--metrics-port", type=int, default=8002)
         command.add_argument("--num-workers", type=int, default=default_workers)
         command.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+        log_format.add_argument(command)
         command.add_argument("--launcher-token-secret", help="Secret with the launchers' bearer token (E9)")
     dual_pods.add_argument("--launcher-token-file", help="file holding the launchers' bearer token (E9)")
     dual_pods.add_argument(
@@ -128,9 +130,7 @@ async def run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    log_format.configure("controller", args.log_level, args.log_format)
     loop = asyncio.new_event_loop()
     task = loop.create_task(run(args))
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from aiohttp import web
 
+from api import log_format
 from api.keys import LAUNCHER_PORT
 
-from . import gpus, process_control
+from . import gpus, output_relay, process_control
 from .app import build_app
 from .dialect import Dialect
 from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES
@@ -55,6 +56,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m launcher") 
     parser.add_argument("--host", default=env("LAUNCHER_HOST", "0.0.0.0"), help="address to serve on (default: all)")
     parser.add_argument("--port", type=int, default=int(env("LAUNCHER_PORT", LAUNCHER_PORT)))
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=env("LAUNCHER_LOG_LEVEL", "info"))
+    log_format.add_argument(parser, env="LAUNCHER_LOG_FORMAT")
     parser.add_argument(
         "--auth-token-file",
         default=env("LAUNCHER_AUTH_TOKEN_FILE"),
@@ -146,11 +148,8 @@ def make_runtimes(args: argparse.Namespace) -> dict[str, Runtime]:
 def main(argv: list[str] | None = None, prog: str = "python -m launcher") -> None:
     """Also FMA's `python3 launcher.py` (`fma_compat`), which takes the same arguments."""
     args = parse_args(argv, prog)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    log_format.configure("launcher", args.log_level, args.log_format)
+    output_relay.configure(args.log_format)
     token = read_token(args.auth_token_file)
     process_control.become_subreaper()
     runtimes = make_runtimes(args)

@@ -45,8 +45,9 @@ from api.launcher import (
     WakeCheck,
     WakeCheckStatus,
 )
+from api.log_format import INSTANCE_FIELD
 
-from . import gpu_memory, liveness, process_control, validation, wake_check
+from . import gpu_memory, liveness, output_relay, process_control, validation, wake_check
 from .dialect import Dialect
 from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES, Machine
 from .errors import BackendError, BackendTimeout, BadRequest, Conflict, InvalidOptions, NotFound, WakeCheckFailed
@@ -73,6 +74,7 @@ SLEEP_STATE_TIMEOUT = aiohttp.ClientTimeout(total=2)
 CONNECT_TIMEOUT_S = 5.0
 REAP_WAIT_S = 1.0  # for the exit code of an instance just killed
 LOG_FILE = "log"  # in the instance's work directory
+OUTPUT_DRAIN_S = 5.0  # the most a stop waits for an instance's last output lines to be copied
 DEFAULT_RUNTIME = "vllm"  # when the instance names none
 T = TypeVar("T")
 
@@ -122,6 +124,7 @@ class Instance:
     engine: EngineProcesses | None = None  # found at the first ready
     health_failing: bool = False  # its last /health probe failed
     wake_check: WakeCheck = field(default_factory=lambda: WakeCheck(status=WakeCheckStatus.OFF))
+    output: "asyncio.Task[None] | None" = None  # copies its log to the launcher's stdout (output_relay)
     probe: ProbeAnswer | None = None  # recorded at its first ready
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -129,6 +132,11 @@ class Instance:
     @property
     def log_path(self) -> Path:
         return self.work_dir / LOG_FILE
+
+    @property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        """The launcher's log, its records about this instance carrying its ID (`instance`)."""
+        return logging.LoggerAdapter(log, {INSTANCE_FIELD: self.id})
 
     @property
     def running(self) -> bool:
@@ -289,12 +297,13 @@ class InstanceManager:
             wake_check=WakeCheck(status=WakeCheckStatus.PENDING if self._verifies(config) else WakeCheckStatus.OFF),
         )
         self._instances[instance_id] = instance
-        log.info(
+        instance.log.info(
             "created instance %s (pid %d, port %d): %s; defaults added: %s",
             instance_id, pid, port, shlex.join(effective), defaults.chosen or "none",
         )  # fmt: skip
         self._publish(instance, EventType.CREATED)
         self.reaper.watch(pid, lambda code: self._on_exit(instance, code))
+        instance.output = self._spawn(output_relay.follow(instance.log_path, instance.id, instance.exited))
         self._spawn(self._serve(instance, runtime))
         return instance.state()
 
@@ -334,7 +343,9 @@ class InstanceManager:
         if instance.engine is None:
             return  # its server is already gone; the reaper reports it
         if instance.engine.engine:
-            log.info("instance %s: watching its engine processes %s", instance.id, ", ".join(instance.engine.titles))
+            instance.log.info(
+                "instance %s: watching its engine processes %s", instance.id, ", ".join(instance.engine.titles)
+            )
         try:
             verdict = await self._while_running(
                 instance, liveness.watch(instance.engine, lambda: self._probe_health(instance), self.settings.liveness)
@@ -360,7 +371,7 @@ class InstanceManager:
         instance.ready = True
         elapsed = time.monotonic() - instance.created_at
         self.metrics.ready_seconds.observe(elapsed)
-        log.info("instance %s is ready after %.2f s", instance.id, elapsed)
+        instance.log.info("instance %s is ready after %.2f s", instance.id, elapsed)
         self._publish(instance, EventType.READY)
 
     async def _asleep(self, instance: Instance) -> bool:
@@ -385,14 +396,18 @@ class InstanceManager:
             return
         except wake_check.ProbeError as err:
             if await self._asleep(instance):  # put to sleep behind the launcher's back meanwhile
-                log.info("instance %s: its probe was cut short by a sleep; recorded at its next wake", instance.id)
+                instance.log.info(
+                    "instance %s: its probe was cut short by a sleep; recorded at its next wake", instance.id
+                )
                 return
-            log.warning("instance %s: cannot record its probe, so its wakes go unchecked: %s", instance.id, err)
+            instance.log.warning(
+                "instance %s: cannot record its probe, so its wakes go unchecked: %s", instance.id, err
+            )
             instance.wake_check = WakeCheck(status=WakeCheckStatus.UNAVAILABLE, detail=str(err))
             return
         instance.probe = answer
         instance.wake_check = WakeCheck(status=WakeCheckStatus.RECORDED, probe=answer.recorded())
-        log.info("instance %s: recorded its probe in %.3f s: %s", instance.id, time.monotonic() - started,
+        instance.log.info("instance %s: recorded its probe in %.3f s: %s", instance.id, time.monotonic() - started,
                  answer.recorded().model_dump_json(exclude_none=True))  # fmt: skip
 
     async def _check_wake(self, instance: Instance, runtime: Runtime) -> None:
@@ -455,7 +470,9 @@ class InstanceManager:
         gracefully. Its STOPPED event follows when the reaper has its exit code."""
         if not instance.running or instance.stopping:
             return  # it is already going; this stop was asked for
-        log.warning("instance %s: %s; killing its process group (%s)", instance.id, verdict.message, verdict.reason)
+        instance.log.warning(
+            "instance %s: %s; killing its process group (%s)", instance.id, verdict.message, verdict.reason
+        )
         instance.stop_reason = verdict.reason
         self._signal(instance, signal.SIGKILL)
 
@@ -580,9 +597,10 @@ class InstanceManager:
         instance.deleting = True
         await self._stop(instance)
         del self._instances[instance_id]
+        await _copied(instance)
         _remove_files(instance)
         self._publish(instance, EventType.DELETED)
-        log.info("deleted instance %s", instance_id)
+        instance.log.info("deleted instance %s", instance_id)
         return instance.state()
 
     async def delete_all(self) -> DeleteAllResult:
@@ -602,7 +620,7 @@ class InstanceManager:
             try:
                 await asyncio.wait_for(instance.exited.wait(), grace)
             except TimeoutError:
-                log.warning("instance %s ignored SIGTERM for %.0f s; killing it", instance.id, grace)
+                instance.log.warning("instance %s ignored SIGTERM for %.0f s; killing it", instance.id, grace)
                 self._signal(instance, signal.SIGKILL)
                 await instance.exited.wait()
 
@@ -624,7 +642,7 @@ class InstanceManager:
             self.metrics.stops.labels(instance.stop_reason).inc()
         if instance.deleting:
             return  # the DELETE reports it
-        log.warning(
+        instance.log.warning(
             "instance %s stopped with exit code %d (%s); its log: %s",
             instance.id, exit_code, instance.stop_reason or "asked to stop", instance.log_path,
         )  # fmt: skip
@@ -634,6 +652,7 @@ class InstanceManager:
         """Stop every instance and its process tree; used when the launcher itself stops."""
         instances = list(self._instances.values())
         await asyncio.gather(*(self._stop(i) for i in instances))
+        await asyncio.gather(*(_copied(i) for i in instances))
         for instance in instances:
             _remove_files(instance)
         for task in self._tasks:
@@ -656,10 +675,11 @@ class InstanceManager:
         instance.revision = self.events.next_revision()
         self.events.publish(type_, instance.state(), exit_code)
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> "asyncio.Task[None]":
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
 
 def _short_temp_dir() -> Path:
@@ -668,6 +688,13 @@ def _short_temp_dir() -> Path:
     if len(root) + len(TEMP_DIR_PREFIX) + 8 + IPC_NAME_CHARS + 2 > MAX_IPC_PATH_CHARS:
         root = "/tmp"
     return Path(tempfile.mkdtemp(prefix=TEMP_DIR_PREFIX, dir=root))
+
+
+async def _copied(instance: Instance) -> None:
+    """Until the instance's output is on the launcher's stdout, its last lines included (it has exited)."""
+    if instance.output is not None:
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(instance.output), OUTPUT_DRAIN_S)
 
 
 def _remove_files(instance: Instance) -> None:

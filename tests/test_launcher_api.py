@@ -620,3 +620,19 @@ async def test_verify_wakes_false_leaves_a_wake_unchecked(http: aiohttp.ClientSe
     status, woken = await sleep_and_wake(http, "trusted")
     assert (status, woken["status"], woken["sleeping"]) == (200, "running", False)
     assert await metric(http, 'dualpods_launcher_wake_checks_total{result="unchecked"}') == unchecked_before + 1
+
+
+async def test_an_instances_output_is_on_the_launchers_stdout_prefixed_with_its_id(
+    launcher: LauncherProcess, http: aiohttp.ClientSession
+) -> None:
+    state = await create(http, "talker")
+    await wait_ready(http, "talker")
+    expected = "talker | "  # then the server's own line, as in its log file
+
+    def copied() -> list[str]:
+        return [line for line in launcher.log_path.read_text().splitlines() if line.startswith(expected)]
+
+    lines = await wait_for(copied, what="the instance's lines on the launcher's stdout", within=5, interval=0.1)
+    assert any(f"serving tiny on http://127.0.0.1:{state['port']}" in line for line in lines), lines
+    async with http.get(f"{BASE}/talker/log") as response:
+        assert lines[0].removeprefix(expected) in await response.text()  # the file keeps every line
