@@ -8,6 +8,7 @@ it as a follower.
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -30,7 +31,7 @@ Run = Callable[[], Awaitable[None]]
 def build_dual_pods(
     api: client.ApiClient, args: argparse.Namespace, registry: CollectorRegistry
 ) -> Callable[[], Awaitable[None]]:
-    from controller.dualpods.controller import DualPodsController, DualPodsOptions
+    from controller.dualpods.controller import DualPodsOptions, run_dual_pods
 
     token = Path(args.launcher_token_file).read_text().strip() if args.launcher_token_file else None
     options = DualPodsOptions(
@@ -39,7 +40,7 @@ def build_dual_pods(
         launcher_token_secret=args.launcher_token_secret,
         sleeper_limit=args.sleeper_limit,
     )
-    return DualPodsController(api, args.namespace, options, registry).run
+    return functools.partial(run_dual_pods, api, args.namespace, options, registry)
 
 
 def build_populator(

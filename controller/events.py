@@ -2,12 +2,18 @@
 
 import logging
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
+
+
+class EventSink(Protocol):
+    """Where Events go (EventRecorder, or a test's fake)."""
+
+    async def record(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None: ...
 
 
 class EventRecorder:

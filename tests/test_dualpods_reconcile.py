@@ -14,10 +14,11 @@ import pytest
 
 from api import keys
 from api.launcher import VllmConfig
-from controller.dualpods.http import HttpError, Reply
-from controller.dualpods.reconcile import RELAY_RECHECK_S, SPI_STARTUP_RETRY_S
+from controller.dualpods.passes import RELAY_RECHECK_S
+from controller.dualpods.reconcile import SPI_STARTUP_RETRY_S
 from controller.dualpods.requester_client import RequesterError
 from controller.dualpods.status import RequesterProblem
+from controller.http import HttpError, Reply
 from controller.informer import Obj
 from controller.pods import annotations, labels
 from tests.test_dualpods_fakes import (
@@ -111,12 +112,11 @@ async def test_the_memory_of_a_requester_is_dropped_once_both_pods_are_gone(h: H
     for uid in (REQ_UID, "other-uid"):
         memory.paths[uid] = "warm"
         memory.victims[uid] = 1
-        memory.relayed[uid] = (True, 0.0)
+        memory.relayed[uid] = (True, 0, 0.0)
         memory.actuated.add(uid)
-        memory.errors[uid] = ["x"]
     await h.reconcile()
     assert h.journal == []
-    for table in (memory.paths, memory.victims, memory.relayed, memory.errors, memory.actuated):
+    for table in (memory.paths, memory.victims, memory.relayed, memory.actuated):
         assert set(table) == {"other-uid"}
 
 
@@ -254,13 +254,47 @@ async def test_unbind_when_the_requester_is_already_gone(h: Harness) -> None:
     assert keys.REQUESTER_ANNOTATION not in annotations(h.journal.written(LAUNCHER))
 
 
+def crash_looping(launcher: Obj) -> Obj:
+    """`launcher` with its container failing: restarted again and again, now waiting to be restarted."""
+    status = launcher["status"]["containerStatuses"][0]
+    status.update(restartCount=5, state={"waiting": {"reason": "CrashLoopBackOff"}})
+    return launcher
+
+
 async def test_unbind_deletes_a_provider_in_trouble_instead(h: Harness) -> None:
-    """Restarted and not Ready: FMA's courtesy deletion rather than reuse."""
+    """Its container keeps failing: the provider is lost, deleted rather than reused."""
     requester = requester_obj(finalizer=True, deleting=True)
-    h.put(requester, bound(launcher_obj(ready=False, restarts=2), requester))
+    h.put(requester, bound(crash_looping(launcher_obj(ready=False, restarts=2)), requester))
     await h.reconcile()
     assert h.journal.kinds() == [("delete", LAUNCHER)]
     assert h.journal[0].detail == {"uid": f"{LAUNCHER}-uid", "rv": "1"}
+
+
+@pytest.mark.parametrize("lost", ["node gone", "node going", "pod failed"])
+async def test_unbind_deletes_a_provider_whose_node_or_pod_is_gone(h: Harness, lost: str) -> None:
+    requester = requester_obj(finalizer=True, deleting=True)
+    launcher = bound(launcher_obj(failed=lost == "pod failed"), requester)
+    launcher["spec"]["nodeName"] = "node-b"
+    h.put(requester, launcher)
+    if lost == "node going":
+        h.put(node_obj("node-b", deleting=True))
+    elif lost == "pod failed":
+        h.put(node_obj("node-b"))
+    await h.reconcile()
+    assert h.journal.kinds() == [("delete", LAUNCHER)]
+
+
+async def test_unbind_keeps_a_launcher_that_restarted_and_is_not_ready_and_its_sleepers(h: Harness) -> None:
+    """A NotReady spell (its node's heartbeats paused) after a past restart is no loss: the launcher and
+    its sleepers stay, and it is unbound once it answers again."""
+    requester = requester_obj(finalizer=True, deleting=True)
+    requester["metadata"]["deletionTimestamp"] = datetime.now(UTC).isoformat()
+    launcher = bound(launcher_obj(ready=False, restarts=1), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, sleeping=False), inst("Isleeperi", port=8006))
+    await h.reconcile()
+    assert h.journal.kinds() == [("sleep", WANTED), ("update", LAUNCHER), ("update", REQ)]
+    assert h.views.views[LAUNCHER].instances["Isleeperi"].sleeping
 
 
 async def test_unbind_waits_while_the_launchers_instances_are_unknown(h: Harness) -> None:
@@ -276,8 +310,7 @@ async def test_unbind_waits_while_the_launchers_instances_are_unknown(h: Harness
 async def test_a_provider_bound_to_an_earlier_requester_of_the_same_name_is_released(h: Harness) -> None:
     earlier = requester_obj(uid="earlier-uid")
     launcher = bound(launcher_obj(), earlier)
-    h.put(launcher, requester_obj(uid="later-uid"))
-    h.remove(node_obj())  # so that the later requester's own pass stops right after
+    h.put(launcher, requester_obj(uid="later-uid"))  # the pass releasing the stale binding does only that
     h.views.put(launcher, inst(WANTED))
     await h.reconcile()
     assert h.journal.kinds() == [("update", LAUNCHER)]

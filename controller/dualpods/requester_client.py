@@ -4,8 +4,7 @@ from typing import Any
 
 from api.keys import ADMIN_PORT_ANNOTATION, DEFAULT_ADMIN_PORT
 from controller import pods
-
-from .http import HttpCaller, HttpError
+from controller.http import HttpCaller, HttpError
 
 
 class RequesterError(Exception):

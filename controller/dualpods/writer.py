@@ -61,25 +61,30 @@ class PodWriter:
                 raise
 
 
-def set_annotation(pod: pods.Pod, key: str, value: str | None) -> None:
-    annotations = pod["metadata"].setdefault("annotations", {})
+def _set_entry(pod: pods.Pod, field: str, key: str, value: str | None) -> None:
+    """Set or remove one entry of a metadata map, creating the map only to add to it (the API server
+    drops empty maps, so an empty one would count as a change at every pass)."""
+    entries = pod["metadata"].get(field)
     if value is None:
-        annotations.pop(key, None)
-    else:
-        annotations[key] = value
+        if entries and key in entries:
+            del entries[key]
+        return
+    pod["metadata"].setdefault(field, {})[key] = value
+
+
+def set_annotation(pod: pods.Pod, key: str, value: str | None) -> None:
+    _set_entry(pod, "annotations", key, value)
 
 
 def set_label(pod: pods.Pod, key: str, value: str | None) -> None:
-    labels = pod["metadata"].setdefault("labels", {})
-    if value is None:
-        labels.pop(key, None)
-    else:
-        labels[key] = value
+    _set_entry(pod, "labels", key, value)
 
 
 def set_finalizer(pod: pods.Pod, finalizer: str, present: bool) -> None:
-    current = [f for f in pod["metadata"].get("finalizers") or [] if f != finalizer]
-    pod["metadata"]["finalizers"] = [*current, finalizer] if present else current
+    current = list(pod["metadata"].get("finalizers") or [])
+    if (finalizer in current) == present:
+        return
+    pod["metadata"]["finalizers"] = [*current, finalizer] if present else [f for f in current if f != finalizer]
 
 
 def set_binding(provider: pods.Pod, requester: pods.Pod) -> None:

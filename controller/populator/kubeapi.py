@@ -15,6 +15,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
 from api.crds import GROUP, VERSION, CustomResource, Status
+from controller.events import EventSink
 from controller.launcher_template import Pod
 from controller.populator.key import LauncherKey, selector
 
@@ -46,12 +47,6 @@ class LauncherApi(Protocol):
 
     async def warn(self, pod: Pod, reason: str, message: str) -> None:
         """Record a Warning Event about the Pod (best effort)."""
-
-
-class EventSink(Protocol):
-    """Where Events go: `controller.events.EventRecorder`."""
-
-    async def record(self, obj: Pod, type_: str, reason: str, message: str) -> None: ...
 
 
 class KubeLauncherApi:
