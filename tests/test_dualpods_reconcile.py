@@ -661,6 +661,41 @@ async def test_a_persistent_problem_does_not_make_the_status_flap(h: Harness) ->
     assert status_errors(h.pod(REQ))
 
 
+async def standing_problem(h: Harness, kind: str) -> None:
+    """A problem that stays: the requester's ISC is missing, or its launcher refuses its instance."""
+    h.put(node_obj(), lc_obj())
+    if kind == "unbound":
+        h.put(requester_obj())
+        return
+    h.put(isc_obj())
+    requester = settled(requester_obj())
+    del requester["metadata"]["labels"][keys.INSTANCE_LABEL]  # its instance never ran
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher)
+    h.launchers.refusal = refused(400)
+
+
+@pytest.mark.parametrize("kind", ["unbound", "bound"])
+async def test_a_restarted_controller_neither_rewrites_a_standing_problem_nor_records_it_again(kind: str) -> None:
+    async with harness() as before:
+        await standing_problem(before, kind)
+        with pytest.raises(RequesterProblem):
+            await before.reconcile()
+        assert [c.kind for c in before.journal if c.kind != "create_instance"] == ["event", "update"]
+        reported = before.pod(REQ)
+        shown = status_errors(reported)
+        assert shown
+    async with harness() as after:  # a new controller process: its memory empty, its caches listed afresh
+        await standing_problem(after, kind)
+        after.put(reported)
+        for _ in range(3):
+            with pytest.raises(RequesterProblem):
+                await after.reconcile()
+        assert [c.kind for c in after.journal if c.kind != "create_instance"] == []  # no write, no second Event
+        assert status_errors(after.pod(REQ)) == shown
+
+
 async def test_a_cleared_problem_clears_the_status(h: Harness) -> None:
     serving_pair(h)
     h.requesters.relay_error = RequesterError("relaying readiness to the requester failed: refused")

@@ -69,14 +69,16 @@ def _provider_deleting(s: Snapshot) -> bool:
 def _waiting_to_release(s: Snapshot) -> bool:
     """A launcher whose container runs but whose instances are not known: wait, within patience."""
     provider = s.provider
-    assert provider is not None
+    if provider is None:
+        return False
     running = pods.pod_ip(provider) is not None and pods.container_running(provider)
     return running and (s.view is None or not s.view.synced) and not s.patience_over
 
 
 def _holding(s: Snapshot) -> bool:
     """The requester's finalizer holds it, though no running provider is bound."""
-    assert s.requester is not None
+    if s.requester is None:
+        return False
     serving = s.provider is not None and pods.container_running(s.provider) and not pods.is_deleting(s.provider)
     return keys.REQUESTER_FINALIZER in pods.finalizers(s.requester) and not serving
 

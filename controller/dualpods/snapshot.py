@@ -184,7 +184,8 @@ class Snapshot:
     @cached_property
     def unsettled(self) -> bool:
         """The requester's metadata is not yet in line with its binding (see `settle`)."""
-        assert self.requester is not None
+        if self.requester is None or self.provider is None:
+            return False
         return settled(self.requester, self) != self.requester
 
 
