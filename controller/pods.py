@@ -124,6 +124,20 @@ def not_ready_since(pod: Pod) -> float | None:
     return None
 
 
+DUAL_PODS_FIELD_MANAGER = "dual-pods-controller"  # FMA's controller name, the field manager of its writes
+
+
+def last_used(pod: Pod) -> str:
+    """When the dual-pods controller last changed the Pod (its managedFields entry, FMA's measure), else its
+    creation. RFC 3339 UTC times compare as strings."""
+    written = [
+        str(entry["time"])
+        for entry in meta(pod).get("managedFields") or []
+        if entry.get("manager") == DUAL_PODS_FIELD_MANAGER and entry.get("time")
+    ]
+    return max(written, default=str(meta(pod).get("creationTimestamp") or ""))
+
+
 def is_requester(pod: Pod) -> bool:
     found = annotations(pod)
     return keys.INFERENCE_SERVER_CONFIG_ANNOTATION in found or keys.SERVER_PATCH_ANNOTATION in found

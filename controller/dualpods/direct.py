@@ -19,7 +19,7 @@ from controller.dualpods.gpu_map import GpuMapError, gpu_indices
 from controller.dualpods.nominal import NominalError, nominal_provider, server_port
 from controller.dualpods.passes import Pass
 from controller.dualpods.status import RequesterProblem
-from controller.dualpods.writer import FIELD_MANAGER, set_binding, set_label
+from controller.dualpods.writer import set_binding, set_label
 from controller.http import HttpError
 from controller.kube import refusal
 
@@ -174,11 +174,5 @@ def _requester_name(provider: pods.Pod) -> str:
 
 
 def _last_used(pod: pods.Pod) -> tuple[str, str]:
-    """When the controller last changed the Pod (its managedFields entry, FMA's measure), else its creation; then
-    its name. RFC 3339 UTC times compare as strings."""
-    written = [
-        str(entry["time"])
-        for entry in pods.meta(pod).get("managedFields") or []
-        if entry.get("manager") == FIELD_MANAGER and entry.get("time")
-    ]
-    return max(written, default=str(pods.meta(pod).get("creationTimestamp") or "")), pods.name(pod)
+    """When the controller last changed the Pod, else its creation; then its name."""
+    return pods.last_used(pod), pods.name(pod)

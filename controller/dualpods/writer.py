@@ -18,7 +18,7 @@ from controller import pods
 
 log = logging.getLogger(__name__)
 
-FIELD_MANAGER = "dual-pods-controller"  # FMA's controller name
+FIELD_MANAGER = pods.DUAL_PODS_FIELD_MANAGER
 
 
 class PodWriter:

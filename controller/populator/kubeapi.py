@@ -48,6 +48,9 @@ class LauncherApi(Protocol):
     async def warn(self, pod: Pod, reason: str, message: str) -> None:
         """Record a Warning Event about the Pod (best effort)."""
 
+    async def note(self, pod: Pod, reason: str, message: str) -> None:
+        """Record a Normal Event about the Pod (best effort)."""
+
 
 class KubeLauncherApi:
     """`LauncherApi` over kubernetes-asyncio, in one namespace."""
@@ -109,8 +112,14 @@ class KubeLauncherApi:
         return True
 
     async def warn(self, pod: Pod, reason: str, message: str) -> None:
-        log.info("recording Event %s on launcher Pod %s: %s", reason, pod["metadata"]["name"], message)
-        await self._events.record(pod, "Warning", reason, message)
+        await self._record(pod, "Warning", reason, message)
+
+    async def note(self, pod: Pod, reason: str, message: str) -> None:
+        await self._record(pod, "Normal", reason, message)
+
+    async def _record(self, pod: Pod, type_: str, reason: str, message: str) -> None:
+        log.info("recording %s Event %s on launcher Pod %s: %s", type_, reason, pod["metadata"]["name"], message)
+        await self._events.record(pod, type_, reason, message)
 
 
 class StatusWriter:
