@@ -4,6 +4,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -45,5 +46,5 @@ class EventRecorder:
         )
         try:
             await self._core.create_namespaced_event(meta["namespace"], event)
-        except (ApiException, OSError) as err:
+        except (ApiException, aiohttp.ClientError, OSError, TimeoutError) as err:
             log.warning("could not record event %s on %s: %s", reason, meta["name"], err)

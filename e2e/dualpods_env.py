@@ -75,7 +75,9 @@ class DualPodsEnv:
 
     # ----- objects a model-variant deployer creates
 
-    async def create_launcher_config(self, name: str, max_instances: int, launcher_args: list[str]) -> None:
+    async def create_launcher_config(
+        self, name: str, max_instances: int, launcher_args: list[str], image: str = LAUNCHER_IMAGE
+    ) -> None:
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "LauncherConfig",
@@ -89,7 +91,7 @@ class DualPodsEnv:
                         "containers": [
                             {
                                 "name": keys.INFERENCE_SERVER_CONTAINER,
-                                "image": LAUNCHER_IMAGE,
+                                "image": image,
                                 "args": ["--mock-gpus", "--stop-grace-seconds", "3", *launcher_args],
                                 "ports": [{"containerPort": LAUNCHER_PORT}],
                             }

@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -19,6 +20,7 @@ from controller import pods
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = pods.DUAL_PODS_FIELD_MANAGER
+API_TIMEOUT = aiohttp.ClientTimeout(total=30, connect=5)  # no write waits longer on the API server
 
 
 class PodWriter:
@@ -33,13 +35,15 @@ class PodWriter:
         if changed == pod:
             return False
         log.info("k8s call start: update pod %s (%s)", pods.name(pod), why)
-        await self._core.replace_namespaced_pod(pods.name(pod), self.namespace, changed, field_manager=FIELD_MANAGER)
+        await self._core.replace_namespaced_pod(
+            pods.name(pod), self.namespace, changed, field_manager=FIELD_MANAGER, _request_timeout=API_TIMEOUT
+        )
         return True
 
     async def create(self, pod: pods.Pod) -> pods.Pod:
         log.info("k8s call start: create pod %s", pod["metadata"].get("generateName") or pods.name(pod))
         response = await self._core.create_namespaced_pod(
-            self.namespace, pod, field_manager=FIELD_MANAGER, _preload_content=False
+            self.namespace, pod, field_manager=FIELD_MANAGER, _preload_content=False, _request_timeout=API_TIMEOUT
         )
         async with response:
             if response.status >= 300:
@@ -55,7 +59,9 @@ class PodWriter:
             "propagationPolicy": "Background",
         }
         try:
-            await self._core.delete_namespaced_pod(pods.name(pod), self.namespace, body=body)
+            await self._core.delete_namespaced_pod(
+                pods.name(pod), self.namespace, body=body, _request_timeout=API_TIMEOUT
+            )
         except ApiException as err:
             if err.status != 404:
                 raise
