@@ -8,6 +8,7 @@ The tests share one namespace (module scope) and run one requester set each, pin
 
 import asyncio
 import contextlib
+import functools
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -258,6 +259,9 @@ async def test_the_populator_keeps_the_launcher_with_more_sleepers(faults: Fault
         _, first, _ = await serving_pair(env, rs)  # c on the older launcher
         await set_count(env, 2)
         await wait_for(lambda: _ready_count_is(env, node, 2), what="a second launcher on the node", within=90)
+        for launcher in await launchers_on(env, node):  # both serve their API (so both are candidates)
+            await wait_for(functools.partial(env.instances, launcher), what="the launcher's API", within=30)
+        await asyncio.sleep(2)  # the controller's view of the new launcher lists it when its API answers
         await swap(env, rs, "isc-a")  # the empty launcher has room: a goes there
         _, second, _ = await serving_pair(env, rs)
         assert second["metadata"]["name"] != first["metadata"]["name"]

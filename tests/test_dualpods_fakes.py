@@ -209,6 +209,12 @@ def launcher_obj(
     return on_node(pod, ip=ip, ready=ready, running=running, restarts=restarts, failed=failed)
 
 
+def crash_looping(pod: Obj) -> Obj:
+    """`pod` with its container failing: restarted again and again, now waiting to be restarted."""
+    pod["status"]["containerStatuses"][0].update(restartCount=5, state={"waiting": {"reason": "CrashLoopBackOff"}})
+    return pod
+
+
 def bound(
     launcher: Obj,
     requester: Obj,

@@ -27,6 +27,7 @@ from tests.test_dualpods_fakes import (
     WANTED,
     Harness,
     bound,
+    crash_looping,
     direct_requester_obj,
     harness,
     inst,
@@ -75,11 +76,6 @@ def unsettled_pair(h: Harness, *instances: InstanceState) -> None:
     pod = bound(launcher_obj(), req)
     h.put(req, pod)
     h.views.put(pod, *instances)
-
-
-def crash_looping(pod: Obj) -> Obj:
-    pod["status"]["containerStatuses"][0].update(restartCount=5, state={"waiting": {"reason": "CrashLoopBackOff"}})
-    return pod
 
 
 def setup_gone(h: Harness) -> None:

@@ -38,6 +38,7 @@ from tests.test_dualpods_fakes import (
     WANTED,
     Harness,
     bound,
+    crash_looping,
     finalizers,
     harness,
     inst,
@@ -252,13 +253,6 @@ async def test_unbind_when_the_requester_is_already_gone(h: Harness) -> None:
     await h.reconcile()
     assert h.journal.kinds() == [("sleep", WANTED), ("update", LAUNCHER)]
     assert keys.REQUESTER_ANNOTATION not in annotations(h.journal.written(LAUNCHER))
-
-
-def crash_looping(launcher: Obj) -> Obj:
-    """`launcher` with its container failing: restarted again and again, now waiting to be restarted."""
-    status = launcher["status"]["containerStatuses"][0]
-    status.update(restartCount=5, state={"waiting": {"reason": "CrashLoopBackOff"}})
-    return launcher
 
 
 async def test_unbind_deletes_a_provider_in_trouble_instead(h: Harness) -> None:
