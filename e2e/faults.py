@@ -23,23 +23,45 @@ PROXY_PORT = 8082  # the requester's OpenAI proxy (FMA 0.7's --proxy-port)
 
 
 def launcher_process(pod_ip: str) -> psutil.Process:
-    """The launcher serving at `pod_ip` (the container's command, `python -m launcher`)."""
+    """The launcher serving at `pod_ip` (the container's command, `python -m launcher`; the innermost such
+    process, not the container's namespace wrapper around it)."""
+    found: list[psutil.Process] = []
     for process in psutil.process_iter(["cmdline"]):
         line = process.info["cmdline"] or []
         if "launcher" in line and "-m" in line:
             try:
                 if process.environ().get("LAUNCHER_HOST") == pod_ip:
-                    return process
+                    found.append(process)
             except psutil.Error:
                 continue
-    raise LookupError(f"no launcher process serves {pod_ip}")
+    pids = {p.pid for p in found}
+    inner = [p for p in found if not pids & {c.pid for c in p.children()}]
+    if not inner:
+        raise LookupError(f"no launcher process serves {pod_ip}")
+    return inner[0]
+
+
+def namespace_pid(process: psutil.Process) -> int:
+    """The process's PID inside its container's PID namespace (what the launcher, running there, reports)."""
+    with open(f"/proc/{process.pid}/status") as status:
+        line = next(line for line in status if line.startswith("NSpid:"))
+    return int(line.split()[-1])
+
+
+def in_container(launcher: psutil.Process, pid: int) -> psutil.Process:
+    """The host process of the launcher's descendant whose PID in the container is `pid`."""
+    for child in launcher.children(recursive=True):
+        with contextlib.suppress(psutil.Error, OSError):
+            if namespace_pid(child) == pid:
+                return child
+    raise LookupError(f"launcher {launcher.pid} has no process {pid} in its container")
 
 
 async def instance_process(env: DualPodsEnv, launcher: Obj, instance: str) -> psutil.Process:
-    """The root process of `instance` as its launcher reports it."""
+    """The root process of `instance` as its launcher reports it (a PID in the launcher's container)."""
     listing = await env.instances(launcher)
     state = next(s for s in listing["instances"] if s["instance_id"] == instance)
-    return psutil.Process(int(state["process"]["pid"]))
+    return in_container(launcher_process(launcher["status"]["podIP"]), int(state["process"]["pid"]))
 
 
 async def serving_pair(env: DualPodsEnv, replica_set: str) -> tuple[Obj, Obj, str]:

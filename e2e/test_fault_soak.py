@@ -38,7 +38,7 @@ from controller import pods
 from e2e.chart import DUAL_PODS
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.dualpods_env import DualPodsEnv, Obj, installed
-from e2e.faults import launcher_process, proxy_answers, signal_tree
+from e2e.faults import instance_process, launcher_process, namespace_pid, proxy_answers, signal_tree
 from e2e.fixtures import fresh_namespace
 from e2e.waiting import wait_for
 
@@ -140,7 +140,7 @@ def _leaks(launchers: list[Obj], listings: dict[str, dict[str, Any]]) -> list[st
         reported = {s["process"]["pid"] for s in listing["instances"] if s.get("process")}
         for child in process.children():
             with _gone_ok():
-                if child.pid not in reported:
+                if namespace_pid(child) not in reported:
                     found.append(f"launcher {launcher['metadata']['name']} has an unreported child {child.pid}")
                 elif child.status() == psutil.STATUS_STOPPED:
                     found.append(f"instance process {child.pid} stays stopped")
@@ -149,7 +149,7 @@ def _leaks(launchers: list[Obj], listings: dict[str, dict[str, Any]]) -> list[st
 
 def _gone_ok() -> contextlib.suppress:
     """A process that exited meanwhile is no error."""
-    return contextlib.suppress(psutil.NoSuchProcess)
+    return contextlib.suppress(psutil.NoSuchProcess, FileNotFoundError)
 
 
 # ----- the faults
@@ -161,10 +161,11 @@ async def bound_launcher(env: DualPodsEnv) -> Obj | None:
 
 
 async def instance_of(env: DualPodsEnv, launcher: Obj) -> psutil.Process | None:
-    wanted = pods.annotations(launcher).get(keys.INSTANCE_ID_ANNOTATION)
-    listing = await env.instances(launcher)
-    state = next((s for s in listing["instances"] if s["instance_id"] == wanted and s.get("process")), None)
-    return psutil.Process(int(state["process"]["pid"])) if state is not None else None
+    wanted = pods.annotations(launcher).get(keys.INSTANCE_ID_ANNOTATION, "")
+    try:
+        return await instance_process(env, launcher, wanted)
+    except (StopIteration, LookupError, KeyError, TypeError):
+        return None
 
 
 async def inject(env: DualPodsEnv, cluster: LoopbackCluster, kind: str) -> str:
@@ -261,10 +262,12 @@ async def test_fault_soak(soak_env: DualPodsEnv, cluster: LoopbackCluster) -> No
     isc = "isc-a"
     for i in range(SWAPS):
         isc = "isc-b" if isc == "isc-a" else "isc-a"
+        print(f"soak: swap {i} to {isc} at {time.monotonic() - started:.1f} s", flush=True)
         stepping = asyncio.create_task(swap(env, isc))
         if i in faults_at:
             await asyncio.sleep(delays[i])
             what = await inject(env, cluster, faults_at[i])
+            print(f"soak: fault {faults_at[i]}: {what}", flush=True)
             over = time.monotonic()
             await _settle(env, stepping, isc)
             took, wrong = await converge(env, isc)
@@ -280,6 +283,8 @@ async def test_fault_soak(soak_env: DualPodsEnv, cluster: LoopbackCluster) -> No
     print(json.dumps(report, indent=2))
     if path := os.environ.get("DUALPODS_SOAK_REPORT"):
         Path(path).write_text(json.dumps(report, indent=2))
+    if broken:
+        print(await env.controllers.log_tail(lines=200))
     assert broken == [], broken
     assert report["convergence_s"]["p99"] <= 10.0, report
 
