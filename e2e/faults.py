@@ -22,23 +22,31 @@ from e2e.waiting import wait_for
 PROXY_PORT = 8082  # the requester's OpenAI proxy (FMA 0.7's --proxy-port)
 
 
-def launcher_process(pod_ip: str) -> psutil.Process:
-    """The launcher serving at `pod_ip` (the container's command, `python -m launcher`; the innermost such
-    process, not the container's namespace wrapper around it)."""
+def container_process(module: str, variable: str, pod_ip: str) -> psutil.Process:
+    """The `python -m <module>` process of the Pod at `pod_ip` (found by the environment variable that
+    holds the Pod's address): the innermost such process, not the container's namespace wrapper."""
     found: list[psutil.Process] = []
     for process in psutil.process_iter(["cmdline"]):
         line = process.info["cmdline"] or []
-        if "launcher" in line and "-m" in line:
+        if module in line and "-m" in line:
             try:
-                if process.environ().get("LAUNCHER_HOST") == pod_ip:
+                if process.environ().get(variable) == pod_ip:
                     found.append(process)
             except psutil.Error:
                 continue
     pids = {p.pid for p in found}
     inner = [p for p in found if not pids & {c.pid for c in p.children()}]
     if not inner:
-        raise LookupError(f"no launcher process serves {pod_ip}")
+        raise LookupError(f"no {module} process serves {pod_ip}")
     return inner[0]
+
+
+def launcher_process(pod_ip: str) -> psutil.Process:
+    return container_process("launcher", "LAUNCHER_HOST", pod_ip)
+
+
+def requester_process(pod_ip: str) -> psutil.Process:
+    return container_process("requester", "POD_IP", pod_ip)
 
 
 def namespace_pid(process: psutil.Process) -> int:

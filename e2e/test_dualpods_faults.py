@@ -177,11 +177,12 @@ async def test_a_requester_whose_launcher_never_serves_is_gone_within_a_minute_o
     await env.create_isc("isc-mute", "lc-mute", port=8005, options="--model m")
     await env.create_requesters("mute", "isc-mute", node=faults.node, gpu=faults.gpus[1])
 
-    async def bound() -> bool:
+    async def held() -> bool:
         found = await env.requesters("mute")
-        return bool(found) and keys.DUAL_LABEL in pods.labels(found[0])
+        return bool(found) and keys.REQUESTER_FINALIZER in pods.finalizers(found[0])
 
-    await wait_for(bound, what="the requester bound to its launcher", within=60)
+    # Bound, its launcher's container running: the requester's finalizer waits on that launcher.
+    await wait_for(held, what="the requester bound and held by its finalizer", within=60)
     started = time.monotonic()
     await env.apps.delete_namespaced_replica_set("mute", env.namespace)
     await env.wait_gone("mute", within=60)

@@ -38,7 +38,14 @@ from controller import pods
 from e2e.chart import DUAL_PODS
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.dualpods_env import DualPodsEnv, Obj, installed
-from e2e.faults import instance_process, launcher_process, namespace_pid, proxy_answers, signal_tree
+from e2e.faults import (
+    instance_process,
+    launcher_process,
+    namespace_pid,
+    proxy_answers,
+    requester_process,
+    signal_tree,
+)
 from e2e.fixtures import fresh_namespace
 from e2e.waiting import wait_for
 
@@ -168,9 +175,24 @@ async def instance_of(env: DualPodsEnv, launcher: Obj) -> psutil.Process | None:
         return None
 
 
+async def serving_launcher(env: DualPodsEnv) -> tuple[Obj, psutil.Process]:
+    """The launcher bound to the soak's requester and its instance's process, once there are both (a fault
+    that lands between an unbind and the next bind waits for them, so every fault hits something)."""
+
+    async def found() -> tuple[Obj, psutil.Process] | None:
+        launcher = await bound_launcher(env)
+        if launcher is None or not pods.is_ready(launcher):
+            return None
+        instance = await instance_of(env, launcher)
+        return (launcher, instance) if instance is not None else None
+
+    result = await wait_for(found, what="a serving launcher to inject into", within=60, interval=0.1)
+    assert result is not None
+    return result
+
+
 async def inject(env: DualPodsEnv, cluster: LoopbackCluster, kind: str) -> str:
     """Inject one fault; returns what was done (for the report). Returns once the fault is over."""
-    launcher = await bound_launcher(env)
     if kind == "controller":
         env.controllers.kill(DUAL_PODS)
         return "killed the dual-pods controller"
@@ -179,15 +201,12 @@ async def inject(env: DualPodsEnv, cluster: LoopbackCluster, kind: str) -> str:
         took = await cluster.start_apiserver()
         return f"restarted the kube-apiserver (ready again after {took:.1f} s)"
     if kind == "requester":
-        found = await env.requesters(RS)
-        if found:
-            pid = _container_pid(found[0])
-            if pid is not None:
-                os.kill(pid, signal.SIGKILL)
-                return f"killed requester {found[0]['metadata']['name']}"
-        return "no requester process to kill"
-    if launcher is None or not pods.is_ready(launcher):
-        return f"{kind}: no serving launcher at that moment"
+        requester = await wait_for(lambda: _running_requester(env), what="a requester to kill", within=60)
+        assert requester is not None
+        name, pid = requester
+        os.kill(pid, signal.SIGKILL)
+        return f"killed requester {name}"
+    launcher, instance = await serving_launcher(env)
     ip = launcher["status"]["podIP"]
     if kind == "launcher":
         launcher_process(ip).send_signal(signal.SIGKILL)
@@ -196,9 +215,6 @@ async def inject(env: DualPodsEnv, cluster: LoopbackCluster, kind: str) -> str:
         cut = await asyncio.create_subprocess_exec("ss", "-K", "dst", ip, "dport", "=", "8001", stdout=DEVNULL)
         await cut.wait()
         return f"cut the watch connections to launcher {launcher['metadata']['name']}"
-    instance = await instance_of(env, launcher)
-    if instance is None:
-        return f"{kind}: no instance process at that moment"
     if kind == "instance":
         instance.send_signal(signal.SIGKILL)
         return f"killed instance process {instance.pid}"
@@ -216,15 +232,10 @@ async def inject(env: DualPodsEnv, cluster: LoopbackCluster, kind: str) -> str:
     return f"stopped instance process {instance.pid} for {STOP_S:.0f} s"
 
 
-def _container_pid(requester: Obj) -> int | None:
-    """The requester's process (`python -m requester` bound to the Pod's address)."""
-    ip = requester["status"].get("podIP")
-    for process in psutil.process_iter(["cmdline"]):
-        line = process.info["cmdline"] or []
-        if "requester" in line and "-m" in line:
-            with _gone_ok():
-                if process.environ().get("POD_IP") == ip:
-                    return process.pid
+async def _running_requester(env: DualPodsEnv) -> tuple[str, int] | None:
+    for requester in await env.requesters(RS):
+        with contextlib.suppress(LookupError, KeyError):
+            return requester["metadata"]["name"], requester_process(requester["status"]["podIP"]).pid
     return None
 
 
