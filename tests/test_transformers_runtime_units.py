@@ -241,11 +241,14 @@ class FakeJob(Job):
             self.proceed.set()
         self.outcome: asyncio.Future[str] = self._loop.create_future()
 
-    def run(self) -> None:
+    def run(self) -> str:
         self.started.set()
         while not self.proceed.wait(0.005) and not self.aborted:
             pass
-        self._loop.call_soon_threadsafe(self.outcome.set_result, "aborted" if self.aborted else "ran")
+        return "aborted" if self.aborted else "ran"
+
+    def deliver(self, outcome: object) -> None:
+        self.outcome.set_result(str(outcome))
 
     def abandon(self) -> None:
         self.outcome.set_result("abandoned")

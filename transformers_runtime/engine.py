@@ -36,7 +36,9 @@ RETRY_AFTER_S = 1
 
 
 class Job(ABC):
-    """Work for the model thread: `run` executes there; `abandon` runs on the loop when it never will."""
+    """Work for the model thread: `run` executes there and returns its outcome, which `deliver` hands to
+    the waiter back on the loop (after the engine has counted the job as finished, so a client that
+    gets its answer never sees it still counted as running); `abandon` runs on the loop when it never will."""
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -51,10 +53,23 @@ class Job(ABC):
         return self._aborted.is_set()
 
     @abstractmethod
-    def run(self) -> None: ...
+    def run(self) -> object: ...
+
+    @abstractmethod
+    def deliver(self, outcome: object) -> None: ...
 
     @abstractmethod
     def abandon(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class _Returned(Generic[T]):
+    value: T
+
+
+@dataclass(frozen=True)
+class _Raised:
+    error: Exception
 
 
 class CallJob(Job, Generic[T]):
@@ -65,17 +80,17 @@ class CallJob(Job, Generic[T]):
         self._function = function
         self._future: asyncio.Future[T] = self._loop.create_future()
 
-    def run(self) -> None:
+    def run(self) -> _Returned[T] | _Raised:
         try:
-            value = self._function()
+            return _Returned(self._function())
         except Exception as error:
-            self._loop.call_soon_threadsafe(self._reject, error)
-        else:
-            self._loop.call_soon_threadsafe(self._resolve, value)
+            return _Raised(error)
 
-    def _resolve(self, value: T) -> None:
-        if not self._future.done():  # done: the waiter went away
-            self._future.set_result(value)
+    def deliver(self, outcome: object) -> None:
+        if isinstance(outcome, _Raised):
+            self._reject(outcome.error)
+        elif isinstance(outcome, _Returned) and not self._future.done():  # done: the waiter went away
+            self._future.set_result(outcome.value)
 
     def _reject(self, error: Exception) -> None:
         if not self._future.done():
@@ -132,7 +147,8 @@ class GenerationJob(Job):
     def _post(self, event: Delta | Failed | Done) -> None:
         self._loop.call_soon_threadsafe(self._events.put_nowait, event)
 
-    def run(self) -> None:
+    def run(self) -> Failed | Done:
+        """Posts each delta as it is made; the last event (`Done` or `Failed`) is the outcome."""
         try:
             model = self._context.holder.module
             self._context.slots.activate(model, self._adapter)
@@ -148,12 +164,15 @@ class GenerationJob(Job):
                     index_base=number * self.params.n,
                 )
         except ApiError as error:  # e.g. the adapter could not be attached again
-            self._post(Failed(error.message))
+            return Failed(error.message)
         except Exception as error:
             log.exception("generation failed")
-            self._post(Failed(f"{type(error).__name__}: {error}"))
-        else:
-            self._post(Done())
+            return Failed(f"{type(error).__name__}: {error}")
+        return Done()
+
+    def deliver(self, outcome: object) -> None:
+        assert isinstance(outcome, Failed | Done)
+        self._events.put_nowait(outcome)
 
     def abandon(self) -> None:
         for index in range(self.choices):
@@ -249,10 +268,11 @@ class Engine:
                 self._current = job
                 self.running += 1
                 try:
-                    await self.in_thread(job.run)
+                    outcome = await self.in_thread(job.run)
                 finally:
                     self.running -= 1
                     self._current = None
+                job.deliver(outcome)
             finally:
                 self._queue.task_done()
 

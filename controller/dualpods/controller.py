@@ -29,6 +29,7 @@ from controller.dualpods.passes import Options, World
 from controller.dualpods.provider_client import ProviderClient
 from controller.dualpods.reconcile import LAUNCHERS, Reconciler
 from controller.dualpods.requester_client import RequesterClient
+from controller.dualpods.requester_tokens import RequesterTokens
 from controller.dualpods.snapshot import BOUND_TO, Caches
 from controller.dualpods.writer import PodWriter
 from controller.events import EventRecorder
@@ -68,6 +69,7 @@ class DualPodsOptions:
     launcher_token: str | None = None  # the bearer token launchers require (E9)
     launcher_token_secret: str | None = None  # the Secret holding it, mounted into launchers we create
     sleeper_limit: int = 1  # direct providers that may sleep on one GPU (FMA's binary default)
+    requester_tokens: RequesterTokens | None = None  # E15: the credential of calls that change requesters
 
 
 def kube_caches(api: client.ApiClient, namespace: str) -> Caches:
@@ -252,7 +254,7 @@ async def run_dual_pods(
         clients = Clients(
             pods=PodWriter(api, namespace),
             launchers=launchers,
-            requesters=RequesterClient(http),
+            requesters=RequesterClient(http, options.requester_tokens),
             servers=ProviderClient(http),
             events=EventRecorder(api, "dual-pods-controller"),
         )
