@@ -41,7 +41,7 @@ class ListedListener(Protocol):
 
 
 class LauncherStreams(Protocol):
-    """The launcher API as the views read it (controller.dualpods.launcher_client.LauncherClient)."""
+    """The launcher API as the views read it (controller.launcher_client.LauncherClient)."""
 
     async def list_instances(self, pod_ip: str, isc_name: str = "") -> AllInstancesState: ...
 
