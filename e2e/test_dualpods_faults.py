@@ -255,7 +255,10 @@ async def launchers_on(env: DualPodsEnv, node: str) -> list[Obj]:
 
 async def test_the_populator_keeps_the_launcher_with_more_sleepers(faults: Faults) -> None:
     env, node = faults.env, faults.node
-    await wait_for(lambda: _count_is(env, node, 1), what="one launcher on the node", within=90)
+    await env.wait_launchers_unbound(within=60)
+    for launcher in await launchers_on(env, node):  # a fresh start: no sleepers left by the tests before
+        await env.delete_pod(launcher["metadata"]["name"])
+    await wait_for(lambda: _empty_and_alone(env, node), what="one fresh launcher on the node", within=90)
     async with requester_set(faults, "warmth", "isc-c") as rs:
         _, first, _ = await serving_pair(env, rs)  # c on the older launcher
         await set_count(env, 2)
@@ -292,6 +295,11 @@ async def test_the_populator_keeps_the_launcher_with_more_sleepers(faults: Fault
 
 async def _count_is(env: DualPodsEnv, node: str, count: int) -> bool:
     return len(await launchers_on(env, node)) == count
+
+
+async def _empty_and_alone(env: DualPodsEnv, node: str) -> bool:
+    found = await launchers_on(env, node)
+    return len(found) == 1 and pods.is_ready(found[0]) and (await env.instances(found[0]))["total_instances"] == 0
 
 
 async def _ready_count_is(env: DualPodsEnv, node: str, count: int) -> bool:
