@@ -21,10 +21,13 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 5.0
 DEFAULT_TIMEOUT_S = 30.0  # FMA's client timeout
-# Seconds each kind of call may take in all. A sleep that takes longer is taken for a hung instance (the
-# unbind then deletes it); a requester answers its SPI at once.
+# Seconds each kind of call may take in all; a requester answers its SPI at once. A sleep or wake moves a
+# model's weights (a large one takes tens of seconds), and our launcher lets a forwarded one take up to
+# 120 s, failing it within seconds when its liveness check finds the instance hung; a sleep that fails or
+# takes longer than this is taken for a hung instance, and the unbind deletes it instead.
 TIMEOUTS_S = {
-    "sleep": 15.0,
+    "sleep": 130.0,
+    "wake": 130.0,
     "list_instances": 10.0,
     "delete_instance": 20.0,
     "get_gpu_uuids": 5.0,
