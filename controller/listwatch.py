@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 BASE_DELAY_S = 0.2
 MAX_DELAY_S = 5.0
+QUIET_FAILURES = 10  # failures in a row logged at debug level (a server still starting), then at info
 # A stream line longer than this is taken for a broken stream (the feed lists again); every object the
 # API server or a launcher can send is far smaller.
 MAX_LINE_BYTES = 64 * 1024 * 1024
@@ -78,21 +79,25 @@ async def list_and_watch(feed: Feed, backoff: Backoff | None = None) -> None:
     """Keep `feed`'s cache current until cancelled."""
     backoff = backoff or Backoff()
     listed = False
+    failures = 0
     while True:
         try:
             if not listed:
                 await feed.list()
                 listed = True
                 backoff.reset()
+            failures = 0
             await feed.watch()
             backoff.reset()
         except Expired as why:
             log.debug("%s: listing again (%s)", feed.name, why)
             listed = False
         except Exception as err:  # a broken connection, a refusal: the next try decides
+            failures += 1
             delay = await backoff.wait()
-            log.info("%s: %s failed (%s); retried after %.1f s", feed.name, "watch" if listed else "list",
-                     err or type(err).__name__, delay)  # fmt: skip
+            level = logging.DEBUG if failures <= QUIET_FAILURES else logging.INFO
+            log.log(level, "%s: %s failed %d times (%s); retried after %.1f s", feed.name,
+                    "watch" if listed else "list", failures, err or type(err).__name__, delay)  # fmt: skip
 
 
 async def lines(stream: aiohttp.StreamReader, silence_s: float | None) -> AsyncIterator[bytes]:
