@@ -19,7 +19,9 @@ from controller import pods
 from e2e.chart import InstalledControllers
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import install_crds
+from e2e.model_cache import cache_root
 from e2e.waiting import wait_for
+from scripts.images import catalogue
 
 Obj = dict[str, Any]
 MODELS_MOUNT = "/models"
@@ -50,6 +52,16 @@ class Images:
 
 
 PROCESSES = Images(launcher="dualpods/launcher", requester="dualpods/requester")
+
+
+def built_images() -> Images:
+    """The images `make images` builds, launchers seeing the tiny models' cache at /models."""
+    return Images(
+        launcher=catalogue.LAUNCHER_CPU.reference,
+        requester=catalogue.REQUESTER.reference,
+        controller=catalogue.CONTROLLER.reference,
+        models_dir=cache_root() / "models",
+    )
 
 
 class DualPodsEnv:

@@ -55,8 +55,8 @@ def image() -> str:
 
 def require_oci(cluster: LoopbackCluster) -> None:
     """The session's kubelet found podman when it started (`make test` builds the images first)."""
-    log = (cluster.state_dir / "logs" / "kubelet.log").read_text()
-    assert oci.ENABLED_MESSAGE in log, "podman was not installed when the kubelet started: run `make images`"
+    kubelet_log = cluster.state_dir / "logs" / "kubelet.log"
+    assert oci.enabled_in(kubelet_log), "podman was not installed when the kubelet started: run `make images`"
 
 
 def server_container(image: str, **extra: Any) -> dict[str, Any]:

@@ -24,9 +24,8 @@ from kubernetes_asyncio import client
 from e2e.actuation import Actuation, actuate, release
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.cluster.ports import free_port
-from e2e.dualpods_env import DualPodsEnv, Images, Obj, installed
+from e2e.dualpods_env import DualPodsEnv, Obj, built_images, installed
 from e2e.kubelet import oci
-from e2e.model_cache import cache_root
 from e2e.test_dualpods_runtimes import chat, served_models
 from e2e.tiny_model import ensure_tiny_model
 from scripts.images import catalogue, tools
@@ -151,15 +150,6 @@ MODELS = {"model-a": (1, 8005), "model-b": (2, 8006)}
 RS = "swap"
 
 
-def real_images() -> Images:
-    return Images(
-        launcher=catalogue.LAUNCHER_CPU.reference,
-        requester=catalogue.REQUESTER.reference,
-        controller=catalogue.CONTROLLER.reference,
-        models_dir=cache_root() / "models",
-    )
-
-
 def runs_in_a_container(pod: Obj) -> bool:
     statuses = pod["status"].get("containerStatuses") or []
     return bool(statuses) and all(s.get("containerID", "").startswith(oci.CONTAINER_ID_SCHEME) for s in statuses)
@@ -179,7 +169,7 @@ async def test_the_chart_with_real_images_swaps_models(
     images: None, cluster: LoopbackCluster, api: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
     models = {name: ensure_tiny_model(seed) for name, (seed, _) in MODELS.items()}
-    async with installed(cluster, api, namespace, tmp_path, images=real_images()) as env:
+    async with installed(cluster, api, namespace, tmp_path, images=built_images()) as env:
         controllers = await env.controllers.pods("dual-pods-controller")
         assert all(runs_in_a_container(api.sanitize_for_serialization(p)) for p in controllers)
         await env.create_launcher_config("lc", max_instances=2, launcher_args=[])

@@ -45,6 +45,11 @@ def podman_available() -> bool:
     return shutil.which("podman") is not None
 
 
+def enabled_in(kubelet_log: Path) -> bool:
+    """Whether the kubelet that wrote `kubelet_log` runs local images as OCI containers (it found podman)."""
+    return kubelet_log.is_file() and ENABLED_MESSAGE in kubelet_log.read_text(errors="replace")
+
+
 def owner_id(state_dir: Path) -> str:
     """The label value of one kubelet's containers: its state directory, hashed."""
     return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
