@@ -20,6 +20,8 @@ from kubernetes_asyncio import client
 
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.kubelet import oci
+from e2e.kubelet.config import KubeletConfig
+from e2e.kubelet.logs import container_log
 from e2e.test_loopback_cluster import get_json, is_running_and_ready, pod_manifest, wait_pod
 from e2e.waiting import wait_for
 from scripts.images import rootfs, tools
@@ -146,7 +148,10 @@ async def test_restarts_probes_and_grace_as_the_process_runtime(
     last = pod.status.container_statuses[0].last_state.terminated
     assert last.exit_code == 128 + signal.SIGKILL, "SIGTERM was ignored, SIGKILL ended it after the grace period"
     assert (last.finished_at - last.started_at).total_seconds() >= 2
-    assert "got signal 15" in cluster.container_log(pod, "web", previous=True)
+    logs_dir = KubeletConfig.load(cluster.kubelet_dir / "config.yaml").logs_dir
+    meta = pod.metadata
+    first_run = container_log(logs_dir, meta.namespace, meta.name, meta.uid, "web", restart=0).read_text()
+    assert "got signal 15" in first_run
     events = await core.list_namespaced_event(namespace)
     assert any(e.reason == "Unhealthy" and "Liveness" in e.message for e in events.items)
     await core.delete_namespaced_pod("restarting", namespace, grace_period_seconds=0)
