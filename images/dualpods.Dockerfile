@@ -13,13 +13,6 @@ ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS component
 ARG COMPONENT
-ARG VERSION=0.1.0
-ARG SOURCE=""
-LABEL org.opencontainers.image.title="dualpods-${COMPONENT}" \
-      org.opencontainers.image.description="dualpods ${COMPONENT}: fast LLM model swapping on Kubernetes" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.source="${SOURCE}" \
-      org.opencontainers.image.licenses="Apache-2.0"
 # The dependencies first, in a layer of their own: it changes only with the lock file, not with our code.
 COPY requirements/${COMPONENT}.txt /opt/dualpods/requirements.txt
 RUN --mount=type=bind,source=wheelhouse,target=/wheels \
@@ -37,6 +30,14 @@ RUN --mount=type=bind,source=dist,target=/dist \
  && /opt/dualpods/bin/pip uninstall --yes --quiet pip \
  && useradd --uid 65532 --gid 0 --create-home --home-dir /home/dualpods --shell /usr/sbin/nologin dualpods \
  && chmod -R g+rwX /home/dualpods
+# Declared after the installs: a build argument changes every layer below it that runs a command.
+ARG VERSION=0.1.0
+ARG SOURCE=""
+LABEL org.opencontainers.image.title="dualpods-${COMPONENT}" \
+      org.opencontainers.image.description="dualpods ${COMPONENT}: fast LLM model swapping on Kubernetes" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="Apache-2.0"
 ENV PATH=/opt/dualpods/bin:$PATH HOME=/home/dualpods PYTHONUNBUFFERED=1
 # The working directory of FMA's launcher entry points (launcher.py), for images that add them later.
 WORKDIR /app

@@ -10,13 +10,7 @@ ARG BASE_IMAGE=vllm/vllm-openai:v0.32.0
 
 FROM ${BASE_IMAGE}
 ARG VERSION=0.1.0
-ARG SOURCE=""
 ARG PIP_NO_INDEX=1
-LABEL org.opencontainers.image.title="dualpods-launcher-gpu" \
-      org.opencontainers.image.description="dualpods launcher on vLLM's image: fast LLM model swapping on Kubernetes" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.source="${SOURCE}" \
-      org.opencontainers.image.licenses="Apache-2.0"
 # dist/SHA256SUMS names the wheel this layer installs, so the layer is rebuilt when the wheel changes.
 COPY dist/SHA256SUMS /opt/dualpods/SHA256SUMS
 RUN --mount=type=bind,source=wheelhouse,target=/wheels --mount=type=bind,source=dist,target=/dist \
@@ -25,6 +19,13 @@ RUN --mount=type=bind,source=wheelhouse,target=/wheels --mount=type=bind,source=
       "dualpods[launcher-gpu]==${VERSION}" \
  && useradd --uid 65532 --gid 0 --create-home --home-dir /home/dualpods --shell /usr/sbin/nologin dualpods \
  && chmod -R g+rwX /home/dualpods
+# After the install: a build argument changes every layer below it that runs a command.
+ARG SOURCE=""
+LABEL org.opencontainers.image.title="dualpods-launcher-gpu" \
+      org.opencontainers.image.description="dualpods launcher on vLLM's image: fast LLM model swapping on Kubernetes" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.source="${SOURCE}" \
+      org.opencontainers.image.licenses="Apache-2.0"
 # No usage reports; torch inductor and vLLM keep their caches under $HOME (getpass needs USER under arbitrary UIDs).
 ENV HOME=/home/dualpods USER=dualpods PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 WORKDIR /app
