@@ -79,7 +79,12 @@ def crd(kind: type[CustomResource], converter: StructuralConverter) -> dict[str,
         **{name: model["properties"][name] for name in ("spec", "status")},
     }
     definitions = model.pop("$defs", {})
-    root = {**model, "properties": properties, "required": ["spec"]}
+    # As in FMA: `spec` is required where the model has no default for it (a LauncherPopulationPolicy's is optional).
+    root = {
+        **model,
+        "properties": properties,
+        "required": [name for name in ("spec",) if name in model.get("required", [])],
+    }
     resource = kind.RESOURCE
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
