@@ -6,6 +6,7 @@ from api.keys import ADMIN_PORT_ANNOTATION, DEFAULT_ADMIN_PORT
 from controller import pods
 
 from .http import HttpCaller, HttpError
+from .metrics import Purpose
 
 
 class RequesterError(Exception):
@@ -23,7 +24,9 @@ class RequesterClient:
 
     async def gpu_uuids(self, requester: pods.Pod, isc_name: str) -> list[str]:
         url = self._url(requester, "/v1/dual-pods/accelerators")
-        reply = await self._http.call("get_gpu_uuids", "GET", url, isc_name=isc_name, requester=pods.name(requester))
+        reply = await self._http.call(
+            Purpose.GET_GPU_UUIDS, "GET", url, isc_name=isc_name, requester=pods.name(requester)
+        )
         if not reply.ok:
             raise RequesterError(f"the requester's GPU query failed: {reply.status} {reply.body}")
         if not isinstance(reply.body, list) or not all(isinstance(u, str) for u in reply.body):
@@ -34,7 +37,7 @@ class RequesterClient:
         """MiB in use on each of the requester's GPUs."""
         url = self._url(requester, "/v1/dual-pods/accelerator-memory-usage")
         body: Any = await self._http.expect_ok(
-            "get_accel_memory_usage", "GET", url, isc_name=isc_name, requester=pods.name(requester)
+            Purpose.GET_ACCEL_MEMORY_USAGE, "GET", url, isc_name=isc_name, requester=pods.name(requester)
         )
         return {str(k): int(v) for k, v in body.items()}
 
@@ -43,7 +46,7 @@ class RequesterClient:
         own, 0.6) answers 404 and is left as it is."""
         url = self._url(requester, "/v1/proxy/config")
         body = {"address": address, "port": port}
-        reply = await self._http.call("configure_proxy", "PUT", url, body=body, isc_name=isc_name,
+        reply = await self._http.call(Purpose.CONFIGURE_PROXY, "PUT", url, body=body, isc_name=isc_name,
                                       requester=pods.name(requester))  # fmt: skip
         if reply.status in (404, 405):
             return
@@ -51,7 +54,9 @@ class RequesterClient:
             raise RequesterError(f"the requester's proxy refused its provider {address}:{port}: {reply.body}")
 
     async def relay_readiness(self, requester: pods.Pod, ready: bool, isc_name: str) -> None:
-        path, purpose = ("/v1/become-ready", "relay_ready") if ready else ("/v1/become-unready", "relay_unready")
+        path, purpose = (
+            ("/v1/become-ready", Purpose.RELAY_READY) if ready else ("/v1/become-unready", Purpose.RELAY_UNREADY)
+        )
         try:
             await self._http.expect_ok(purpose, "POST", self._url(requester, path), isc_name=isc_name,
                                        requester=pods.name(requester))  # fmt: skip
