@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any, Final
 
+from scripts.generated_file import write_or_check
+
 OUT: Final = Path(__file__).resolve().parents[1] / "controller" / "pod_go_types.json"
 VERSION: Final = "v0.34.10"
 PACKAGES: Final = {
@@ -142,15 +144,7 @@ def main(argv: list[str]) -> int:
     if len(paths) != 1:
         print(__doc__, file=sys.stderr)
         return 2
-    text = render(Path(paths[0]))
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is out of date: run `python -m scripts.pod_go_types SRC`", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(OUT)
-    return 0
+    return write_or_check(OUT, render(Path(paths[0])), "--check" in argv, "python -m scripts.pod_go_types SRC")
 
 
 if __name__ == "__main__":
