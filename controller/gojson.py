@@ -33,7 +33,14 @@ _NEEDS_ESCAPE: Final = re.compile('["\\\\\x00-\x1f<>&\u2028\u2029\ud800-\udfff]'
 
 
 class GoTypeError(ValueError):
-    """A value Go could not decode into its type (a string where a number belongs, ...)."""
+    """A value Go could not decode into its type (a string where a number belongs, ...), and where it is."""
+
+    def __init__(self, problem: str, path: tuple[str, ...] = ()) -> None:
+        super().__init__(f"{'.'.join(path)}: {problem}" if path else problem)
+        self.problem, self.path = problem, path
+
+    def within(self, field: str) -> "GoTypeError":
+        return GoTypeError(self.problem, (field, *self.path))
 
 
 def _escape(char: str) -> str:
@@ -146,7 +153,10 @@ def _struct(value: dict[str, Any], layout: list[list[str]]) -> dict[str, Any]:
         if "i" in flags:
             out.update(_typed(value, go_type))
             continue
-        encoded = _typed(value.get(name, _MISSING), go_type)
+        try:
+            encoded = _typed(value.get(name, _MISSING), go_type)
+        except GoTypeError as err:
+            raise err.within(name) from None
         if ("o" in flags and _empty(encoded, go_type)) or ("z" in flags and _zero(encoded, go_type)):
             continue
         out[name] = encoded

@@ -128,7 +128,10 @@ def node_independent_pod(config: LauncherConfig, token_secret: str | None = None
             }
         ],
     }
-    digest = template_hash(metadata, canonical)
+    try:
+        digest = template_hash(metadata, canonical)
+    except gojson.GoTypeError as err:
+        raise TemplateError(f"LauncherConfig {name}: podTemplate is not a Pod template: {err}") from None
     spec = copy.deepcopy(canonical)
     containers = spec.get("containers") or []
     launcher = next((c for c in containers if c.get("name") == keys.INFERENCE_SERVER_CONTAINER), None)

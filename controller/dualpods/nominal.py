@@ -42,6 +42,8 @@ def nominal_provider(requester: pods.Pod, node: str, indices: list[str], gpus: l
         pod = apply_strategic_merge_patch(base_pod(requester), patch, pod_schema())
     except (TemplateError, PatchYAMLError, StrategicMergePatchError) as err:
         raise NominalError(f"the server patch: {err}") from None
+    except gojson.GoTypeError as err:
+        raise NominalError(f"the requester is not a Pod as Go reads one: {err}") from None
     digest = nominal_hash(pod, indices, node)
     if unknown := pod_schema().unknown_fields(pod):
         raise NominalError("strict decoding error: " + ", ".join(f'unknown field "{field}"' for field in unknown))
