@@ -16,6 +16,18 @@ INSTANCES_PATH: Final = "/v2/vllm/instances"
 WATCH_HEARTBEAT_S: Final = 5.0
 WATCH_SILENCE_TIMEOUT_S: Final = 20.0
 
+# The longest line the watch stream sends, its newline included: what any NDJSON reader must accept (64 KiB
+# is also the default limit of Go's bufio.Scanner). The launcher refuses at create time any instance whose
+# events could be longer, with these bounds on what a create carries, each measured as the field's compact
+# JSON encoding, as it appears in the events; with the launcher's own fields they sum to less.
+MAX_EVENT_BYTES: Final = 64 * 1024
+MAX_OPTIONS_BYTES: Final = 16 * 1024
+# `effective_options`: the options as the launcher quotes them (shlex), plus the flags it adds.
+MAX_EFFECTIVE_OPTIONS_BYTES: Final = 20 * 1024
+MAX_ENV_VARS_BYTES: Final = 12 * 1024  # CUDA_VISIBLE_DEVICES as the launcher sets it included
+MAX_ANNOTATIONS_BYTES: Final = 8 * 1024
+MAX_GPU_UUIDS_BYTES: Final = 2 * 1024
+
 
 class ErrorReason(StrEnum):
     """Machine-readable cause of a launcher error, in the `reason` field beside FMA's `detail`.
@@ -23,24 +35,34 @@ class ErrorReason(StrEnum):
     Clients switch on it instead of searching the message."""
 
     ALREADY_EXISTS = "AlreadyExists"  # 409: an instance with this ID exists
-    PORT_IN_USE = "PortInUse"  # 409: another instance serves on the port
-    NOT_FOUND = "NotFound"  # 404
-    UNKNOWN_GPU = "UnknownGPU"  # a gpu_uuids entry this node does not have
+    PORT_IN_USE = "PortInUse"  # 409: another instance, or another process on this host, holds the port
+    NOT_FOUND = "NotFound"  # 404: no such instance (or route)
+    UNKNOWN_GPU = "UnknownGPU"  # 400: a gpu_uuids entry this node does not have
     INVALID_OPTIONS = "InvalidOptions"  # 400: the model-server options are refused before the fork
-    INVALID_BODY = "InvalidBody"  # 400/422: the body or a query parameter is malformed
+    INVALID_BODY = "InvalidBody"  # 400/413/422: the body, a header or a query parameter is malformed
     NOT_RUNNING = "NotRunning"  # 409: sleep or wake of a stopped instance
-    REVISION_GONE = "RevisionGone"  # 410: `since` is outside the launcher's event history
+    NOT_READY = "NotReady"  # 409: sleep or wake of an instance still starting; retry once it is ready
+    REVISION_GONE = "RevisionGone"  # 410: `since` is outside the launcher's event history (or ahead of it)
     UNAUTHORIZED = "Unauthorized"  # 401
-    BACKEND_FAILED = "BackendFailed"  # 502: the instance's own server failed a forwarded call
+    METHOD_NOT_ALLOWED = "MethodNotAllowed"  # 405
+    BACKEND_FAILED = "BackendFailed"  # 502: the instance's own server failed a forwarded call, or died in it
+    BACKEND_TIMEOUT = "BackendTimeout"  # 504: the instance did not answer a forwarded call in time
     INTERNAL = "Internal"  # 500
+
+
+class ErrorBody(BaseModel):
+    """Every error answer of the launcher (but a 416, which has no body, as in FMA)."""
+
+    detail: str  # FMA's field: what is wrong, for people
+    reason: ErrorReason  # for programs
 
 
 class StopReason(StrEnum):
     """Why an instance stopped without being asked to (the STOPPED event and the state carry it)."""
 
-    EXITED = "Exited"  # its server process exited by itself
-    ENGINE_DIED = "EngineDied"  # a process of its tree (e.g. vLLM's engine core) died; the rest was killed
-    UNRESPONSIVE = "Unresponsive"  # its /health stopped answering in time; it was killed
+    EXITED = "Exited"  # its server process exited by itself (its engine processes alive until then)
+    ENGINE_DIED = "EngineDied"  # a process of its tree that it needs (vLLM's engine core) died; all was killed
+    UNRESPONSIVE = "Unresponsive"  # its /health failed or timed out too many times in a row; it was killed
     WAKE_CHECK_FAILED = "WakeCheckFailed"  # after a wake it no longer answered its recorded probe; killed
 
 

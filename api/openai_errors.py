@@ -8,6 +8,7 @@ and shows `message`, so every refusal says why in words.
 from http import HTTPStatus
 
 from aiohttp import web
+from pydantic import BaseModel
 
 
 class ApiError(Exception):
@@ -38,3 +39,16 @@ class ApiError(Exception):
 
     def response(self) -> web.Response:
         return web.json_response(self.payload(), status=self.status, headers=self.headers)
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int | str | None = None
+
+
+class ErrorBody(BaseModel):
+    """The body of every `ApiError` (for OpenAPI documents)."""
+
+    error: ErrorDetail

@@ -125,7 +125,12 @@ def main() -> None:
         standin = start(["standin", "--port", str(backend_port), "--model", "bench"], work_dir, "standin")
         running.callback(stop, standin)
         ports = ["--spi-port", str(spi_port), "--probes-port", str(probes_port), "--proxy-port", str(proxy_port)]
-        requester = start(["requester", "--host", HOST, *ports, "--gpu-source", "env"], work_dir, "requester")
+        requester = start(
+            # The SPI is open: this measures the proxy; E15's token check is on the SPI only, never per request.
+            ["requester", "--host", HOST, *ports, "--gpu-source", "env", "--spi-auth", "none"],
+            work_dir,
+            "requester",
+        )
         running.callback(stop, requester)  # stopped first
         wait_answering(f"http://{HOST}:{backend_port}/health", standin)
         wait_answering(f"http://{HOST}:{spi_port}/metrics", requester)

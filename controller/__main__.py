@@ -15,6 +15,7 @@ import socket
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
@@ -22,6 +23,9 @@ from prometheus_client import CollectorRegistry
 from controller.kube import api_client
 from controller.leader import LeaderElection, LostLeadership
 from controller.serving import serve_metrics
+
+if TYPE_CHECKING:
+    from controller.dualpods.requester_tokens import RequesterTokens
 
 log = logging.getLogger("controller")
 Run = Callable[[], Awaitable[None]]
@@ -38,8 +42,23 @@ def build_dual_pods(
         launcher_token=token,
         launcher_token_secret=args.launcher_token_secret,
         sleeper_limit=args.sleeper_limit,
+        requester_tokens=requester_tokens(api, args),
     )
     return DualPodsController(api, args.namespace, options, registry).run
+
+
+def requester_tokens(api: client.ApiClient, args: argparse.Namespace) -> "RequesterTokens | None":
+    """E15: the controller's credential towards requesters, tokens of --requester-token-service-account
+    (bound to this replica's Pod when POD_NAME and POD_UID say which it is)."""
+    from controller.dualpods.requester_tokens import BoundPod, RequesterTokens
+
+    if not args.requester_token_service_account:
+        log.warning("--requester-token-service-account is not set: calls that change requesters carry no "
+                    "credential, and requesters that authenticate them (the default) will refuse them")  # fmt: skip
+        return None
+    pod_name, pod_uid = os.environ.get("POD_NAME"), os.environ.get("POD_UID")
+    bound = BoundPod(pod_name, pod_uid) if pod_name and pod_uid else None
+    return RequesterTokens(api, args.namespace, args.requester_token_service_account, bound)
 
 
 def build_populator(
@@ -73,6 +92,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         command.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
         command.add_argument("--launcher-token-secret", help="Secret with the launchers' bearer token (E9)")
     dual_pods.add_argument("--launcher-token-file", help="file holding the launchers' bearer token (E9)")
+    dual_pods.add_argument(
+        "--requester-token-service-account",
+        help="E15: the ServiceAccount (in --namespace; the controller's own) whose short-lived tokens, one per "
+        "requester audience, authenticate the calls that change requesters; the controller needs `create` on "
+        "its serviceaccounts/token (default: none, and such calls carry no credential)",
+    )
     dual_pods.add_argument(
         "--sleeper-limit", type=int, default=1, help="direct providers that may sleep on one GPU (FMA's default: 1)"
     )

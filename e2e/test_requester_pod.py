@@ -1,7 +1,9 @@
 """A server-requesting Pod on the loopback cluster runs the real requester under FMA's image name.
 
 The kubelet assigns it a fake GPU through NVIDIA_VISIBLE_DEVICES; the requester reports exactly
-that GPU on its SPI, and the readiness it is told over the SPI becomes the Pod's Ready condition.
+that GPU on its SPI, and the readiness it is told over the SPI becomes the Pod's Ready condition. The
+readiness calls carry a controller ServiceAccount's token for this Pod's audience (E15), which the
+requester checks with a TokenReview using its Pod's own ServiceAccount files, as in any cluster.
 """
 
 import ipaddress
@@ -13,6 +15,7 @@ import psutil
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from api.requester import bearer, requester_audience
 from e2e.cluster.cluster import LoopbackCluster, pod_is_ready
 from e2e.waiting import wait_for
 
@@ -46,9 +49,28 @@ def requester_pod(name: str) -> dict[str, Any]:
     }
 
 
-async def http(method: str, url: str) -> tuple[int, str]:
-    async with aiohttp.ClientSession() as session, session.request(method, url) as response:
+async def http(method: str, url: str, token: str | None = None) -> tuple[int, str]:
+    headers = bearer(token) if token else None
+    async with aiohttp.ClientSession() as session, session.request(method, url, headers=headers) as response:
         return response.status, await response.text()
+
+
+async def controller_token(api: client.ApiClient, namespace: str, pod: str) -> str:
+    """What the chart sets up for E15, by hand: a controller ServiceAccount (trusted by the requester's
+    default, `*-fma-controllers`) with a token for the Pod's audience, and TokenReviews allowed to the
+    namespace's default ServiceAccount, which the Pod runs as."""
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    await core.create_namespaced_service_account(namespace, {"metadata": {"name": "test-fma-controllers"}})
+    await rbac.create_cluster_role_binding({
+        "metadata": {"name": f"{namespace}-tokenreview"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:auth-delegator"},
+        "subjects": [{"kind": "ServiceAccount", "name": "default", "namespace": namespace}],
+    })  # fmt: skip
+    spec = client.V1TokenRequestSpec(audiences=[requester_audience(namespace, pod)], expiration_seconds=600)
+    answer = await core.create_namespaced_service_account_token(
+        "test-fma-controllers", namespace, client.AuthenticationV1TokenRequest(spec=spec)
+    )
+    return str(answer.status.token)
 
 
 async def unready_probes(spi: str) -> float:
@@ -62,6 +84,7 @@ async def test_requester_pod_reports_its_gpu_and_relays_readiness(
     api: client.ApiClient, namespace: str, cluster: LoopbackCluster
 ) -> None:
     core = client.CoreV1Api(api)
+    token = await controller_token(api, namespace, "requester")
     await core.create_namespaced_pod(namespace, requester_pod("requester"))
 
     async def running() -> client.V1Pod | None:
@@ -87,14 +110,18 @@ async def test_requester_pod_reports_its_gpu_and_relays_readiness(
     status, body = await http("GET", f"{spi}/v1/dual-pods/accelerator-memory-usage")
     assert (status, json.loads(body)) == (200, {uuids[0]: 0})
 
+    # Only the controller may tell it: without the token, nothing changes.
+    status, body = await http("POST", f"{spi}/v1/become-ready")
+    assert (status, json.loads(body)["reason"]) == (401, "Unauthenticated")
+
     # The readiness told over the SPI becomes the Pod's Ready condition, both ways.
-    assert await http("POST", f"{spi}/v1/become-ready") == (200, "OK\n")
+    assert await http("POST", f"{spi}/v1/become-ready", token) == (200, "OK\n")
 
     async def pod_ready(wanted: bool) -> bool:
         return pod_is_ready(await core.read_namespaced_pod("requester", namespace)) == wanted
 
     await wait_for(lambda: pod_ready(True), what="the Pod to become Ready", within=30)
-    assert await http("POST", f"{spi}/v1/become-unready") == (200, "OK\n")
+    assert await http("POST", f"{spi}/v1/become-unready", token) == (200, "OK\n")
     await wait_for(lambda: pod_ready(False), what="the Pod to become unready", within=30)
 
     # Its log lines carry the requester's name (the Pod's host name, as POD_NAME is not set).
@@ -113,3 +140,4 @@ async def test_requester_pod_reports_its_gpu_and_relays_readiness(
         return False
 
     await wait_for(gone, what="the requester Pod to be deleted", within=GRACE_SECONDS / 3)
+    await client.RbacAuthorizationV1Api(api).delete_cluster_role_binding(f"{namespace}-tokenreview")

@@ -9,6 +9,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -19,12 +20,25 @@ from . import gpus, process_control
 from .app import build_app
 from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES
 from .events import HISTORY_SIZE, EventLog
-from .instances import InstanceManager
+from .instances import InstanceManager, ManagerSettings
+from .liveness import LivenessPolicy
 from .metrics import LauncherMetrics
 from .runtimes import Runtime, StandInRuntime, TransformersRuntime, VllmRuntime
 
 log = logging.getLogger("launcher")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+DEFAULT_LIVENESS = LivenessPolicy()
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        value = kind(raw)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be positive, not {raw}")
+        return value
+
+    parse.__name__ = kind.__name__  # what argparse names in its "invalid ... value" message
+    return parse
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,7 +72,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--stop-grace-seconds", type=float, default=10.0)
     parser.add_argument(
-        "--watch-history", type=int, default=HISTORY_SIZE, help="events kept for watchers resuming with ?since="
+        "--watch-history",
+        type=_positive(int),
+        default=HISTORY_SIZE,
+        help="events kept for watchers resuming with ?since=",
+    )
+    liveness = parser.add_argument_group(
+        "liveness", "after its first ready, an instance whose /health fails this many times in a row is killed"
+    )
+    liveness.add_argument(
+        "--health-interval-seconds", type=_positive(float), default=DEFAULT_LIVENESS.health_interval_s
+    )
+    liveness.add_argument("--health-timeout-seconds", type=_positive(float), default=DEFAULT_LIVENESS.health_timeout_s)
+    liveness.add_argument("--health-failure-threshold", type=_positive(int), default=DEFAULT_LIVENESS.failure_threshold)
+    parser.add_argument(
+        "--backend-timeout-seconds",
+        type=_positive(float),
+        default=ManagerSettings.backend_timeout_seconds,
+        help="the most a sleep or wake forwarded to an instance may take (one that hangs fails sooner)",
     )
     parser.add_argument(
         "--cpu-kv-cache-bytes",
@@ -116,16 +147,18 @@ def main(argv: list[str] | None = None) -> None:
     state_dir.mkdir(parents=True, exist_ok=True)
     inventory = gpus.inventory(args.mock_gpus, os.environ.get("NODE_NAME"), os.environ.get("NAMESPACE"))
     log.info("GPUs come from %s", inventory.source)
-    manager = InstanceManager(
-        runtimes,
-        inventory,
-        metrics,
-        EventLog(args.watch_history),
-        args.host,
-        state_dir,
-        args.stop_grace_seconds,
-        args.cpu_kv_cache_bytes,
+    settings = ManagerSettings(
+        host=args.host,
+        port=args.port,
+        state_dir=state_dir,
+        stop_grace_seconds=args.stop_grace_seconds,
+        cpu_kv_cache_bytes=args.cpu_kv_cache_bytes,
+        liveness=LivenessPolicy(
+            args.health_interval_seconds, args.health_timeout_seconds, args.health_failure_threshold
+        ),
+        backend_timeout_seconds=args.backend_timeout_seconds,
     )
+    manager = InstanceManager(runtimes, inventory, metrics, EventLog(args.watch_history), settings)
     app = build_app(manager, token)
 
     async def reap_children(app: web.Application) -> None:

@@ -1,10 +1,11 @@
 """The launcher's HTTP API (aiohttp): FMA's `/v2/vllm/instances` routes plus sleep/wake (E1).
 
 A thin layer: each handler parses its input, calls the instance manager, and serializes the
-result; errors become `{"detail": ...}` bodies with the status their exception names.
+result; errors become `{"detail": ..., "reason": ...}` bodies with the status and reason their
+exception names. A watch stream that has nothing to send sends an empty line every
+WATCH_HEARTBEAT_S, so both ends can tell a quiet stream from a dead connection.
 """
 
-import contextlib
 import hmac
 import logging
 from collections.abc import Awaitable, Callable
@@ -13,9 +14,18 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
-from api.launcher import INSTANCES_PATH, EventType, Health, Index, VllmConfig, WatchEvent
+from api.launcher import (
+    INSTANCES_PATH,
+    WATCH_HEARTBEAT_S,
+    ErrorBody,
+    ErrorReason,
+    EventType,
+    Health,
+    Index,
+    VllmConfig,
+)
 
-from .errors import BadRequest, LauncherError, RangeNotSatisfiable, Unauthorized, Unprocessable
+from .errors import BadRequest, LauncherError, PayloadTooLarge, RangeNotSatisfiable, Unauthorized, Unprocessable
 from .instances import InstanceManager
 from .logs import log_size, read_range, resolve_range
 
@@ -26,14 +36,20 @@ MANAGER = web.AppKey("manager", InstanceManager)
 TOKEN = web.AppKey("token", str)
 CHUNK_BYTES = 64 * 1024
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
+HEARTBEAT = b"\n"
+# The reasons of the errors aiohttp itself raises (unknown routes, methods, oversized bodies).
+HTTP_REASONS = {404: ErrorReason.NOT_FOUND, 405: ErrorReason.METHOD_NOT_ALLOWED}
 
 
 def json_response(model: BaseModel, status: int = 200) -> web.Response:
     return web.Response(text=model.model_dump_json(exclude_none=True), status=status, content_type="application/json")
 
 
-def error_response(status: int, detail: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"detail": detail}, status=status, headers=headers)
+def error_response(
+    status: int, detail: str, reason: ErrorReason, headers: dict[str, str] | None = None
+) -> web.Response:
+    body = ErrorBody(detail=detail, reason=reason).model_dump_json()
+    return web.Response(text=body, status=status, headers=headers, content_type="application/json")
 
 
 @web.middleware
@@ -52,12 +68,14 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
     except RangeNotSatisfiable as err:
         return web.Response(status=err.status, headers={"Content-Range": f"bytes */{err.total}"})
     except LauncherError as err:
-        return error_response(err.status, err.message, err.headers)
+        return error_response(err.status, err.message, err.reason, err.headers)
     except web.HTTPException as err:
-        return error_response(err.status, err.reason)
+        reason = HTTP_REASONS.get(err.status, ErrorReason.INVALID_BODY if err.status < 500 else ErrorReason.INTERNAL)
+        headers = {"Allow": err.headers["Allow"]} if "Allow" in err.headers else None
+        return error_response(err.status, err.reason, reason, headers)
     except Exception as err:  # a bug must not take the API down; say what happened
         log.exception("%s %s failed", request.method, request.path)
-        return error_response(500, f"internal error: {err!r}")
+        return error_response(500, f"internal error: {err!r}", ErrorReason.INTERNAL)
 
 
 @web.middleware
@@ -70,17 +88,14 @@ async def require_token(request: web.Request, handler: Handler) -> web.StreamRes
     return await handler(request)
 
 
-def _query_int(request: web.Request, name: str, default: int | None = None) -> int | None:
+def _query_int(request: web.Request, name: str) -> int | None:
     raw = request.query.get(name)
     if raw is None:
-        return default
+        return None
     try:
-        value = int(raw)
+        return int(raw)
     except ValueError:
         raise BadRequest(f"query parameter {name}={raw!r} is not an integer") from None
-    if value < 0:
-        raise BadRequest(f"query parameter {name}={raw!r} must not be negative")
-    return value
 
 
 def _query_bool(request: web.Request, name: str, default: bool) -> bool:
@@ -95,7 +110,10 @@ def _query_bool(request: web.Request, name: str, default: bool) -> bool:
 
 
 async def _vllm_config(request: web.Request) -> VllmConfig:
-    body = await request.read()
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge as err:
+        raise PayloadTooLarge(err.text or "the body is too large") from None
     try:
         return VllmConfig.model_validate_json(body)
     except ValidationError as err:
@@ -157,9 +175,9 @@ async def delete_all_instances(request: web.Request) -> web.Response:
 
 
 async def sleep_instance(request: web.Request) -> web.Response:
-    level = _query_int(request, "level", default=1)
-    assert level is not None
-    return json_response(await _manager(request).sleep(request.match_info["instance_id"], level))
+    level = _query_int(request, "level")
+    instance_id = request.match_info["instance_id"]
+    return json_response(await _manager(request).sleep(instance_id, 1 if level is None else level))
 
 
 async def wake_instance(request: web.Request) -> web.Response:
@@ -191,19 +209,28 @@ async def instance_log(request: web.Request) -> web.StreamResponse:
 async def watch_instances(request: web.Request) -> web.StreamResponse:
     manager = _manager(request)
     since = _query_int(request, "since")
+    events = manager.events
     if since is None:
-        initial = [WatchEvent(type=EventType.CREATED, object=state) for state in manager.snapshot()]
+        initial = [events.event(EventType.CREATED, state) for state in manager.snapshot()]
     else:
-        initial = manager.events.replay_since(since)
-    stream = manager.events.subscribe(initial)
+        initial = events.replay_since(since)
+    subscription = events.subscribe(initial)
     response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "X-Content-Type-Options": "nosniff"})
-    async with contextlib.aclosing(stream):
+    try:
         await response.prepare(request)
-        try:
-            async for event in stream:
-                await response.write(event.model_dump_json(exclude_none=True).encode() + b"\n")
-        except ConnectionResetError:
-            pass  # the watcher went away
+        while True:
+            try:
+                event = await subscription.next(WATCH_HEARTBEAT_S)
+            except TimeoutError:
+                await response.write(HEARTBEAT)
+                continue
+            if event is None:
+                break
+            await response.write(event.model_dump_json(exclude_none=True).encode() + b"\n")
+    except ConnectionResetError:
+        pass  # the watcher went away
+    finally:
+        subscription.close()
     return response
 
 

@@ -1,12 +1,16 @@
-"""The launcher's event log: a revision counter, a bounded history and live watchers.
+"""The launcher's event log: a boot ID, a revision counter, a bounded history and live watchers.
 
-A watcher that resumes with `since=N` gets every event after revision N, or `Gone` when some of
-those events have already left the history, so it knows it must re-list (as Kubernetes watches do).
+Revisions count from 1 in each launcher process, which a fresh boot ID (a UUID) names; every event
+carries it, so a client that sees a new one knows the revisions it holds belong to a launcher that is
+gone. A watcher that resumes with `since=N` gets every event after revision N, or `Gone` when some of
+those events have already left the history, or when N is not a revision this process has reached
+(a negative one, or one ahead of it: the client's launcher restarted), so it knows it must re-list,
+as Kubernetes watches do.
 """
 
 import asyncio
 import collections
-from collections.abc import AsyncGenerator
+import uuid
 
 from api.launcher import EventType, InstanceState, WatchEvent
 
@@ -23,8 +27,32 @@ def _end_stream(queue: _Queue) -> None:
     queue.put_nowait(None)
 
 
+class Subscription:
+    """One watcher's events: its initial ones, then live ones, until it falls a whole history behind or
+    the log closes. Subscribed when made, so a caller that takes the initial events and subscribes
+    without awaiting in between misses no event."""
+
+    def __init__(self, log: "EventLog", queue: _Queue, initial: list[WatchEvent]) -> None:
+        self._log = log
+        self._queue = queue
+        self._pending = collections.deque(initial)
+
+    async def next(self, idle_timeout: float) -> WatchEvent | None:
+        """The next event; None once the stream has ended; TimeoutError when none came in `idle_timeout`
+        seconds (the caller sends a heartbeat and asks again: no event is lost)."""
+        if self._pending:
+            return self._pending.popleft()
+        return await asyncio.wait_for(self._queue.get(), idle_timeout)
+
+    def close(self) -> None:
+        self._log.unsubscribe(self._queue)
+
+
 class EventLog:
     def __init__(self, history_size: int = HISTORY_SIZE) -> None:
+        if history_size < 1:
+            raise ValueError(f"the watch history must keep at least one event, not {history_size}")
+        self.boot_id = str(uuid.uuid4())
         self.revision = 0
         self._history: collections.deque[WatchEvent] = collections.deque(maxlen=history_size)
         self._watchers: set[_Queue] = set()
@@ -34,9 +62,13 @@ class EventLog:
         self.revision += 1
         return self.revision
 
+    def event(self, type_: EventType, state: InstanceState, exit_code: int | None = None) -> WatchEvent:
+        """An event of this launcher (its boot ID on it), published or not."""
+        return WatchEvent(type=type_, object=state, exit_code=exit_code, boot_id=self.boot_id)
+
     def publish(self, type_: EventType, state: InstanceState, exit_code: int | None = None) -> None:
         """Record an event whose object already carries the revision from `next_revision`."""
-        event = WatchEvent(type=type_, object=state, exit_code=exit_code)
+        event = self.event(type_, state, exit_code)
         self._history.append(event)
         for queue in list(self._watchers):
             try:
@@ -48,32 +80,29 @@ class EventLog:
                 _end_stream(queue)
 
     def replay_since(self, since: int) -> list[WatchEvent]:
-        """Events after revision `since`; `Gone` if the history no longer holds all of them."""
-        if since >= self.revision:
+        """Events after revision `since`; `Gone` if the history no longer holds all of them, or if
+        `since` is not a revision of this launcher process (negative, or ahead of the current one)."""
+        if since < 0:
+            raise Gone(f"revision {since} is not a revision (they count from 0); list again")
+        if since > self.revision:
+            raise Gone(
+                f"revision {since} is ahead of this launcher's current revision {self.revision}: the launcher "
+                f"restarted (boot ID {self.boot_id}); list again"
+            )
+        if since == self.revision:
             return []
-        oldest = self._history[0].object.revision if self._history else self.revision + 1
+        oldest = self._history[0].object.revision
         if oldest > since + 1:
-            raise Gone(f"revision {since} is too old: the oldest event kept has revision {oldest}; re-list")
+            raise Gone(f"revision {since} is too old: the oldest event kept has revision {oldest}; list again")
         return [event for event in self._history if event.object.revision > since]
 
-    def subscribe(self, initial: list[WatchEvent]) -> AsyncGenerator[WatchEvent]:
-        """`initial`, then live events, until the watcher falls too far behind or the log closes.
-
-        Subscribes now, not at the first iteration, so a caller that takes `initial` and calls
-        this without awaiting in between misses no event.
-        """
+    def subscribe(self, initial: list[WatchEvent]) -> Subscription:
         queue: _Queue = asyncio.Queue(maxsize=self._history_size)
         self._watchers.add(queue)
-        return self._stream(queue, initial)
+        return Subscription(self, queue, initial)
 
-    async def _stream(self, queue: _Queue, initial: list[WatchEvent]) -> AsyncGenerator[WatchEvent]:
-        try:
-            for event in initial:
-                yield event
-            while (live := await queue.get()) is not None:
-                yield live
-        finally:
-            self._watchers.discard(queue)
+    def unsubscribe(self, queue: _Queue) -> None:
+        self._watchers.discard(queue)
 
     def close_all(self) -> None:
         for queue in self._watchers:

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from api.keys import GPU_MAP_CONFIGMAP
 
-from .errors import BadRequest
+from .errors import UnknownGpu
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class GpuInventory:
         unknown = [u for u in uuids if u not in known]
         if unknown:
             available = ", ".join(sorted(known)) or "none"
-            raise BadRequest(f"unknown GPU UUID(s) {', '.join(unknown)}; available ({self.source}): {available}")
+            raise UnknownGpu(f"unknown GPU UUID(s) {', '.join(unknown)}; available ({self.source}): {available}")
         return [known[u] for u in uuids]
 
 

@@ -3,9 +3,15 @@
 Every state change bumps the manager-wide revision and is published as a watch event. All
 mutations happen on the event loop, and the checks that guard them (duplicate IDs, ports) run
 without an await between check and insert, so concurrent requests cannot race past them.
+
+A create checks everything that could fail later (sizes, environment, port, the runtime's own
+option parser) before it forks. From its first ready on, an instance's liveness is watched
+(`liveness`): one whose engine dies or whose /health stops answering is killed and reported
+STOPPED with its `stop_reason`; a call forwarded to it (sleep, wake) ends when it stops.
 """
 
 import asyncio
+import contextlib
 import logging
 import re
 import shlex
@@ -17,27 +23,30 @@ import uuid
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
 from api.launcher import (
     AllInstancesState,
     DeleteAllResult,
+    ErrorReason,
     EventType,
     InstanceIds,
     InstanceState,
     InstanceStatus,
+    StopReason,
     VllmConfig,
 )
 
-from . import gpu_memory, process_control
+from . import gpu_memory, liveness, process_control, validation
 from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES, Machine
-from .errors import BackendError, BadRequest, Conflict, NotFound
+from .errors import BackendError, BackendTimeout, BadRequest, Conflict, InvalidOptions, NotFound
 from .events import EventLog
 from .fork import fork_instance
 from .gpu_usage import gpu_memory_by_pid
 from .gpus import GpuInventory
+from .liveness import EngineProcesses, LivenessPolicy, Verdict
 from .metrics import LauncherMetrics
 from .process_stats import ProcessTreeStats
 from .runtimes import ParsedOptions, Runtime
@@ -51,10 +60,31 @@ READINESS_POLL_SECONDS = 0.1
 MAX_IPC_PATH_CHARS = 100
 IPC_NAME_CHARS = 36
 TEMP_DIR_PREFIX = "dualpods-"
-BACKEND_TIMEOUT = aiohttp.ClientTimeout(total=120, connect=5)
 SLEEP_STATE_TIMEOUT = aiohttp.ClientTimeout(total=2)
+CONNECT_TIMEOUT_S = 5.0
+REAP_WAIT_S = 1.0  # for the exit code of an instance just killed
 LOG_FILE = "log"  # in the instance's work directory
 DEFAULT_RUNTIME = "vllm"  # when the instance names none
+T = TypeVar("T")
+
+
+class InstanceExited(Exception):
+    """The instance's server exited while the launcher waited on something of it."""
+
+
+@dataclass(frozen=True)
+class ManagerSettings:
+    """How the launcher runs its instances (its command-line flags)."""
+
+    host: str  # the launcher's address, which every instance binds
+    port: int  # the launcher's own API port, which no instance may take
+    state_dir: Path
+    stop_grace_seconds: float = 10.0
+    cpu_kv_cache_bytes: int = DEFAULT_CPU_KV_CACHE_BYTES
+    liveness: LivenessPolicy = field(default_factory=LivenessPolicy)
+    # The most a forwarded sleep or wake may take; one to an instance that hangs fails sooner, when
+    # its liveness check kills it.
+    backend_timeout_seconds: float = 120.0
 
 
 @dataclass
@@ -75,7 +105,11 @@ class Instance:
     sleeping: bool = False
     sleep_level: int | None = None
     exit_code: int | None = None
+    stop_reason: StopReason | None = None
     deleting: bool = False
+    stopping: bool = False  # asked to stop (a DELETE, the launcher's shutdown)
+    engine: EngineProcesses | None = None  # found at the first ready
+    health_failing: bool = False  # its last /health probe failed
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -104,6 +138,7 @@ class Instance:
             defaults_applied=self.defaults_applied or None,
             port=self.port,
             exit_code=self.exit_code,
+            stop_reason=self.stop_reason,
             process=self.stats.sample(gpu_usage) if detail and self.running else None,
         )
 
@@ -115,20 +150,15 @@ class InstanceManager:
         gpus: GpuInventory,
         metrics: LauncherMetrics,
         events: EventLog,
-        host: str,
-        state_dir: Path,
-        stop_grace_seconds: float,
-        cpu_kv_cache_bytes: int = DEFAULT_CPU_KV_CACHE_BYTES,
+        settings: ManagerSettings,
     ) -> None:
         self.runtimes = runtimes
-        self.cpu_kv_cache_bytes = cpu_kv_cache_bytes
         self.gpus = gpus
         self.metrics = metrics
-        self.host = host
+        self.settings = settings
+        self.host = settings.host
         # Where the launcher itself reaches an instance bound to `host`.
-        self.contact_host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
-        self.state_dir = state_dir
-        self.stop_grace_seconds = stop_grace_seconds
+        self.contact_host = "127.0.0.1" if self.host in ("", "0.0.0.0", "::") else self.host
         self.events = events
         self.reaper = process_control.ChildReaper()
         self._instances: dict[str, Instance] = {}
@@ -155,6 +185,7 @@ class InstanceManager:
         gpu_usage = await asyncio.to_thread(gpu_memory_by_pid)
         return AllInstancesState(
             revision=self.events.revision,
+            boot_id=self.events.boot_id,
             total_instances=len(instances),
             running_instances=sum(i.running for i in instances),
             instances=[i.state(detail=True, gpu_usage=gpu_usage) for i in instances],
@@ -162,7 +193,10 @@ class InstanceManager:
 
     def list_ids(self) -> InstanceIds:
         return InstanceIds(
-            revision=self.events.revision, instance_ids=list(self._instances), count=len(self._instances)
+            revision=self.events.revision,
+            boot_id=self.events.boot_id,
+            instance_ids=list(self._instances),
+            count=len(self._instances),
         )
 
     def snapshot(self) -> list[InstanceState]:
@@ -178,6 +212,7 @@ class InstanceManager:
     # ----- creating
 
     async def create(self, config: VllmConfig, instance_id: str | None = None) -> InstanceState:
+        """Check everything that could fail later, then fork; nothing is started for a refused request."""
         if instance_id is None:
             instance_id = str(uuid.uuid4())
         elif not INSTANCE_ID.match(instance_id):
@@ -185,36 +220,41 @@ class InstanceManager:
                 f"invalid instance ID {instance_id!r}: use 1-128 letters, digits, '.', '_' or '-', "
                 "starting with a letter or digit"
             )
+        self._check_id_free(instance_id)
+        validation.check_body_sizes(config)
+        runtime = self._runtime(config.runtime)
+        try:
+            argv = shlex.split(config.options)
+        except ValueError as err:
+            raise InvalidOptions(f"invalid options: cannot split {config.options!r}: {err}") from None
+        parsed = runtime.parse(argv)
+        if "host" in parsed.explicit and parsed.values.host != self.host:
+            raise InvalidOptions(
+                f"invalid options: --host {parsed.values.host} is not this launcher's address {self.host}; "
+                "leave --host out and the launcher sets it"
+            )
+        port = int(parsed.values.port)
+        validation.check_port(port, self.settings.port)
         env = dict(config.env_vars or {})
         if config.gpu_uuids is not None:
             indices = await self.gpus.indices(config.gpu_uuids)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in indices)
             # Echoed in the state, as FMA does, so clients see the devices the instance got.
             config = config.model_copy(update={"env_vars": env})
-        try:
-            argv = shlex.split(config.options)
-        except ValueError as err:
-            raise BadRequest(f"invalid options: cannot split {config.options!r}: {err}") from None
-        runtime = self._runtime(config.runtime)
-        parsed = runtime.parse(argv)
-        if "host" in parsed.explicit and parsed.values.host != self.host:
-            raise BadRequest(
-                f"invalid options: --host {parsed.values.host} is not this launcher's address {self.host}; "
-                "leave --host out and the launcher sets it"
-            )
+        validation.check_environment(env)
         defaults = runtime.defaults(parsed, await self._machine(runtime, parsed, env, config))
         effective = [*argv, *defaults.flags]
         if "host" not in parsed.explicit:
             effective += ["--host", self.host]
-        port = int(parsed.values.port)
+        validation.check_effective_options(shlex.join(effective))
 
         # From here to the insert there is no await: the checks cannot be raced.
-        if instance_id in self._instances:
-            raise Conflict(f"Instance {instance_id} already exists")
+        self._check_id_free(instance_id)
         holder = next((i for i in self._instances.values() if i.running and i.port == port), None)
         if holder is not None:
-            raise Conflict(f"port {port} is already used by instance {holder.id}")
-        work_dir = self.state_dir / instance_id
+            raise Conflict(f"port {port} is already used by instance {holder.id}", ErrorReason.PORT_IN_USE)
+        validation.check_port_free(self.host, port)
+        work_dir = self.settings.state_dir / instance_id
         work_dir.mkdir(parents=True, exist_ok=True)
         temp_dir = _short_temp_dir()
         child_env = {**runtime.child_environment(), "TMPDIR": str(temp_dir), **env}
@@ -240,8 +280,12 @@ class InstanceManager:
         )  # fmt: skip
         self._publish(instance, EventType.CREATED)
         self.reaper.watch(pid, lambda code: self._on_exit(instance, code))
-        self._spawn(self._await_ready(instance))
+        self._spawn(self._serve(instance, runtime))
         return instance.state()
+
+    def _check_id_free(self, instance_id: str) -> None:
+        if instance_id in self._instances:
+            raise Conflict(f"Instance {instance_id} already exists", ErrorReason.ALREADY_EXISTS)
 
     def _runtime(self, name: str | None) -> Runtime:
         runtime = self.runtimes.get(name or DEFAULT_RUNTIME)
@@ -257,9 +301,28 @@ class InstanceManager:
         return Machine(
             on_cpu=runtime.on_cpu,
             gpus=gpus,
-            cpu_kv_cache_bytes=self.cpu_kv_cache_bytes,
+            cpu_kv_cache_bytes=self.settings.cpu_kv_cache_bytes,
             sleeper_reserve_bytes=config.gpu_sleeper_reserve_bytes or 0,
         )
+
+    async def _serve(self, instance: Instance, runtime: Runtime) -> None:
+        """The instance's life after the fork: until it is first ready, then its liveness until it stops."""
+        await self._await_ready(instance)
+        if not instance.running:
+            return
+        instance.engine = EngineProcesses.find(instance.pid, runtime.is_engine_process)
+        if instance.engine is None:
+            return  # its server is already gone; the reaper reports it
+        if instance.engine.engine:
+            log.info("instance %s: watching its engine processes %s", instance.id, ", ".join(instance.engine.titles))
+        try:
+            verdict = await self._while_running(
+                instance, liveness.watch(instance.engine, lambda: self._probe_health(instance), self.settings.liveness)
+            )
+        except InstanceExited:
+            return
+        if verdict is not None:
+            self._kill(instance, verdict)
 
     async def _await_ready(self, instance: Instance) -> None:
         """Poll the new server's /health until it answers; only during start-up."""
@@ -279,6 +342,30 @@ class InstanceManager:
         self.metrics.ready_seconds.observe(elapsed)
         log.info("instance %s is ready after %.2f s", instance.id, elapsed)
         self._publish(instance, EventType.READY)
+
+    async def _probe_health(self, instance: Instance) -> str | None:
+        """One liveness probe of the instance's /health: None when it answered 200, else what went wrong."""
+        timeout_s = self.settings.liveness.health_timeout_s
+        try:
+            async with self.session.get(
+                f"{self._base_url(instance)}/health", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as response:
+                problem = None if response.status == 200 else f"it answered {response.status}"
+        except TimeoutError:
+            problem = f"no answer within {timeout_s:g} s"
+        except aiohttp.ClientError as err:
+            problem = f"{type(err).__name__}: {err}"
+        instance.health_failing = problem is not None
+        return problem
+
+    def _kill(self, instance: Instance, verdict: Verdict) -> None:
+        """Kill a broken instance's whole process group at once: there is nothing left to shut down
+        gracefully. Its STOPPED event follows when the reaper has its exit code."""
+        if not instance.running or instance.stopping:
+            return  # it is already going; this stop was asked for
+        log.warning("instance %s: %s; killing its process group (%s)", instance.id, verdict.message, verdict.reason)
+        instance.stop_reason = verdict.reason
+        self._signal(instance, signal.SIGKILL)
 
     # ----- sleeping and waking (E1)
 
@@ -311,13 +398,16 @@ class InstanceManager:
     @staticmethod
     def _require_serving(instance: Instance) -> None:
         if not instance.running:
-            raise Conflict(f"Instance {instance.id} is stopped (exit code {instance.exit_code})")
+            raise Conflict(
+                f"Instance {instance.id} is stopped (exit code {instance.exit_code})", ErrorReason.NOT_RUNNING
+            )
         if not instance.ready:
-            raise Conflict(f"Instance {instance.id} is still starting; retry when it is ready")
+            raise Conflict(f"Instance {instance.id} is still starting; retry when it is ready", ErrorReason.NOT_READY)
 
     async def _refresh_sleep_state(self, instance: Instance) -> None:
-        """Pick up sleeps and wakes that clients asked of the server directly (vLLM's own routes)."""
-        if not (instance.running and instance.ready) or instance.lock.locked():
+        """Pick up sleeps and wakes that clients asked of the server directly (vLLM's own routes); not
+        of one whose /health fails, which would hold every read for the timeout."""
+        if not (instance.running and instance.ready) or instance.lock.locked() or instance.health_failing:
             return
         try:
             async with self.session.get(
@@ -333,16 +423,51 @@ class InstanceManager:
         self._publish(instance, EventType.SLEEPING if sleeping else EventType.AWAKE)
 
     async def _call_backend(self, instance: Instance, method: str, path: str) -> None:
-        url = f"{self._base_url(instance)}{path}"
+        """Forward a call to the instance's server; it fails (never hangs) when the server does not answer
+        in `backend_timeout_seconds`, or sooner, when the instance stops meanwhile (its liveness check
+        kills one that hangs)."""
+        timeout_s = self.settings.backend_timeout_seconds
         try:
-            async with self.session.request(method, url, timeout=BACKEND_TIMEOUT) as response:
-                if response.status >= 300:
-                    body = (await response.text())[:500]
-                    raise BackendError(
-                        f"instance {instance.id} answered {method} {path} with {response.status}: {body}"
-                    )
-        except (aiohttp.ClientError, TimeoutError) as err:
-            raise BackendError(f"instance {instance.id} did not answer {method} {path}: {err!r}") from None
+            await self._while_running(instance, self._request_backend(instance, method, path, timeout_s))
+        except TimeoutError:
+            raise BackendTimeout(
+                f"instance {instance.id} did not answer {method} {path} within {timeout_s:g} s"
+            ) from None
+        except (InstanceExited, aiohttp.ClientError) as err:
+            if instance.stop_reason is None and instance.running:
+                raise BackendError(f"instance {instance.id} did not answer {method} {path}: {err!r}") from None
+            # It was judged dead meanwhile (and killed, which may have cut this call first), or it exited.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(instance.exited.wait(), REAP_WAIT_S)
+            error = BackendTimeout if instance.stop_reason is StopReason.UNRESPONSIVE else BackendError
+            stopped = f"{instance.stop_reason}, " if instance.stop_reason else ""
+            raise error(
+                f"instance {instance.id} stopped ({stopped}exit code {instance.exit_code}) before it answered "
+                f"{method} {path}"
+            ) from None
+
+    async def _request_backend(self, instance: Instance, method: str, path: str, timeout_s: float) -> None:
+        timeout = aiohttp.ClientTimeout(total=timeout_s, connect=CONNECT_TIMEOUT_S)
+        async with self.session.request(method, f"{self._base_url(instance)}{path}", timeout=timeout) as response:
+            if response.status >= 300:
+                body = (await response.text())[:500]
+                raise BackendError(f"instance {instance.id} answered {method} {path} with {response.status}: {body}")
+
+    @staticmethod
+    async def _while_running(instance: Instance, work: Coroutine[Any, Any, T]) -> T:
+        """`work`'s result, or InstanceExited (and `work` cancelled) if the instance's server exits first."""
+        task = asyncio.ensure_future(work)
+        exited = asyncio.ensure_future(instance.exited.wait())
+        try:
+            await asyncio.wait({task, exited}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            exited.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if task.cancelled():
+            raise InstanceExited()
+        return task.result()
 
     def _base_url(self, instance: Instance) -> str:
         return f"http://{self.contact_host}:{instance.port}"
@@ -368,26 +493,42 @@ class InstanceManager:
         return DeleteAllResult(stopped_instances=stopped, total_stopped=len(stopped))
 
     async def _stop(self, instance: Instance) -> None:
-        """SIGTERM the instance's process group, SIGKILL it after the grace period."""
+        """SIGTERM the instance's process group (and SIGCONT, so a stopped process gets it too), SIGKILL
+        it after the grace period."""
         if instance.running:
-            process_control.signal_group(instance.pid, signal.SIGTERM)
+            instance.stopping = True
+            self._signal(instance, signal.SIGTERM)
+            self._signal(instance, signal.SIGCONT)
+            grace = self.settings.stop_grace_seconds
             try:
-                await asyncio.wait_for(instance.exited.wait(), self.stop_grace_seconds)
+                await asyncio.wait_for(instance.exited.wait(), grace)
             except TimeoutError:
-                log.warning("instance %s ignored SIGTERM for %.0f s; killing it", instance.id, self.stop_grace_seconds)
-                process_control.signal_group(instance.pid, signal.SIGKILL)
+                log.warning("instance %s ignored SIGTERM for %.0f s; killing it", instance.id, grace)
+                self._signal(instance, signal.SIGKILL)
                 await instance.exited.wait()
+
+    @staticmethod
+    def _signal(instance: Instance, signum: int) -> None:
+        """Signal the process group of a running (so not yet reaped) instance."""
+        process_control.signal_group(instance.pid, signum, leader_unreaped=instance.running)
 
     def _on_exit(self, instance: Instance, exit_code: int) -> None:
         instance.status = InstanceStatus.STOPPED
         instance.exit_code = exit_code
         instance.ready = False
+        if instance.stop_reason is None and not instance.stopping:
+            instance.stop_reason = StopReason.EXITED
         instance.exited.set()
         # The engine core may outlive the server process it belonged to.
         process_control.signal_group(instance.pid, signal.SIGKILL)
+        if instance.stop_reason is not None:
+            self.metrics.stops.labels(instance.stop_reason).inc()
         if instance.deleting:
             return  # the DELETE reports it
-        log.warning("instance %s stopped with exit code %d; its log: %s", instance.id, exit_code, instance.log_path)
+        log.warning(
+            "instance %s stopped with exit code %d (%s); its log: %s",
+            instance.id, exit_code, instance.stop_reason or "asked to stop", instance.log_path,
+        )  # fmt: skip
         self._publish(instance, EventType.STOPPED, exit_code=exit_code)
 
     async def shutdown(self) -> None:

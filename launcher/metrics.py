@@ -53,6 +53,12 @@ class LauncherMetrics:
             buckets=_SECONDS,
             registry=self.registry,
         )
+        self.stops = Counter(
+            "dualpods_launcher_instance_stops",
+            "Instances that stopped without being asked to, by why (Exited, EngineDied, Unresponsive).",
+            ["reason"],
+            registry=self.registry,
+        )
         self.http_requests = Counter(
             "dualpods_launcher_http_requests",
             "HTTP requests served by the launcher API.",

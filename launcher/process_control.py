@@ -65,12 +65,19 @@ def reset_signals() -> None:
         signal.signal(signum, signal.SIG_DFL)
 
 
-def signal_group(pgid: int, signum: int) -> bool:
-    """Signal a process group; False when it no longer exists."""
+def signal_group(pgid: int, signum: int, *, leader_unreaped: bool = False) -> bool:
+    """Signal a process group; False when it no longer exists. With `leader_unreaped` (the caller's
+    child, not reaped yet, so its PID cannot have been reused), the leader alone while it has not made
+    the group yet: a child just forked, before its setsid, has forked nothing yet."""
     try:
         os.killpg(pgid, signum)
     except ProcessLookupError:
-        return False
+        if not leader_unreaped:
+            return False
+        try:
+            os.kill(pgid, signum)
+        except ProcessLookupError:
+            return False
     return True
 
 

@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any
 
 from .engine_defaults import KV_CACHE_SIZING_FLAGS, EngineDefaults, Machine, transformers_defaults, vllm_defaults
-from .errors import BadRequest
+from .errors import InvalidOptions
 
 _UNSET: Any = object()
 
@@ -57,6 +57,11 @@ class Runtime(ABC):
     def child_environment(self) -> dict[str, str]:
         return {}
 
+    def is_engine_process(self, title: str) -> bool:
+        """Whether a descendant of an instance's server, by its process title, is one the server cannot
+        serve without (its death kills the instance); the runtimes here that fork none say no."""
+        return False
+
     @cached_property
     def parser(self) -> argparse.ArgumentParser:
         return self.make_parser()
@@ -67,7 +72,7 @@ class Runtime(ABC):
         try:
             self.check(values)
         except (ValueError, TypeError) as err:
-            raise BadRequest(f"invalid options: {err}") from None
+            raise InvalidOptions(f"invalid options: {err}") from None
         explicit = frozenset(k for k, v in vars(explicit_probe).items() if v is not _UNSET)
         return ParsedOptions(values=values, explicit=explicit)
 
@@ -80,9 +85,9 @@ class Runtime(ABC):
             with contextlib.redirect_stderr(stderr), contextlib.redirect_stdout(io.StringIO()):
                 return self._run_parser(argv, namespace)
         except SystemExit:
-            raise BadRequest(f"invalid options: {_last_error(stderr.getvalue())}") from None
+            raise InvalidOptions(f"invalid options: {_last_error(stderr.getvalue())}") from None
         except (ValueError, TypeError) as err:
-            raise BadRequest(f"invalid options: {err}") from None
+            raise InvalidOptions(f"invalid options: {err}") from None
 
 
 class KnownArgsRuntime(Runtime):
@@ -115,10 +120,24 @@ class VllmRuntime(Runtime):
     """vLLM's OpenAI-compatible server, run in-process in the forked child."""
 
     name = "vllm"
+    # Flags that would make the server unreachable where the launcher looks for it (plain HTTP on --port).
+    UNREACHABLE_FLAGS = {
+        "uds": "--uds (a Unix socket instead of the port)",
+        "grpc": "--grpc (gRPC instead of HTTP on the port)",
+        "headless": "--headless (no API server)",
+        "ssl_keyfile": "--ssl-keyfile (HTTPS)",
+        "ssl_certfile": "--ssl-certfile (HTTPS)",
+    }
+    # vLLM names its engine-core and worker processes `<prefix>::EngineCore`, `<prefix>::Worker_TP0`, ...
+    process_title_prefix = "VLLM::"
 
     def preload(self) -> None:
         for module in ("vllm.entrypoints.launchers.api_server.entry", "vllm.v1.engine.core"):
             importlib.import_module(module)
+        import vllm.envs
+
+        # Read at import by vLLM's set_process_title, so the launcher's own environment decides it.
+        self.process_title_prefix = f"{vllm.envs.VLLM_PROCESS_NAME_PREFIX}::"
         self.on_cpu = platform_is_cpu()
         if self.on_cpu:
             importlib.import_module("vllm.v1.worker.cpu_worker")  # the worker runs in the engine core here
@@ -140,6 +159,9 @@ class VllmRuntime(Runtime):
     def check(self, values: argparse.Namespace) -> None:
         from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
 
+        for dest, flag in self.UNREACHABLE_FLAGS.items():
+            if getattr(values, dest, None):
+                raise ValueError(f"{flag} is not supported: the launcher reaches instances over plain HTTP on --port")
         validate_parsed_serve_args(values)
         model = values.model_tag or values.model
         if model.startswith(("/", "./", "../")) and not os.path.exists(model):
@@ -155,6 +177,9 @@ class VllmRuntime(Runtime):
 
     def wants_gpu_memory(self, parsed: ParsedOptions) -> bool:
         return not self.on_cpu and not parsed.explicit & KV_CACHE_SIZING_FLAGS
+
+    def is_engine_process(self, title: str) -> bool:
+        return title.startswith(self.process_title_prefix)
 
     def child_environment(self) -> dict[str, str]:
         env = {"VLLM_SERVER_DEV_MODE": "1"}  # the /sleep, /wake_up and /is_sleeping routes

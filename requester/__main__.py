@@ -2,7 +2,8 @@
 
 Configured like FMA's requester through the environment (`SPI_PORT`, `PROBES_PORT`, and FMA 0.7's
 `PROXY_PORT`); every setting also has a flag, and a flag wins over its variable. An empty variable
-counts as unset.
+counts as unset. Unlike FMA's, the SPI's state-changing routes need the controller's token (E15,
+`spi_auth`); `--spi-auth none` opens them as in FMA.
 """
 
 import argparse
@@ -17,6 +18,8 @@ from types import FrameType
 
 import psutil
 
+from api.requester import DEFAULT_TRUSTED_CONTROLLERS, requester_audience
+
 from . import probes, proxy, spi, structured_logs
 from .backend_limits import BackendLimits
 from .gpus import GpuDiscoveryError, GpuSource, SourceChoice, discover
@@ -25,11 +28,13 @@ from .metrics import RequesterMetrics
 from .proxy_target import ProxyTarget
 from .readiness import Readiness
 from .server import Listener, serve
+from .spi_auth import OpenSpi, SpiAuth, TokenReviewAuth, TrustedControllers, own_namespace, review_api
 from .upstream import Upstream
 from .visible_devices import ENV_NAME, parse
 
 log = logging.getLogger("requester")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+SPI_AUTH_MODES = ("tokenreview", "none")
 
 
 def _port(text: str) -> int:
@@ -127,7 +132,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=env("POD_NAME", socket.gethostname()),
         help="name every log line carries (env POD_NAME; default: the host name, which is the Pod's name)",
     )
+    parser.add_argument(
+        "--spi-auth",
+        type=_one_of(SPI_AUTH_MODES),
+        default=env("REQUESTER_SPI_AUTH", "tokenreview"),
+        help="tokenreview: the SPI's state-changing routes need the controller's ServiceAccount token, checked "
+        "with a TokenReview; none: open, as FMA's (env REQUESTER_SPI_AUTH; default tokenreview)",
+    )
+    parser.add_argument(
+        "--trusted-controllers",
+        default=env("REQUESTER_TRUSTED_CONTROLLERS", DEFAULT_TRUSTED_CONTROLLERS),
+        help="comma-separated ServiceAccounts whose tokens may change this requester: NAME (in the Pod's "
+        "namespace) or NAMESPACE/NAME, `*` matching any characters (env REQUESTER_TRUSTED_CONTROLLERS; "
+        f"default {DEFAULT_TRUSTED_CONTROLLERS}: the chart's controller ServiceAccount of any release)",
+    )
+    parser.add_argument(
+        "--namespace",
+        default=env("POD_NAMESPACE", ""),
+        help="the Pod's namespace, part of the token audience (env POD_NAMESPACE; default: the namespace of "
+        "the Pod's ServiceAccount)",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default=env("KUBECONFIG", "") or None,
+        help="the API server to review tokens with, outside a Pod (env KUBECONFIG; default: the Pod's "
+        "ServiceAccount credentials)",
+    )
     args = parser.parse_args(argv)
+    if args.spi_auth == "tokenreview":
+        args.namespace = own_namespace(args.namespace)
+        if args.namespace is None:
+            parser.error("--spi-auth tokenreview needs the Pod's namespace: set POD_NAMESPACE or --namespace")
+        try:
+            args.trusted = TrustedControllers(args.trusted_controllers, args.namespace)
+        except ValueError as err:
+            parser.error(f"--trusted-controllers: {err}")
     ports = {"SPI": args.spi_port, "probes": args.probes_port, "proxy": args.proxy_port}
     if len(set(ports.values())) < len(ports):
         parser.error(f"the SPI, probes and proxy ports must differ ({', '.join(f'{k} {v}' for k, v in ports.items())})")
@@ -139,15 +178,30 @@ def _exit_before_serving(signum: int, frame: FrameType | None) -> None:
     sys.exit(0)
 
 
+def spi_auth(args: argparse.Namespace) -> SpiAuth:
+    if args.spi_auth == "none":
+        log.warning("the SPI is open: anyone who reaches it can change this requester (--spi-auth none)")
+        return OpenSpi()
+    audience = requester_audience(args.namespace, args.pod_name)
+    log.info("the SPI's state-changing routes need a controller token",
+             extra={"audience": audience, "trusted": list(args.trusted.patterns)})  # fmt: skip
+    return TokenReviewAuth(audience, args.trusted, review_api(args.kubeconfig))
+
+
 def build_listeners(
-    args: argparse.Namespace, gpus: GpuSource, metrics: RequesterMetrics, readiness: Readiness, relay: LogRelay
+    args: argparse.Namespace,
+    gpus: GpuSource,
+    metrics: RequesterMetrics,
+    readiness: Readiness,
+    relay: LogRelay,
+    auth: SpiAuth,
 ) -> dict[str, Listener]:
     """The three servers; the SPI sets the readiness bit and the proxy's target, the other two read them."""
     target = ProxyTarget()
     upstream = Upstream(target, args.proxy_dial_timeout)
     limits = BackendLimits(target, upstream)
     return {
-        "spi": Listener(spi.build_spi_app(gpus, readiness, relay, metrics, target, limits), args.spi_port),
+        "spi": Listener(spi.build_spi_app(gpus, readiness, relay, metrics, target, limits, auth), args.spi_port),
         "probes": Listener(probes.build_probes_app(readiness, metrics), args.probes_port),
         "proxy": Listener(
             proxy.build_proxy_app(target, upstream, limits, readiness, metrics, args.hold_timeout),
@@ -174,9 +228,10 @@ def main(argv: list[str] | None = None) -> None:
     metrics = RequesterMetrics()
     metrics.gpus.set(len(gpus.uuids))
     readiness = Readiness(metrics, process_started)
-    listeners = build_listeners(args, gpus, metrics, readiness, LogRelay(sys.stdout.buffer))
+    auth = spi_auth(args)
+    listeners = build_listeners(args, gpus, metrics, readiness, LogRelay(sys.stdout.buffer), auth)
     try:
-        asyncio.run(serve(listeners, args.host, args.shutdown_timeout))
+        asyncio.run(serve(listeners, args.host, args.shutdown_timeout, auth))
     except OSError as err:
         log.error("cannot serve", extra={"host": args.host, "error": str(err)})
         sys.exit(1)

@@ -131,6 +131,11 @@ class BackendLimits:
     def __init__(self, target: ProxyTarget, upstream: Upstream) -> None:
         self._target = target
         self._upstream = upstream
+        self._forget()
+        target.on_change(self._forget)
+
+    def _forget(self) -> None:
+        """Start afresh: a new target is another server, whose limits are learnt anew."""
         self._guard = _Discovery("max_model_len, kv_cache_tokens", self._fetch_guard_limits)
         self._concurrency = _Discovery("max_num_seqs", self._fetch_max_num_seqs)
 

@@ -2,6 +2,7 @@
 
 from aiohttp import web
 
+from .errors import spi_error
 from .metrics import RequesterMetrics
 from .middleware import count_and_contain, text
 from .readiness import Readiness
@@ -18,6 +19,6 @@ def build_probes_app(readiness: Readiness, metrics: RequesterMetrics) -> web.App
     async def ready(request: web.Request) -> web.Response:
         return ready_response(readiness.ready)
 
-    app = web.Application(middlewares=[count_and_contain(metrics, "probes")])
+    app = web.Application(middlewares=[count_and_contain(metrics, "probes", spi_error)])
     app.router.add_get(READY_PATH, ready)
     return app

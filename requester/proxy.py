@@ -67,6 +67,11 @@ def _unavailable(message: str) -> web.Response:
     ).response()
 
 
+def _error(status: int, message: str, headers: dict[str, str]) -> web.Response:
+    """The proxy's own refusals in OpenAI's shape, like the model server's (a body too large to judge, ...)."""
+    return ApiError(status, message, headers=headers).response()
+
+
 def _without_hop_by_hop(headers: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     return CIMultiDict((name, value) for name, value in headers.items() if name.lower() not in HOP_BY_HOP)
 
@@ -242,7 +247,7 @@ def build_proxy_app(
         await upstream.close()
 
     app = web.Application(
-        middlewares=[count_and_contain(metrics, "proxy", route_label)], client_max_size=MAX_GUARDED_BODY_BYTES
+        middlewares=[count_and_contain(metrics, "proxy", _error, route_label)], client_max_size=MAX_GUARDED_BODY_BYTES
     )
     app.cleanup_ctx.append(lifetime)
     app.router.add_route("*", "/{path:.*}", proxy.handle)

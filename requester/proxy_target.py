@@ -1,98 +1,70 @@
-"""Where the proxy forwards to: FMA 0.7's `PUT /v1/proxy/config` body, validated, and kept set-once.
+"""Where the proxy forwards to: FMA 0.7's `PUT /v1/proxy/config` body, validated, following the controller.
 
-FMA's body is `{"address": str, "port": int}`. Ours also takes optional limits of the instance, for
-model servers that cannot report them (the proxy discovers them from vLLM itself; see
-`backend_limits`). The address must be an IP address: the controller knows the provider Pod's IP,
-and a name would need a DNS lookup on every (re)connect. A requester is bound at most once, so the
-target is set once: repeating the same body is harmless (a retried call), a different one is refused.
+The body is `api.requester.ProxyConfig`: FMA's `{"address", "port"}`, plus optional limits of the
+instance for model servers that cannot report them (see `backend_limits`). The address must be an IP
+address: the controller knows the provider Pod's IP, and a name would need a DNS lookup on every
+(re)connect. FMA sets the target once, so whoever calls first decides where the Pod's clients' prompts
+go; here only the controller may call (E15, `spi_auth`), and the target follows its latest binding:
+a new target replaces the old one for every request from then on, and whatever was learnt of the old
+server's limits is forgotten.
 """
 
 import asyncio
-import ipaddress
-from dataclasses import asdict, dataclass
+import json
+import logging
+from collections.abc import Callable
 
-LIMIT_FIELDS = ("max_model_len", "kv_cache_tokens", "max_num_seqs")
+from pydantic import ValidationError
+
+from api.requester import ProxyConfig
+from api.validation import validation_message
+
+log = logging.getLogger(__name__)
+Target = ProxyConfig
 
 
 class TargetError(ValueError):
-    """The body is not a valid target (a 400)."""
+    """The body is not a valid target (a 400); the message names the value."""
 
 
-class TargetConflict(RuntimeError):
-    """A different target is already set (a 409)."""
-
-
-@dataclass(frozen=True)
-class Target:
-    address: str
-    port: int
-    max_model_len: int | None = None
-    kv_cache_tokens: int | None = None
-    max_num_seqs: int | None = None
-
-    @property
-    def host_port(self) -> str:
-        """`address:port`, with IPv6 addresses bracketed as URLs need them."""
-        host = f"[{self.address}]" if ":" in self.address else self.address
-        return f"{host}:{self.port}"
-
-    def as_json(self) -> dict[str, object]:
-        """FMA's two fields, plus the limits that were given."""
-        return {key: value for key, value in asdict(self).items() if value is not None}
-
-
-def _positive_int(body: dict[str, object], name: str, maximum: int | None = None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1 or (maximum and value > maximum):
-        bound = f"an integer from 1 to {maximum}" if maximum else "a positive integer"
-        raise TargetError(f"{name} must be {bound}, got {value!r}")
-    return value
-
-
-def parse_target(body: object) -> Target:
-    """Validate a decoded JSON body; raises TargetError saying what is wrong."""
-    if not isinstance(body, dict):
-        raise TargetError("the body must be a JSON object")
-    unknown = sorted(set(body) - {"address", "port", *LIMIT_FIELDS})
-    if unknown:
-        raise TargetError(f"unknown fields: {', '.join(unknown)}")
-    address = body.get("address")
-    if not isinstance(address, str) or not address:
-        raise TargetError("address must be a non-empty string")
+def parse_target(body: bytes) -> Target:
+    """Validate a `PUT /v1/proxy/config` body; raises TargetError saying what is wrong."""
     try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        raise TargetError(f"address must be an IP address, got {address!r}") from None
-    if ip.is_unspecified or ip.is_multicast:
-        raise TargetError(f"address must be a unicast address, got {address!r}")
-    if body.get("port") in (None, 0):
-        raise TargetError("port must be given and not 0")
-    port = _positive_int(body, "port", 65535)
-    assert port is not None
-    limits = {name: _positive_int(body, name) for name in LIMIT_FIELDS}
-    return Target(ip.compressed, port, **limits)
+        decoded = json.loads(body)
+    except (ValueError, RecursionError) as err:  # bad JSON, bad UTF-8, absurd nesting
+        raise TargetError(f"the body is not JSON: {err}") from None
+    if not isinstance(decoded, dict):
+        raise TargetError(f"the body must be a JSON object, got {type(decoded).__name__}")
+    try:
+        return ProxyConfig.model_validate(decoded)
+    except ValidationError as err:
+        raise TargetError(validation_message(err)) from None
 
 
 class ProxyTarget:
-    """The target, once set; `wait()` returns when it is."""
+    """The target, once set; `wait()` returns when it is; listeners hear of every change."""
 
     def __init__(self) -> None:
         self._target: Target | None = None
         self._set = asyncio.Event()
+        self._listeners: list[Callable[[], None]] = []
 
     @property
     def target(self) -> Target | None:
         return self._target
 
+    def on_change(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
     def set(self, target: Target) -> bool:
-        """Set it; False when this same target was already set. Raises TargetConflict for another one."""
-        if self._target is not None:
-            if self._target != target:
-                raise TargetConflict(f"proxy already configured to: {self._target.host_port}")
+        """Point the proxy at `target`; False when it already pointed there (a retried call)."""
+        if self._target == target:
             return False
-        self._target = target
+        previous, self._target = self._target, target
+        if previous is not None:
+            log.warning("proxy re-pointed", extra={"from": previous.host_port, "to": target.host_port})
+        for listener in self._listeners:
+            listener()
         self._set.set()
         return True
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from .spi_auth import SpiAuth
+
 log = logging.getLogger(__name__)
 
 
@@ -49,8 +51,9 @@ async def stop_listeners(runners: list[web.AppRunner]) -> None:
     await asyncio.gather(*(runner.cleanup() for runner in runners))
 
 
-async def serve(listeners: dict[str, Listener], host: str, shutdown_timeout: float) -> None:
-    """Serve until SIGTERM or SIGINT; raises OSError when a port cannot be bound."""
+async def serve(listeners: dict[str, Listener], host: str, shutdown_timeout: float, auth: SpiAuth) -> None:
+    """Serve until SIGTERM or SIGINT; raises OSError when a port cannot be bound. `auth` is warmed once
+    serving, and closed at the end."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -58,9 +61,12 @@ async def serve(listeners: dict[str, Listener], host: str, shutdown_timeout: flo
     runners: list[web.AppRunner] = []
     try:
         runners = await start_listeners(listeners, host, shutdown_timeout)
+        warming = asyncio.create_task(auth.warm())
         await stop.wait()
+        warming.cancel()
         log.info("shutting down", extra={"timeout_seconds": shutdown_timeout})
     finally:
         await stop_listeners(runners)
+        await auth.close()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -47,8 +47,13 @@ def test_rendered_objects_are_valid_kubernetes(tmp_path: Path, settings: list[st
 
 def test_least_privilege(tmp_path: Path) -> None:
     docs = render(tmp_path)
-    (cluster_role,) = by_kind(docs, "ClusterRole")
-    assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    cluster_roles = {role["metadata"]["name"]: role["rules"] for role in by_kind(docs, "ClusterRole")}
+    assert cluster_roles == {
+        "models-rel-node-view": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}],
+        "models-rel-requester-tokenreview": [
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}
+        ],
+    }
     (role,) = by_kind(docs, "Role")
     granted = {
         (group, resource) for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"]
@@ -58,12 +63,37 @@ def test_least_privilege(tmp_path: Path) -> None:
         ("coordination.k8s.io", "leases"), ("fma.llm-d.ai", "inferenceserverconfigs"),
         ("fma.llm-d.ai", "launcherconfigs"), ("fma.llm-d.ai", "launcherpopulationpolicies"),
         ("fma.llm-d.ai", "launcherconfigs/status"), ("fma.llm-d.ai", "launcherpopulationpolicies/status"),
+        ("", "serviceaccounts/token"),
     }  # fmt: skip
     for rule in role["rules"]:
         if rule["resources"] != ["pods"]:
             assert "delete" not in rule["verbs"], rule
-    (account,) = by_kind(docs, "ServiceAccount")
-    assert account["metadata"]["name"] == "rel-fma-controllers"  # what FMA's admission policies exempt
+        if rule["resources"] == ["serviceaccounts/token"]:  # E15: tokens of its own ServiceAccount only
+            assert (rule["verbs"], rule["resourceNames"]) == (["create"], ["rel-fma-controllers"])
+    accounts = [account["metadata"]["name"] for account in by_kind(docs, "ServiceAccount")]
+    assert accounts == ["rel-fma-controllers", "rel-requester"]  # the first is what FMA's admission policies exempt
+
+
+def test_requesters_may_review_the_controllers_tokens(tmp_path: Path) -> None:
+    """E15: the controller asks for tokens of its ServiceAccount; requester Pods (the chart's account, and the
+    namespace's default one unless turned off) may create TokenReviews; turned off, none of it is rendered."""
+    docs = render(tmp_path)
+    (binding,) = [b for b in by_kind(docs, "ClusterRoleBinding") if b["roleRef"]["name"].endswith("-tokenreview")]
+    assert [(s["name"], s["namespace"]) for s in binding["subjects"]] == [("rel-requester", "models"),
+                                                                           ("default", "models")]  # fmt: skip
+    (deployment,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "rel-dual-pods-controller"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert "--requester-token-service-account=rel-fma-controllers" in container["args"]
+    assert {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}} in container["env"]
+    docs = render(tmp_path, "requesterAuth.tokenReviewForDefaultServiceAccount=false")
+    (binding,) = [b for b in by_kind(docs, "ClusterRoleBinding") if b["roleRef"]["name"].endswith("-tokenreview")]
+    assert [s["name"] for s in binding["subjects"]] == ["rel-requester"]
+    docs = render(tmp_path, "requesterAuth.enabled=false")
+    assert not [b for b in by_kind(docs, "ClusterRoleBinding") if b["roleRef"]["name"].endswith("-tokenreview")]
+    (deployment,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "rel-dual-pods-controller"]
+    assert not [a for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"] if "requester-token" in a]
+    (role,) = by_kind(docs, "Role")
+    assert all(rule["resources"] != ["serviceaccounts/token"] for rule in role["rules"])
 
 
 def test_leader_election_follows_the_replica_count(tmp_path: Path) -> None:
@@ -84,13 +114,27 @@ def test_both_controllers_give_launchers_the_same_token_secret(tmp_path: Path) -
         assert f"--launcher-token-secret={secret['metadata']['name']}" in arguments
 
 
-def test_only_the_controllers_reach_the_launcher_api(tmp_path: Path) -> None:
-    (policy,) = by_kind(render(tmp_path), "NetworkPolicy")
+@pytest.mark.parametrize(("policy_name", "port"), [("rel-launcher-api", 8001), ("rel-requester-spi", 8081)])
+def test_only_the_controllers_reach_the_launcher_api_and_the_requester_spi(
+    tmp_path: Path, policy_name: str, port: int
+) -> None:
+    (policy,) = [p for p in by_kind(render(tmp_path), "NetworkPolicy") if p["metadata"]["name"] == policy_name]
     controllers, everyone = policy["spec"]["ingress"]
-    assert controllers["ports"] == [{"protocol": "TCP", "port": 8001}]
+    assert controllers["ports"] == [{"protocol": "TCP", "port": port}]
     assert controllers["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "rel"
     assert "from" not in everyone
-    assert all(not (p["port"] <= 8001 <= p["endPort"]) for p in everyone["ports"])
+    assert all(not (p["port"] <= port <= p["endPort"]) for p in everyone["ports"])
+    assert {(p["port"], p["endPort"]) for p in everyone["ports"]} == {(1, port - 1), (port + 1, 65535)}
+
+
+def test_the_requester_spi_policy_covers_bound_requesters_and_no_provider(tmp_path: Path) -> None:
+    """Providers (launchers, direct providers) carry the `dual` label too, and `sleeping`; a policy that
+    selected them would open their API port to everyone (NetworkPolicies add up)."""
+    (policy,) = [p for p in by_kind(render(tmp_path), "NetworkPolicy") if p["metadata"]["name"] == "rel-requester-spi"]
+    assert policy["spec"]["podSelector"] == {"matchExpressions": [
+        {"key": "dual-pods.llm-d.ai/dual", "operator": "Exists"},
+        {"key": "dual-pods.llm-d.ai/sleeping", "operator": "DoesNotExist"},
+    ]}  # fmt: skip
 
 
 def test_the_dashboard_is_current(tmp_path: Path) -> None:

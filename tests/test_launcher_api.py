@@ -8,13 +8,18 @@ import asyncio
 import json
 import os
 import signal
+import socket
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 
+from api.launcher import MAX_ANNOTATIONS_BYTES, MAX_EVENT_BYTES, MAX_OPTIONS_BYTES, WATCH_HEARTBEAT_S
 from e2e.cluster.ports import free_port
 from e2e.launcher_process import LauncherProcess
 from e2e.waiting import wait_for
@@ -70,68 +75,90 @@ class Case:
     method: str
     path: str
     status: int
-    message: str
+    reason: str  # the error body's machine-readable `reason`
+    message: str  # part of its `detail`
     body: bytes | None = None
     json_body: Any = None
     headers: dict[str, str] = field(default_factory=dict)
 
 
 DUP = "dup"  # an instance that exists while the table runs
+BODY = "InvalidBody"
+OPTIONS = "InvalidOptions"
+
+
+def with_options(options: str, **body: Any) -> dict[str, Any]:
+    return {"options": options, **body}
+
 
 CASES = [
-    Case("malformed JSON", "POST", BASE, 400, "malformed JSON", body=b'{"options": "--model x"'),
-    Case("body not an object", "POST", BASE, 422, "invalid instance configuration", json_body=["--model"]),
-    Case("missing options", "POST", BASE, 422, "options: Field required", json_body={"gpu_uuids": []}),
-    Case(
-        "options not a string", "POST", BASE, 422, "options: Input should be a valid string", json_body={"options": 3}
-    ),
-    Case("unbalanced quotes", "POST", BASE, 400, "cannot split", json_body={"options": '--model "tiny'}),
-    Case("unknown flag", "POST", BASE, 400, "invalid options", json_body={"options": "--model tiny --port x1"}),
-    Case("bad flag value", "POST", BASE, 400, "invalid int value: 'abc'", json_body={"options": "--port abc"}),
-    Case(
-        "foreign host",
-        "POST",
-        BASE,
-        400,
-        "not this launcher's address",
-        json_body={"options": "--model tiny --port 9 --host 127.0.0.9"},
-    ),
-    Case(
-        "unknown GPU UUID",
-        "POST",
-        BASE,
-        400,
-        "unknown GPU UUID(s) GPU-9; available (2 mock GPUs): GPU-0, GPU-1",
-        json_body={"options": standin_options(), "gpu_uuids": ["GPU-0", "GPU-9"]},
-    ),
-    Case(
-        "unknown runtime",
-        "POST",
-        BASE,
-        400,
-        "unknown runtime 'sglang'; this launcher runs: transformers, vllm",
-        json_body={"options": standin_options(), "runtime": "sglang"},
-    ),
-    Case("duplicate ID", "PUT", f"{BASE}/{DUP}", 409, f"Instance {DUP} already exists", json_body={"options": "-"}),
-    Case("invalid ID", "PUT", f"{BASE}/-dash", 400, "invalid instance ID", json_body={"options": standin_options()}),
-    Case("unknown ID", "GET", f"{BASE}/nope", 404, "Instance nope not found"),
-    Case("delete unknown ID", "DELETE", f"{BASE}/nope", 404, "Instance nope not found"),
-    Case("sleep unknown ID", "POST", f"{BASE}/nope/sleep", 404, "Instance nope not found"),
-    Case("log of unknown ID", "GET", f"{BASE}/nope/log", 404, "Instance nope not found"),
-    Case("bad sleep level", "POST", f"{BASE}/{DUP}/sleep?level=3", 400, "invalid sleep level 3"),
-    Case("sleep level not a number", "POST", f"{BASE}/{DUP}/sleep?level=deep", 400, "not an integer"),
-    Case("suffix Range", "GET", f"{BASE}/{DUP}/log", 400, "malformed Range", headers={"Range": "bytes=-10"}),
-    Case("Range end before start", "GET", f"{BASE}/{DUP}/log", 400, "end is before", headers={"Range": "bytes=9-2"}),
-    Case("Range unit", "GET", f"{BASE}/{DUP}/log", 400, "malformed Range", headers={"Range": "lines=0-2"}),
-    Case("since not a number", "GET", f"{BASE}/watch?since=yesterday", 400, "not an integer"),
-    Case("negative since", "GET", f"{BASE}/watch?since=-1", 400, "must not be negative"),
-    Case("since too old", "GET", f"{BASE}/watch?since=0", 410, "too old"),
-    Case("detail not a boolean", "GET", f"{BASE}?detail=maybe", 400, "not a boolean"),
-    Case("no token", "GET", BASE, 401, "bearer token", headers={"Authorization": ""}),
-    Case("wrong token", "GET", BASE, 401, "bearer token", headers={"Authorization": "Bearer guess"}),
-    Case("unknown route", "GET", "/v3/everything", 404, "Not Found"),
-    Case("wrong method", "PATCH", BASE, 405, "Method Not Allowed"),
-]
+    Case("malformed JSON", "POST", BASE, 400, BODY, "malformed JSON", body=b'{"options": "--model x"'),
+    Case("body not an object", "POST", BASE, 422, BODY, "invalid instance configuration", json_body=["--model"]),
+    Case("missing options", "POST", BASE, 422, BODY, "options: Field required", json_body={"gpu_uuids": []}),
+    Case("options not a string", "POST", BASE, 422, BODY, "options: Input should be a valid string",
+         json_body={"options": 3}),
+    Case("body too large", "POST", BASE, 413, BODY, "Maximum request body size", body=b" " * (2 << 20)),
+    Case("unbalanced quotes", "POST", BASE, 400, OPTIONS, "cannot split", json_body=with_options('--model "tiny')),
+    Case("unknown flag", "POST", BASE, 400, OPTIONS, "invalid options",
+         json_body=with_options("--model tiny --port x1")),
+    Case("bad flag value", "POST", BASE, 400, OPTIONS, "invalid int value: 'abc'",
+         json_body=with_options("--port abc")),
+    Case("foreign host", "POST", BASE, 400, OPTIONS, "not this launcher's address",
+         json_body=with_options("--model tiny --port 9 --host 127.0.0.9")),
+    Case("port 0", "POST", BASE, 400, OPTIONS, "--port 0 is not a port; use 1-65535",
+         json_body=with_options("--model tiny --port 0")),
+    Case("port -1", "POST", BASE, 400, OPTIONS, "--port -1 is not a port", json_body=with_options("--port=-1")),
+    Case("port 99999", "POST", BASE, 400, OPTIONS, "--port 99999 is not a port",
+         json_body=with_options("--port 99999")),
+    Case("env name with =", "POST", BASE, 400, BODY, "env_vars: 'A=B' is not a valid environment variable name",
+         json_body=with_options(standin_options(), env_vars={"A=B": "1"})),
+    Case("empty env name", "POST", BASE, 400, BODY, "env_vars: '' is not a valid environment variable name",
+         json_body=with_options(standin_options(), env_vars={"": "1"})),
+    Case("env value with NUL", "POST", BASE, 400, BODY, "env_vars: the value of X contains a NUL byte",
+         json_body=with_options(standin_options(), env_vars={"X": "a\u0000b"})),
+    Case("options too long", "POST", BASE, 400, BODY, "bytes as JSON, over the launcher's bound of 16384 bytes",
+         json_body=with_options(standin_options(extra="--x " + "y" * (16384 - len(standin_options()) - 1)))),
+    # Each ' the launcher must quote in the command line it reports becomes '"'"'.
+    Case("effective options too long", "POST", BASE, 400, OPTIONS,
+         "options: the effective command line (the options as the launcher quotes them, plus the flags it adds) is",
+         json_body=with_options(standin_options(extra="--x \"" + "'" * 4200 + '"'))),
+    Case("environment too large", "POST", BASE, 400, BODY, "env_vars: with CUDA_VISIBLE_DEVICES as the launcher sets",
+         json_body=with_options(standin_options(), env_vars={"BIG": "v" * 12280}, gpu_uuids=["GPU-0"])),
+    Case("annotations too large", "POST", BASE, 400, BODY,
+         "annotations: 8200 bytes as JSON, over the launcher's bound of 8192",
+         json_body=with_options(standin_options(), annotations={"a": "v" * 8192})),
+    Case("too many GPUs", "POST", BASE, 400, BODY, "gpu_uuids: 4001 bytes as JSON, over the launcher's bound of 2048",
+         json_body=with_options(standin_options(), gpu_uuids=["GPU-0"] * 500)),
+    Case("unknown GPU UUID", "POST", BASE, 400, "UnknownGPU",
+         "unknown GPU UUID(s) GPU-9; available (2 mock GPUs): GPU-0, GPU-1",
+         json_body=with_options(standin_options(), gpu_uuids=["GPU-0", "GPU-9"])),
+    Case("unknown runtime", "POST", BASE, 400, BODY, "unknown runtime 'sglang'; this launcher runs: transformers, vllm",
+         json_body=with_options(standin_options(), runtime="sglang")),
+    Case("duplicate ID", "PUT", f"{BASE}/{DUP}", 409, "AlreadyExists", f"Instance {DUP} already exists",
+         json_body={"options": "-"}),
+    Case("invalid ID", "PUT", f"{BASE}/-dash", 400, BODY, "invalid instance ID",
+         json_body=with_options(standin_options())),
+    Case("unknown ID", "GET", f"{BASE}/nope", 404, "NotFound", "Instance nope not found"),
+    Case("delete unknown ID", "DELETE", f"{BASE}/nope", 404, "NotFound", "Instance nope not found"),
+    Case("sleep unknown ID", "POST", f"{BASE}/nope/sleep", 404, "NotFound", "Instance nope not found"),
+    Case("log of unknown ID", "GET", f"{BASE}/nope/log", 404, "NotFound", "Instance nope not found"),
+    Case("bad sleep level", "POST", f"{BASE}/{DUP}/sleep?level=3", 400, BODY, "invalid sleep level 3"),
+    Case("sleep level not a number", "POST", f"{BASE}/{DUP}/sleep?level=deep", 400, BODY, "not an integer"),
+    Case("suffix Range", "GET", f"{BASE}/{DUP}/log", 400, BODY, "malformed Range", headers={"Range": "bytes=-10"}),
+    Case("Range end before start", "GET", f"{BASE}/{DUP}/log", 400, BODY, "end is before",
+         headers={"Range": "bytes=9-2"}),
+    Case("Range unit", "GET", f"{BASE}/{DUP}/log", 400, BODY, "malformed Range", headers={"Range": "lines=0-2"}),
+    Case("since not a number", "GET", f"{BASE}/watch?since=yesterday", 400, BODY, "not an integer"),
+    Case("negative since", "GET", f"{BASE}/watch?since=-1", 410, "RevisionGone", "-1 is not a revision"),
+    Case("since too old", "GET", f"{BASE}/watch?since=0", 410, "RevisionGone", "too old"),
+    Case("since ahead", "GET", f"{BASE}/watch?since=987654", 410, "RevisionGone",
+         "revision 987654 is ahead of this launcher's current revision"),
+    Case("detail not a boolean", "GET", f"{BASE}?detail=maybe", 400, BODY, "not a boolean"),
+    Case("no token", "GET", BASE, 401, "Unauthorized", "bearer token", headers={"Authorization": ""}),
+    Case("wrong token", "GET", BASE, 401, "Unauthorized", "bearer token", headers={"Authorization": "Bearer guess"}),
+    Case("unknown route", "GET", "/v3/everything", 404, "NotFound", "Not Found"),
+    Case("wrong method", "PATCH", BASE, 405, "MethodNotAllowed", "Method Not Allowed"),
+]  # fmt: skip
 
 
 async def test_bad_input_gets_a_clear_4xx_and_leaks_nothing(
@@ -146,17 +173,27 @@ async def test_bad_input_gets_a_clear_4xx_and_leaks_nothing(
         async with http.post(f"{BASE}/{DUP}/wake_up") as response:
             assert response.status == 200
     holder_port = dup["port"]
-    cases = [
-        *CASES,
-        Case(
-            "port in use",
-            "PUT",
-            f"{BASE}/other",
-            409,
-            f"port {holder_port} is already used by instance {DUP}",
-            json_body={"options": standin_options(holder_port)},
-        ),
-    ]
+    with socket.create_server(("127.0.0.1", 0)) as squatter:  # a process of this host that is no instance
+        squatted_port = squatter.getsockname()[1]
+        cases = [
+            *CASES,
+            Case("port in use", "PUT", f"{BASE}/other", 409, "PortInUse",
+                 f"port {holder_port} is already used by instance {DUP}",
+                 json_body=with_options(standin_options(holder_port))),
+            Case("port in use by another process", "PUT", f"{BASE}/other", 409, "PortInUse",
+                 f"port {squatted_port} is already in use on 127.0.0.1 by a process that is not one of this launcher's",
+                 json_body=with_options(standin_options(squatted_port))),
+            Case("the launcher's own port", "PUT", f"{BASE}/other", 400, OPTIONS,
+                 f"--port {launcher.port} is this launcher's own API port",
+                 json_body=with_options(standin_options(launcher.port))),
+        ]  # fmt: skip
+        failures = await _run_cases(launcher, http, cases)
+    assert not failures, "\n".join(failures)
+    # Only the one instance this test created runs: no rejected request forked anything.
+    assert list(instance_processes(launcher)) == [DUP]
+
+
+async def _run_cases(launcher: LauncherProcess, http: aiohttp.ClientSession, cases: list[Case]) -> list[str]:
     failures = []
     for case in cases:
         headers = {k: v for k, v in case.headers.items() if v} or None
@@ -165,12 +202,12 @@ async def test_bad_input_gets_a_clear_4xx_and_leaks_nothing(
                 status, text, _ = await _send(anonymous, case, headers)
         else:
             status, text, _ = await _send(http, case, headers)
-        detail = json.loads(text).get("detail", "") if text else ""
-        if status != case.status or case.message not in detail:
-            failures.append(f"{case.name}: got {status} {text!r}, want {case.status} with {case.message!r}")
-    assert not failures, "\n".join(failures)
-    # Only the one instance this test created runs: no rejected request forked anything.
-    assert list(instance_processes(launcher)) == [DUP]
+        body = json.loads(text) if text else {}
+        if (status, body.get("reason")) != (case.status, case.reason) or case.message not in body.get("detail", ""):
+            failures.append(
+                f"{case.name}: got {status} {text[:300]!r}, want {case.status} {case.reason} with {case.message!r}"
+            )
+    return failures
 
 
 async def _send(session: aiohttp.ClientSession, case: Case, headers: dict[str, str] | None) -> tuple[int, str, Any]:
@@ -256,23 +293,6 @@ def instance_processes(launcher: LauncherProcess) -> dict[str, int]:
     return {title.removeprefix("dualpods-instance "): pid for pid, title in titles.items()}
 
 
-async def test_a_crashed_instance_is_stopped_with_its_exit_code(
-    launcher: LauncherProcess, http: aiohttp.ClientSession
-) -> None:
-    await create(http, "victim")
-    await wait_ready(http, "victim")
-    async with http.get(BASE, params={"detail": "false"}) as response:
-        revision = (await response.json())["revision"]
-    async with http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
-        os.kill(instance_processes(launcher)["victim"], signal.SIGKILL)
-        async with asyncio.timeout(1.0):
-            event = json.loads(await watch.content.readline())
-    assert (event["type"], event["exit_code"], event["object"]["status"]) == ("STOPPED", -9, "stopped")
-    async with http.post(f"{BASE}/victim/wake_up") as response:
-        assert response.status == 409
-        assert "is stopped (exit code -9)" in (await response.json())["detail"]
-
-
 async def test_deleting_an_instance_right_after_creating_it_never_stops_the_launcher(
     launcher: LauncherProcess, http: aiohttp.ClientSession
 ) -> None:
@@ -285,3 +305,222 @@ async def test_deleting_an_instance_right_after_creating_it_never_stops_the_laun
     async with http.get("/health") as response:
         assert response.status == 200
     assert instance_processes(launcher) == {}
+
+
+# ----- epochs and the watch stream
+
+
+async def listing(http: aiohttp.ClientSession, detail: bool) -> dict[str, Any]:
+    async with http.get(BASE, params={"detail": str(detail).lower()}) as response:
+        assert response.status == 200
+        body: dict[str, Any] = await response.json()
+        return body
+
+
+async def test_the_boot_id_is_in_both_lists_and_every_event(http: aiohttp.ClientSession) -> None:
+    ids, detailed = await listing(http, detail=False), await listing(http, detail=True)
+    boot_id = ids["boot_id"]
+    assert uuid.UUID(boot_id).version == 4
+    assert detailed["boot_id"] == boot_id
+    await create(http, "epoch")
+    async with http.get(f"{BASE}/watch") as snapshot:  # the synthetic CREATED events too
+        first = json.loads(await snapshot.content.readline())
+    assert (first["type"], first["boot_id"]) == ("CREATED", boot_id)
+    async with http.get(f"{BASE}/watch", params={"since": str(ids["revision"])}) as watch:
+        await wait_ready(http, "epoch")
+        async with http.delete(f"{BASE}/epoch") as response:
+            assert response.status == 200
+        events = [json.loads(await watch.content.readline()) for _ in range(3)]
+    assert [(e["type"], e["boot_id"]) for e in events] == [
+        ("CREATED", boot_id),
+        ("READY", boot_id),
+        ("DELETED", boot_id),
+    ]
+
+
+async def test_since_follows_fmas_history_boundary(http: aiohttp.ClientSession) -> None:
+    """With the last 5 events kept: since = R - 5 is served from revision R - 4; R - 6 is 410."""
+    await create(http, "history")
+    await wait_ready(http, "history")
+    for _ in range(2):
+        for action in ("sleep", "wake_up"):
+            async with http.post(f"{BASE}/history/{action}") as response:
+                assert response.status == 200
+    revision = (await listing(http, detail=False))["revision"]
+    async with http.get(f"{BASE}/watch", params={"since": str(revision - 5)}) as watch:
+        assert watch.status == 200
+        assert json.loads(await watch.content.readline())["object"]["revision"] == revision - 4
+    async with http.get(f"{BASE}/watch", params={"since": str(revision - 6)}) as watch:
+        assert (watch.status, (await watch.json())["reason"]) == (410, "RevisionGone")
+
+
+async def test_a_quiet_stream_sends_heartbeats_and_then_the_next_event(http: aiohttp.ClientSession) -> None:
+    revision = (await listing(http, detail=False))["revision"]
+    async with http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
+        assert watch.status == 200
+        started = asyncio.get_running_loop().time()
+        async with asyncio.timeout(WATCH_HEARTBEAT_S + 2):
+            line = await watch.content.readline()
+        assert line == b"\n"
+        assert asyncio.get_running_loop().time() - started >= WATCH_HEARTBEAT_S - 0.5
+        await create(http, "after-a-heartbeat")
+        async with asyncio.timeout(2):
+            event = json.loads(await watch.content.readline())
+        assert (event["type"], event["object"]["revision"]) == ("CREATED", revision + 1)
+
+
+async def test_a_restarted_launcher_is_a_new_epoch(tmp_path: Path) -> None:
+    """Revisions start again with the process; a watcher that resumes from the old one is told to list."""
+    first = LauncherProcess(tmp_path / "first", ["--stand-in"]).start()
+    try:
+        async with aiohttp.ClientSession(first.url) as http:
+            fresh = await listing(http, detail=False)
+            assert fresh["revision"] == 0
+            async with http.get(f"{BASE}/watch", params={"since": "987654"}) as watch:
+                assert (watch.status, (await watch.json())["reason"]) == (410, "RevisionGone")
+            for name in ("a", "b"):
+                await create(http, name)
+            before = await listing(http, detail=False)
+    finally:
+        first.stop()
+    second = LauncherProcess(tmp_path / "second", ["--stand-in"], port=first.port).start()
+    try:
+        async with aiohttp.ClientSession(second.url) as http:
+            after = await listing(http, detail=False)
+            assert after["boot_id"] != before["boot_id"]
+            assert (after["revision"], after["instance_ids"]) == (0, [])
+            async with http.get(f"{BASE}/watch", params={"since": str(before["revision"])}) as watch:
+                assert watch.status == 410
+                assert "the launcher restarted" in (await watch.json())["detail"]
+    finally:
+        assert second.stop() == []
+
+
+async def test_the_largest_instance_the_bounds_allow_makes_readable_events(http: aiohttp.ClientSession) -> None:
+    options = standin_options(extra="--pad " + "p" * (MAX_OPTIONS_BYTES - 200))
+    env = {f"VAR_{i}": "v" * 1000 for i in range(11)}
+    annotations = {"note": "n" * (MAX_ANNOTATIONS_BYTES - 100)}
+    revision = (await listing(http, detail=False))["revision"]
+    async with http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
+        await create(http, "big", options=options, env_vars=env, annotations=annotations, gpu_uuids=["GPU-0"])
+        line = await watch.content.readline()
+    assert MAX_OPTIONS_BYTES * 2 < len(line) <= MAX_EVENT_BYTES
+    state = json.loads(line)["object"]
+    assert (state["options"], state["annotations"]) == (options, annotations)
+
+
+# ----- liveness
+
+
+async def next_event(watch: aiohttp.ClientResponse) -> dict[str, Any]:
+    """The next event of a watch stream, past its heartbeats."""
+    while line := await watch.content.readline():
+        if line.strip():
+            event: dict[str, Any] = json.loads(line)
+            return event
+    raise AssertionError("the watch stream ended")
+
+
+async def next_event_of(watch: aiohttp.ClientResponse, instance_id: str, type_: str) -> dict[str, Any]:
+    while (event := await next_event(watch))["object"]["instance_id"] != instance_id or event["type"] != type_:
+        pass
+    return event
+
+
+async def test_a_crashed_instance_is_stopped_with_its_exit_code(
+    launcher: LauncherProcess, http: aiohttp.ClientSession
+) -> None:
+    await create(http, "victim")
+    await wait_ready(http, "victim")
+    revision = (await listing(http, detail=False))["revision"]
+    async with http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
+        os.kill(instance_processes(launcher)["victim"], signal.SIGKILL)
+        async with asyncio.timeout(1.0):
+            event = json.loads(await watch.content.readline())
+    assert (event["type"], event["exit_code"], event["object"]["status"]) == ("STOPPED", -9, "stopped")
+    assert event["object"]["stop_reason"] == "Exited"  # nobody asked the launcher to stop it
+    async with http.post(f"{BASE}/victim/wake_up") as response:
+        assert response.status == 409
+        body = await response.json()
+    assert "is stopped (exit code -9)" in body["detail"]
+    assert body["reason"] == "NotRunning"
+
+
+async def test_a_hung_instance_is_killed_as_unresponsive_and_calls_to_it_fail_in_time(
+    launcher: LauncherProcess, http: aiohttp.ClientSession
+) -> None:
+    """SIGSTOP: the process lives, its port accepts connections, and nothing answers."""
+    await create(http, "hung")
+    await wait_ready(http, "hung")
+    revision = (await listing(http, detail=False))["revision"]
+    loop = asyncio.get_running_loop()
+    async with http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
+        os.kill(instance_processes(launcher)["hung"], signal.SIGSTOP)
+        stopped_at = loop.time()
+        async with http.post(f"{BASE}/hung/sleep") as response:
+            answered_at = loop.time()
+            body = await response.json()
+        async with asyncio.timeout(10 - (loop.time() - stopped_at)):
+            event = await next_event_of(watch, "hung", "STOPPED")
+    assert (response.status, body["reason"]) == (504, "BackendTimeout"), body
+    assert "stopped (Unresponsive, exit code -9) before it answered POST /sleep?level=1" in body["detail"]
+    assert answered_at - stopped_at < 10
+    assert (event["exit_code"], event["object"]["stop_reason"]) == (-9, "Unresponsive")
+    assert "hung" not in instance_processes(launcher)
+    async with http.get("/metrics") as response:
+        metrics = await response.text()
+    assert 'dualpods_launcher_instance_stops_total{reason="Unresponsive"} 1.0' in metrics
+
+
+async def test_sleeping_waking_and_busy_instances_are_not_killed(http: aiohttp.ClientSession) -> None:
+    """Longer than three failed probes would take (8 s): one asleep, one in a 9 s wake, one under load."""
+    await create(http, "asleep")
+    await create(http, "waking", options=standin_options(extra="--wake-delay 9"))
+    busy = await create(http, "busy", options=standin_options(extra="--request-delay 0.5"))
+    for name in ("asleep", "waking", "busy"):
+        await wait_ready(http, name)
+    for name in ("asleep", "waking"):
+        async with http.post(f"{BASE}/{name}/sleep") as response:
+            assert response.status == 200
+    revision = (await listing(http, detail=False))["revision"]
+    client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{busy['port']}/v1", api_key="unused", max_retries=0)
+
+    async def load() -> int:
+        answered = 0
+        while True:
+            await asyncio.gather(
+                *(client.completions.create(model="tiny", prompt="hi", max_tokens=4) for _ in range(20))
+            )
+            answered += 20
+
+    async with http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
+        loading = asyncio.ensure_future(load())
+        async with http.post(f"{BASE}/waking/wake_up") as response:
+            assert response.status == 200
+            assert (await response.json())["sleeping"] is False
+        loading.cancel()
+        async with asyncio.timeout(1):
+            event = await next_event(watch)
+    assert (event["type"], event["object"]["instance_id"]) == ("AWAKE", "waking")  # and nothing STOPPED before it
+    states = {s["instance_id"]: s for s in (await listing(http, detail=True))["instances"]}
+    assert {name: (s["status"], s["sleeping"]) for name, s in states.items()} == {
+        "asleep": ("running", True),
+        "waking": ("running", False),
+        "busy": ("running", False),
+    }
+
+
+async def test_deleting_a_stopped_process_is_prompt(launcher: LauncherProcess, http: aiohttp.ClientSession) -> None:
+    """SIGTERM waits while a process is stopped; the launcher resumes it, so it exits on SIGTERM, not at the
+    SIGKILL after the 3 s grace."""
+    await create(http, "frozen")
+    await wait_ready(http, "frozen")
+    os.kill(instance_processes(launcher)["frozen"], signal.SIGSTOP)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    async with http.delete(f"{BASE}/frozen") as response:
+        deleted = await response.json()
+    assert response.status == 200
+    assert loop.time() - started < 2.5
+    assert (deleted["status"], deleted["exit_code"]) == ("stopped", 0)
+    assert "stop_reason" not in deleted  # it was asked to stop

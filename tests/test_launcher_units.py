@@ -1,14 +1,36 @@
-"""Pure parts of the launcher: log ranges, the event history, engine defaults, option parsing."""
+"""Parts of the launcher on their own: log ranges, the event history, event bounds, engine defaults,
+option parsing, and the liveness watch (against real processes and a scripted /health)."""
 
+import asyncio
+import os
+import signal
+import socket
+import subprocess
 import sys
+import time
+import uuid
+from collections.abc import Iterator
 
+import psutil
 import pytest
 
-from api.launcher import EventType, InstanceState, InstanceStatus
-from launcher import gpu_memory
+from api.launcher import (
+    MAX_ANNOTATIONS_BYTES,
+    MAX_EFFECTIVE_OPTIONS_BYTES,
+    MAX_ENV_VARS_BYTES,
+    MAX_EVENT_BYTES,
+    MAX_GPU_UUIDS_BYTES,
+    MAX_OPTIONS_BYTES,
+    EventType,
+    InstanceState,
+    InstanceStatus,
+    StopReason,
+)
+from launcher import gpu_memory, liveness, validation
 from launcher.engine_defaults import GIB, GpuMemory, Machine, transformers_defaults, vllm_defaults
-from launcher.errors import BadRequest, Gone, RangeNotSatisfiable
-from launcher.events import EventLog
+from launcher.errors import BadRequest, Conflict, Gone, InvalidOptions, RangeNotSatisfiable
+from launcher.events import EventLog, Subscription
+from launcher.liveness import EngineProcesses, LivenessPolicy
 from launcher.logs import PAGE_BYTES, resolve_range
 from launcher.runtimes import VllmRuntime
 
@@ -48,27 +70,154 @@ def _publish(log: EventLog, count: int) -> None:
 def test_history_replays_after_a_revision_until_it_is_too_old() -> None:
     log = EventLog(history_size=3)
     _publish(log, 5)  # revisions 1..5, history keeps 3..5
-    assert [e.object.revision for e in log.replay_since(2)] == [3, 4, 5]
-    assert log.replay_since(5) == []
-    assert log.replay_since(9) == []  # a watcher ahead of us waits for new events
+    assert [e.object.revision for e in log.replay_since(2)] == [3, 4, 5]  # FMA's boundary: R - history
+    assert log.replay_since(5) == []  # the current revision: nothing yet, the stream stays open
     with pytest.raises(Gone, match="oldest event kept has revision 3"):
-        log.replay_since(1)
+        log.replay_since(1)  # R - history - 1
+
+
+@pytest.mark.parametrize("since", [-1, 6, 987654])
+def test_a_revision_this_launcher_never_had_is_gone(since: int) -> None:
+    """Ahead of the current revision: the client's launcher restarted (its revisions began again)."""
+    log = EventLog(history_size=3)
+    _publish(log, 5)
+    with pytest.raises(Gone):
+        log.replay_since(since)
+
+
+def test_a_fresh_log_serves_since_0_and_nothing_beyond() -> None:
+    log = EventLog()
+    assert log.replay_since(0) == []
+    with pytest.raises(Gone, match="ahead of this launcher's current revision 0"):
+        log.replay_since(987654)
+
+
+def test_every_event_carries_the_boot_id_of_its_launcher_process() -> None:
+    first, second = EventLog(), EventLog()
+    assert uuid.UUID(first.boot_id) != uuid.UUID(second.boot_id)
+    _publish(first, 2)
+    assert {e.boot_id for e in first.replay_since(0)} == {first.boot_id}
+
+
+async def _drain(subscription: Subscription) -> list[int]:
+    revisions = []
+    while (event := await subscription.next(1.0)) is not None:
+        revisions.append(event.object.revision)
+    return revisions
 
 
 async def test_a_watcher_gets_its_initial_events_then_live_ones() -> None:
     log = EventLog()
     _publish(log, 1)
-    stream = log.subscribe(log.replay_since(0))
+    subscription = log.subscribe(log.replay_since(0))
     _publish(log, 1)  # published after subscribing, before the first read
     log.close_all()
-    assert [e.object.revision async for e in stream] == [1, 2]
+    assert await _drain(subscription) == [1, 2]
+
+
+async def test_an_idle_watcher_times_out_and_loses_nothing() -> None:
+    """The API sends a heartbeat each time `next` times out; the event that comes later still arrives."""
+    log = EventLog()
+    subscription = log.subscribe([])
+    with pytest.raises(TimeoutError):
+        await subscription.next(0.05)
+    _publish(log, 1)
+    event = await subscription.next(0.05)
+    assert event is not None
+    assert event.object.revision == 1
+    subscription.close()
+    _publish(log, 1)  # no longer queued for it
+    with pytest.raises(TimeoutError):
+        await subscription.next(0.05)
 
 
 async def test_a_watcher_a_whole_history_behind_is_ended() -> None:
     log = EventLog(history_size=2)
-    stream = log.subscribe([])
+    subscription = log.subscribe([])
     _publish(log, 3)
-    assert [e.object.revision async for e in stream] == [2]  # the oldest dropped, then the end
+    assert await _drain(subscription) == [2]  # the oldest dropped, then the end
+
+
+def test_the_largest_event_the_bounds_allow_fits_a_watch_line() -> None:
+    """Every bounded field at its bound, and the launcher's own fields at their longest."""
+    env = {f"E{i:04d}": "x" * 10 for i in range(MAX_ENV_VARS_BYTES // 21)}  # "E0000":"xxxxxxxxxx", is 21 bytes
+    state = InstanceState(
+        status=InstanceStatus.STOPPED,
+        instance_id="i" * 128,
+        revision=2**63 - 1,
+        options="o" * (MAX_OPTIONS_BYTES - 2),
+        gpu_uuids=["G" * 40] * (MAX_GPU_UUIDS_BYTES // 43),
+        env_vars=env,
+        annotations={"a": "v" * (MAX_ANNOTATIONS_BYTES - 10)},
+        runtime="transformers",
+        ready=True,
+        sleeping=True,
+        sleep_level=2,
+        effective_options="e" * (MAX_EFFECTIVE_OPTIONS_BYTES - 2),
+        # Every flag the engine defaults can add, with its longest value.
+        defaults_applied={
+            "--max-model-len": "auto",
+            "--dtype": "bfloat16",
+            "--kv-cache-memory-bytes": str(2**63),
+            "--enforce-eager": "true",
+            "--enable-sleep-mode": "true",
+            "--gpu-memory-utilization": "0.95",
+        },
+        port=65535,
+        exit_code=-(2**31),
+        stop_reason=max(StopReason, key=len),
+    )
+    for name, value, bound in [
+        ("options", state.options, MAX_OPTIONS_BYTES),
+        ("effective_options", state.effective_options, MAX_EFFECTIVE_OPTIONS_BYTES),
+        ("env_vars", state.env_vars, MAX_ENV_VARS_BYTES),
+        ("annotations", state.annotations, MAX_ANNOTATIONS_BYTES),
+        ("gpu_uuids", state.gpu_uuids, MAX_GPU_UUIDS_BYTES),
+    ]:
+        assert bound - 64 <= validation.encoded_size(value) <= bound, name
+    event = EventLog().event(EventType.STOPPED, state, exit_code=-(2**31))
+    assert len(event.model_dump_json(exclude_none=True).encode()) + 1 <= MAX_EVENT_BYTES
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"": "x"}, "'' is not a valid environment variable name"),
+        ({"A=B": "x"}, "'A=B' is not a valid environment variable name"),
+        ({"TAB\tNAME": "x"}, "is not a valid environment variable name"),
+        ({"ÜBER": "x"}, "'ÜBER' is not a valid environment variable name"),
+        ({"OK": "a\0b"}, "the value of OK contains a NUL byte"),
+        ({"BIG": "v" * MAX_ENV_VARS_BYTES}, f"over the launcher's bound of {MAX_ENV_VARS_BYTES} bytes"),
+    ],
+)
+def test_environments_no_process_could_have_are_refused(env: dict[str, str], message: str) -> None:
+    with pytest.raises(BadRequest, match="env_vars") as caught:
+        validation.check_environment(env)
+    assert message in caught.value.message
+
+
+def test_environment_names_kubernetes_accepts_are_accepted() -> None:
+    validation.check_environment({"1ST": "", "my.var-x": "é\n", "PATH": "/bin", "a b": "x"})
+
+
+@pytest.mark.parametrize(
+    ("port", "message"),
+    [(0, "--port 0 is not a port"), (-1, "--port -1 is not a port"), (99999, "--port 99999 is not a port"),
+     (8123, "--port 8123 is this launcher's own API port")],
+)  # fmt: skip
+def test_ports_an_instance_cannot_serve_on_are_refused(port: int, message: str) -> None:
+    with pytest.raises(InvalidOptions) as caught:
+        validation.check_port(port, own_port=8123)
+    assert message in caught.value.message
+
+
+def test_a_port_another_process_listens_on_is_in_use() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        with pytest.raises(Conflict, match=f"port {port} is already in use on 127.0.0.1") as caught:
+            validation.check_port_free("127.0.0.1", port)
+    assert caught.value.reason == "PortInUse"
+    validation.check_port_free("127.0.0.1", port)  # closed now: free
 
 
 CPU = Machine(on_cpu=True, cpu_kv_cache_bytes=1 << 20)
@@ -151,6 +300,10 @@ def test_explicit_flags_are_found_in_any_spelling(vllm_runtime: VllmRuntime) -> 
         (["--model", "/no/such/model"], "model path /no/such/model does not exist"),
         (["--model", "/", "--enable-sleep-mode"], "--enable-sleep-mode is not supported by vLLM on the CPU"),
         (["--model", "/", "--enable-log-outputs"], "--enable-log-outputs requires --enable-log-requests"),
+        # What the launcher could not reach: it talks plain HTTP to the instance's --port.
+        (["--model", "/", "--uds", "/tmp/x.sock"], "--uds (a Unix socket instead of the port) is not supported"),
+        (["--model", "/", "--grpc"], "--grpc (gRPC instead of HTTP on the port) is not supported"),
+        (["--model", "/", "--ssl-keyfile", "/k"], "--ssl-keyfile (HTTPS) is not supported"),
     ],
 )
 def test_bad_vllm_options_are_rejected_with_vllms_message(
@@ -159,3 +312,126 @@ def test_bad_vllm_options_are_rejected_with_vllms_message(
     with pytest.raises(BadRequest) as caught:
         vllm_runtime.parse(options)
     assert message in caught.value.message
+
+
+# ----- liveness
+
+# A server process that forks one "engine" child titled ENGINE_TITLE; the child dies with its parent,
+# as an instance's processes do (process_control.die_with_parent).
+ENGINE_TITLE = "TESTENGINE::core"
+TREE_SCRIPT = f"""
+import os, sys, time, setproctitle
+from launcher import process_control
+if os.fork() == 0:
+    process_control.die_with_parent()
+    setproctitle.setproctitle({ENGINE_TITLE!r})
+    time.sleep(600)
+    os._exit(0)
+print("forked", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def server_tree() -> Iterator[EngineProcesses]:
+    server = subprocess.Popen([sys.executable, "-c", TREE_SCRIPT], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert server.stdout is not None
+        assert server.stdout.readline() == b"forked\n"
+        deadline = time.monotonic() + 10
+        while True:  # the child sets its title a moment after the fork
+            processes = EngineProcesses.find(server.pid, lambda title: title.startswith("TESTENGINE::"))
+            if (processes is not None and processes.engine) or time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        assert processes is not None
+        assert processes.titles == (ENGINE_TITLE,)
+        yield processes
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait()
+
+
+async def _healthy() -> str | None:
+    return None
+
+
+async def _watch(processes: EngineProcesses, within: float) -> liveness.Verdict | None:
+    return await asyncio.wait_for(liveness.watch(processes, _healthy, LivenessPolicy()), within)
+
+
+async def test_an_engine_process_that_dies_while_its_server_lives_is_reported_at_once(
+    server_tree: EngineProcesses,
+) -> None:
+    watching = asyncio.ensure_future(_watch(server_tree, within=1.0))
+    await asyncio.sleep(0.1)
+    assert not watching.done()
+    os.kill(server_tree.engine[0].pid, signal.SIGKILL)
+    verdict = await watching
+    assert verdict is not None
+    assert verdict.reason is StopReason.ENGINE_DIED
+    assert f"process {server_tree.engine[0].pid} ({ENGINE_TITLE})" in verdict.message
+
+
+async def test_without_pidfds_the_engine_is_polled(
+    server_tree: EngineProcesses, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_pidfds(pid: int, flags: int = 0) -> int:
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(os, "pidfd_open", no_pidfds)
+    watching = asyncio.ensure_future(_watch(server_tree, within=1.0))
+    await asyncio.sleep(0.1)
+    os.kill(server_tree.engine[0].pid, signal.SIGKILL)
+    verdict = await watching
+    assert verdict is not None
+    assert verdict.reason is StopReason.ENGINE_DIED
+
+
+async def test_an_engine_that_dies_with_its_server_is_no_engine_death(server_tree: EngineProcesses) -> None:
+    """The server died first (SIGCHLD reports that exit); its engine died of the parent-death signal."""
+    watching = asyncio.ensure_future(_watch(server_tree, within=5.0))
+    await asyncio.sleep(0.1)
+    os.kill(server_tree.server.pid, signal.SIGKILL)
+    assert await watching is None
+    psutil.wait_procs(list(server_tree.engine), timeout=5)
+
+
+class ScriptedHealth:
+    """/health answers from a script: None is healthy, a string a failure; the last entry repeats."""
+
+    def __init__(self, *answers: str | None) -> None:
+        self.answers = list(answers)
+        self.calls: list[float] = []
+
+    async def __call__(self) -> str | None:
+        self.calls.append(asyncio.get_running_loop().time())
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+FAST = LivenessPolicy(health_interval_s=0.02, health_timeout_s=0.02, failure_threshold=3)
+NO_ENGINE = EngineProcesses(psutil.Process(), (), ())  # this process as the server, no engine processes
+
+
+async def test_consecutive_health_failures_make_an_instance_unresponsive() -> None:
+    probe = ScriptedHealth(
+        None, "no answer within 2 s", "no answer within 2 s", None, "refused", "refused", "it answered 503"
+    )
+    verdict = await asyncio.wait_for(liveness.watch(NO_ENGINE, probe, FAST), 5)
+    assert verdict is not None
+    assert verdict.reason is StopReason.UNRESPONSIVE
+    assert "/health failed 3 times in a row" in verdict.message
+    assert "last: it answered 503" in verdict.message
+    assert len(probe.calls) == 7  # the success in between started the count again
+    gaps = [b - a for a, b in zip(probe.calls, probe.calls[1:], strict=False)]
+    assert min(gaps) >= FAST.health_interval_s * 0.9
+
+
+async def test_a_healthy_instance_is_never_judged() -> None:
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(liveness.watch(NO_ENGINE, ScriptedHealth(None), FAST), 0.5)
+
+
+def test_a_liveness_policy_must_be_able_to_fire() -> None:
+    with pytest.raises(ValueError, match="invalid liveness policy"):
+        LivenessPolicy(failure_threshold=0)

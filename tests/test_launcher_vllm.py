@@ -4,7 +4,7 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,8 @@ async def events_after(http: aiohttp.ClientSession) -> AsyncGenerator[dict[str, 
         revision = (await response.json())["revision"]
     async with http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
         while line := await watch.content.readline():
-            yield json.loads(line)
+            if line.strip():  # not a heartbeat
+                yield json.loads(line)
 
 
 async def next_event(
@@ -167,6 +168,8 @@ async def test_killed_instance_stops_with_its_exit_code(
     event = await asyncio.wait_for(first, 1.0)
     await events.aclose()
     assert (event["type"], event["exit_code"], event["object"]["status"]) == ("STOPPED", -9, "stopped")
+    # Its engine core died too (of the parent-death signal), but after it: the server exited.
+    assert event["object"]["stop_reason"] == "Exited"
     assert engine, "vLLM's engine core should run in its own process"
     psutil.wait_procs(engine, timeout=5)
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in engine)
@@ -177,6 +180,118 @@ async def test_killed_instance_stops_with_its_exit_code(
         assert response.status == 206
         assert len(await response.read()) == 10
         assert response.headers["Content-Range"].startswith("bytes 0-9/")
+
+
+def instance_tree(launcher: LauncherProcess, instance_id: str) -> tuple[psutil.Process, psutil.Process]:
+    """The instance's API-server process and its engine core (which vLLM forks)."""
+    server = next(p for p in launcher.descendants() if f"dualpods-instance {instance_id}" in " ".join(p.cmdline()))
+    (engine,) = server.children()
+    assert " ".join(engine.cmdline()).startswith("VLLM::EngineCore")
+    return server, engine
+
+
+async def stopped_event(
+    http: aiohttp.ClientSession, instance_id: str, act: Callable[[], object], within: float
+) -> dict[str, Any]:
+    """The STOPPED event of `instance_id` after `act()`, which must come within `within` seconds of it."""
+    events = events_after(http)
+    first = asyncio.ensure_future(anext(events))
+    await asyncio.sleep(0.2)
+    act()
+    try:
+        async with asyncio.timeout(within):
+            event = await first
+            while (event["type"], event["object"]["instance_id"]) != ("STOPPED", instance_id):
+                event = await anext(events)
+    finally:
+        await events.aclose()
+    return event
+
+
+async def test_an_instance_whose_engine_dies_is_stopped_even_if_its_server_stays_up(
+    launcher: LauncherProcess, http: aiohttp.ClientSession, model_a: Path
+) -> None:
+    """SIGKILL of the engine core: vLLM's server usually exits soon after, but it may stay up, wedged (the
+    SIGSTOP of the second case makes sure it does); either way the instance is stopped within seconds."""
+    for name, wedge in (("engine-killed", False), ("wedged", True)):
+        await start_instance(http, name, model_a, "model-a")
+        server, engine = instance_tree(launcher, name)
+
+        def kill_engine(server: psutil.Process = server, engine: psutil.Process = engine, wedge: bool = wedge) -> None:
+            if wedge:
+                server.suspend()
+            engine.kill()
+
+        event = await stopped_event(http, name, kill_engine, within=3.0)
+        assert (event["object"]["stop_reason"], event["exit_code"]) == ("EngineDied", -9), name
+        _, alive = psutil.wait_procs([server, engine], timeout=5)
+        assert not alive, f"{name}: {alive} outlived the instance"
+        async with http.get(f"{BASE}/{name}") as response:
+            assert (await response.json())["status"] == "stopped"
+
+
+async def test_a_hung_vllm_server_is_stopped_as_unresponsive(
+    launcher: LauncherProcess, http: aiohttp.ClientSession, model_a: Path
+) -> None:
+    await start_instance(http, "frozen", model_a, "model-a")
+    server, engine = instance_tree(launcher, "frozen")
+    event = await stopped_event(http, "frozen", server.suspend, within=10.0)
+    assert (event["object"]["stop_reason"], event["exit_code"]) == ("Unresponsive", -9)
+    _, alive = psutil.wait_procs([server, engine], timeout=5)
+    assert not alive
+
+
+async def test_sleeping_and_busy_vllm_instances_are_not_killed(
+    http: aiohttp.ClientSession, model_a: Path, model_b: Path
+) -> None:
+    """For longer than three failed probes would take: one asleep, one answering chats without a pause
+    (on this machine's two cores the engine takes all the CPU it gets)."""
+    started = await asyncio.gather(
+        start_instance(http, "asleep", model_a, "model-a"), start_instance(http, "busy", model_b, "model-b")
+    )
+    busy_port: int = started[1]["port"]
+    async with http.post(f"{BASE}/asleep/sleep") as response:
+        assert response.status == 200
+    events = events_after(http)
+    first = asyncio.ensure_future(anext(events))
+    stop = asyncio.Event()
+
+    def chats() -> int:
+        answered = 0
+        while not stop.is_set():
+            assert chat(busy_port, "model-b", "def hello(")
+            answered += 1
+        return answered
+
+    loaders = [asyncio.ensure_future(asyncio.to_thread(chats)) for _ in range(4)]
+    await asyncio.sleep(10)
+    stop.set()
+    answered = sum(await asyncio.gather(*loaders))
+    assert answered > 0
+    assert not first.done(), f"an event while nothing was asked of the launcher: {first.result()}"
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    await events.aclose()
+    async with http.get(BASE) as response:
+        states = {s["instance_id"]: (s["status"], s["sleeping"]) for s in (await response.json())["instances"]}
+    assert states == {"asleep": ("running", True), "busy": ("running", False)}
+    async with http.post(f"{BASE}/asleep/wake_up") as response:
+        assert (await response.json())["sleeping"] is False
+
+
+async def test_deleting_a_suspended_vllm_server_is_prompt(
+    launcher: LauncherProcess, http: aiohttp.ClientSession, model_a: Path
+) -> None:
+    """The launcher resumes it with its SIGTERM: it shuts down cleanly, long before the 10 s grace."""
+    await start_instance(http, "paused", model_a, "model-a")
+    server, _ = instance_tree(launcher, "paused")
+    server.suspend()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    async with http.delete(f"{BASE}/paused") as response:
+        deleted = await response.json()
+    assert loop.time() - started < 5
+    assert (deleted["status"], deleted["exit_code"]) == ("stopped", 0)
 
 
 async def test_the_same_launcher_forks_the_transformers_runtime(http: aiohttp.ClientSession, model_a: Path) -> None:
@@ -199,10 +314,12 @@ async def test_the_same_launcher_forks_the_transformers_runtime(http: aiohttp.Cl
 async def test_sigterm_to_the_launcher_leaves_nothing(tmp_path: Path, model_a: Path) -> None:
     shm_before = set(os.listdir("/dev/shm"))
     launcher = LauncherProcess(tmp_path / "launcher").start()
-    async with aiohttp.ClientSession(launcher.url) as http:
-        await start_instance(http, "x", model_a, "model-a")
-    assert len(launcher.descendants()) >= 2  # the server and its engine core
-    assert launcher.stop() == []
+    try:
+        async with aiohttp.ClientSession(launcher.url) as http:
+            await start_instance(http, "x", model_a, "model-a")
+        assert len(launcher.descendants()) >= 2  # the server and its engine core
+    finally:  # stopped, and checked, even when the test fails before
+        assert launcher.stop() == []
     # vLLM's shared-memory broadcast segments are named psm_*.
     assert [name for name in os.listdir("/dev/shm") if name.startswith("psm_") and name not in shm_before] == []
     assert not [p for p in tmp_path.glob("**/*") if p.name.startswith(("vllm_dist", "dualpods-"))]

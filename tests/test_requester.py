@@ -29,11 +29,10 @@ from requester.visible_devices import Scope, VisibleDevices, parse
 GPUS = ["GPU-aaa", "GPU-bbb"]
 # What the requester reads from its environment; the test machine's own values must not leak in.
 REQUESTER_VARIABLES = frozenset(
-    {"POD_IP", "POD_NAME", "SPI_PORT", "PROBES_PORT", "PROXY_PORT", "NVIDIA_VISIBLE_DEVICES"}
-    | {
-        f"REQUESTER_{name}"
-        for name in ("GPU_SOURCE", "SHUTDOWN_TIMEOUT", "LOG_LEVEL", "HOLD_TIMEOUT", "PROXY_DIAL_TIMEOUT")
-    }
+    {"POD_IP", "POD_NAME", "POD_NAMESPACE", "KUBECONFIG", "SPI_PORT", "PROBES_PORT", "PROXY_PORT"}
+    | {"NVIDIA_VISIBLE_DEVICES", "KUBERNETES_SERVICE_HOST"}
+    | {f"REQUESTER_{name}" for name in ("GPU_SOURCE", "SHUTDOWN_TIMEOUT", "LOG_LEVEL", "HOLD_TIMEOUT")}
+    | {f"REQUESTER_{name}" for name in ("PROXY_DIAL_TIMEOUT", "SPI_AUTH", "TRUSTED_CONTROLLERS")}
 )
 START_TIMEOUT_S = 20.0
 
@@ -80,7 +79,10 @@ class RequesterProcess:
 
     @classmethod
     def start(cls, work_dir: Path, env: dict[str, str], *flags: str) -> "RequesterProcess":
-        """Start it with `env` added to the test environment; returns once both servers answer."""
+        """Start it with `env` added to the test environment; returns once both servers answer.
+
+        Its SPI is open (`--spi-auth none`) unless `env` or `flags` say otherwise: the SPI's checks of the
+        controller's token are tested against a real API server in test_requester_auth.py."""
         work_dir.mkdir(parents=True, exist_ok=True)
         # Never FMA's default ports: tests run side by side.
         given = frozenset({int(env["PROXY_PORT"])} if "PROXY_PORT" in env else ())
@@ -89,6 +91,8 @@ class RequesterProcess:
         inherited = {k: v for k, v in offline_environment(work_dir).items() if k not in REQUESTER_VARIABLES}
         host = env.get("POD_IP", "127.0.0.1")  # from `env` only, never the test machine's POD_IP
         args = ["--spi-port", str(spi_port), "--probes-port", str(probes_port), "--gpu-source", "env", *flags]
+        if "REQUESTER_SPI_AUTH" not in env and "--spi-auth" not in flags:
+            args += ["--spi-auth", "none"]
         if "PROXY_PORT" not in env:
             args += ["--proxy-port", str(proxy_port)]
         if "POD_IP" not in env:
@@ -253,7 +257,8 @@ async def test_no_gpus_binds_pod_ip_and_stops_promptly(tmp_path: Path) -> None:
     process = RequesterProcess.start(tmp_path, {"NVIDIA_VISIBLE_DEVICES": "", "POD_IP": "127.0.0.2"})
     try:
         for path in ("accelerators", "accelerator-memory-usage"):
-            assert await call("GET", f"{process.spi}/v1/dual-pods/{path}") == (500, "no GPUs found\n")
+            status, body = await call("GET", f"{process.spi}/v1/dual-pods/{path}")
+            assert (status, json.loads(body)) == (500, {"detail": "no GPUs found", "reason": "NoGPUs"})
         with pytest.raises(aiohttp.ClientConnectionError):
             await call("GET", f"http://127.0.0.1:{process.probes_port}/ready")
         async with aiohttp.ClientSession() as session:  # an idle keep-alive connection must not hold it up
@@ -267,6 +272,9 @@ async def test_no_gpus_binds_pod_ip_and_stops_promptly(tmp_path: Path) -> None:
 
 
 def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in REQUESTER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("POD_NAMESPACE", "models")
     monkeypatch.setenv("SPI_PORT", "9001")
     monkeypatch.setenv("PROBES_PORT", "9000")
     monkeypatch.setenv("POD_IP", "127.3.0.7")
@@ -279,6 +287,17 @@ def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (args.host, args.spi_port, args.gpu_source) == ("127.0.0.1", 7001, "env")
     monkeypatch.setenv("SPI_PORT", "")  # empty counts as unset, as in FMA
     assert parse_args([]).spi_port == 8081
+    args = parse_args([])  # E15 is on by default, trusting the chart's controller ServiceAccounts here
+    assert (args.spi_auth, args.namespace, args.trusted.patterns) == (
+        "tokenreview",
+        "models",
+        ("models/*-fma-controllers",),
+    )
+    monkeypatch.setenv("REQUESTER_TRUSTED_CONTROLLERS", "ctl, other-ns/ctl-*")
+    assert parse_args(["--namespace", "ns2"]).trusted.patterns == ("ns2/ctl", "other-ns/ctl-*")
+    monkeypatch.setenv("REQUESTER_SPI_AUTH", "NONE")
+    monkeypatch.delenv("POD_NAMESPACE")
+    assert parse_args([]).spi_auth == "none", "an open SPI needs no namespace"
 
 
 @pytest.mark.parametrize(
@@ -295,6 +314,11 @@ def test_flags_win_over_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         {"SPI_PORT": "70000"},
         {"PROXY_PORT": "0"},
         {"REQUESTER_LOG_LEVEL": "loud"},
+        ["--spi-auth", "basic", "--namespace", "ns"],
+        ["--spi-auth", "tokenreview"],  # no namespace: not in a Pod, no POD_NAMESPACE
+        ["--namespace", "ns", "--trusted-controllers", " , "],
+        ["--namespace", "ns", "--trusted-controllers", "a/b/c"],
+        ["--namespace", "ns", "--trusted-controllers", "/ctl"],
     ],
 )
 def test_bad_settings_are_refused(

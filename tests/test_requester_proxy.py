@@ -37,6 +37,7 @@ from requester.metrics import RequesterMetrics
 from requester.overload import waiting_of
 from requester.readiness import Readiness
 from requester.server import start_listeners, stop_listeners
+from requester.spi_auth import OpenSpi
 from requester.visible_devices import parse
 from standin.app import create_app
 from standin.engine import Engine
@@ -81,11 +82,12 @@ class Requester:
 async def requester(*flags: str) -> AsyncIterator[Requester]:
     spi, probes, proxy = distinct_free_ports(3)
     args = parse_args(
-        ["--host", HOST, "--spi-port", str(spi), "--probes-port", str(probes), "--proxy-port", str(proxy), *flags]
-    )
+        ["--host", HOST, "--spi-port", str(spi), "--probes-port", str(probes), "--proxy-port", str(proxy),
+         "--spi-auth", "none", *flags]
+    )  # fmt: skip
     metrics = RequesterMetrics()
     listeners = build_listeners(
-        args, DeclaredGpus(parse("GPU-0")), metrics, Readiness(metrics, time.time()), LogRelay(io.BytesIO())
+        args, DeclaredGpus(parse("GPU-0")), metrics, Readiness(metrics, time.time()), LogRelay(io.BytesIO()), OpenSpi()
     )
     runners = await start_listeners(listeners, HOST, 1.0)
     try:
@@ -162,39 +164,46 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        (b"{not json", "invalid proxy config"),
-        (b'["127.0.0.1", 8000]', "must be a JSON object"),
-        (b'{"address": "", "port": 8000}', "address must be a non-empty string"),
-        (b'{"port": 8000}', "address must be a non-empty string"),
-        (b'{"address": "model-server.local", "port": 8000}', "must be an IP address"),
-        (b'{"address": "0.0.0.0", "port": 8000}', "must be a unicast address"),
-        (b'{"address": "127.0.0.1", "port": 0}', "port must be given and not 0"),
-        (b'{"address": "127.0.0.1"}', "port must be given and not 0"),
-        (b'{"address": "127.0.0.1", "port": 70000}', "from 1 to 65535"),
-        (b'{"address": "127.0.0.1", "port": "8000"}', "from 1 to 65535"),
-        (b'{"address": "127.0.0.1", "port": 8000, "kv_cache_tokens": 0}', "kv_cache_tokens must be a positive"),
-        (b'{"address": "127.0.0.1", "port": 8000, "max_model_length": 9}', "unknown fields: max_model_length"),
+        (b"{not json", "the body is not JSON"),
+        (b'["127.0.0.1", 8000]', "the body must be a JSON object, got list"),
+        (b'{"address": "", "port": 8000}', "address must be an IP address, got ''"),
+        (b'{"port": 8000}', "address: Field required"),
+        (b'{"address": "model-server.local", "port": 8000}', "address must be an IP address, got 'model-server.local'"),
+        (b'{"address": "0.0.0.0", "port": 8000}', "address must be a unicast address, got '0.0.0.0'"),
+        (b'{"address": "127.0.0.1", "port": 0}', "port: Input should be greater than or equal to 1 (got 0)"),
+        (b'{"address": "127.0.0.1"}', "port: Field required"),
+        (b'{"address": "127.0.0.1", "port": 70000}', "port: Input should be less than or equal to 65535 (got 70000)"),
+        (b'{"address": "127.0.0.1", "port": -1}', "(got -1)"),
+        (b'{"address": "127.0.0.1", "port": "8000x"}', "port: Input should be a valid integer"),
+        (b'{"address": "127.0.0.1", "port": 8000, "kv_cache_tokens": 0}', "kv_cache_tokens: Input should be greater"),
+        (b'{"address": "127.0.0.1", "port": 8000, "max_num_seqs": 4294967296}', "less than or equal to 2147483647"),
+        (b'{"address": "127.0.0.1", "port": 8000, "max_model_length": 9}', "max_model_length: Extra inputs"),
+        (b"[" * 100_000 + b"]" * 100_000, "the body is not JSON"),
     ],
 )
-async def test_bad_proxy_configs_are_400(http: aiohttp.ClientSession, body: bytes, message: str) -> None:
+async def test_bad_proxy_configs_are_400_naming_the_value(
+    http: aiohttp.ClientSession, body: bytes, message: str
+) -> None:
     async with requester() as req:
         async with http.put(f"{req.spi}/v1/proxy/config", data=body) as response:
-            assert (response.status, message in await response.text()) == (400, True), await response.text()
+            answer = await response.json()
+            assert (response.status, answer["reason"]) == (400, "InvalidBody"), answer
+            assert answer["detail"].startswith("invalid proxy config: ")
+            assert message in answer["detail"], answer
         assert (await get(http, f"{req.spi}/v1/proxy/config"))[0] == 404, "a refused config sets nothing"
 
 
-async def test_proxy_config_is_set_once_and_a_repeat_is_harmless(http: aiohttp.ClientSession) -> None:
+async def test_proxy_config_follows_the_latest_put_and_a_repeat_is_harmless(http: aiohttp.ClientSession) -> None:
     async with requester() as req:
         config = f"{req.spi}/v1/proxy/config"
-        assert await get(http, config) == (404, "proxy not configured\n")
+        async with http.get(config) as response:
+            assert (response.status, await response.json()) == (404, {"detail": "proxy not configured",
+                                                                     "reason": "NotFound"})  # fmt: skip
         target = {"address": "::1", "port": 8000, "max_num_seqs": 4}
         async with http.put(config, json=target) as response:
             assert (response.status, await response.text()) == (200, "configured proxy to: [::1]:8000\n")
         async with http.put(config, json={**target, "address": "0:0::1"}) as response:  # the same, spelt otherwise
             assert response.status == 200, "a retried PUT is idempotent"
-        for other in ({**target, "port": 8001}, {"address": "::1", "port": 8000}):
-            async with http.put(config, json=other) as response:
-                assert (response.status, await response.text()) == (409, "proxy already configured to: [::1]:8000\n")
         async with http.get(config) as response:
             assert response.status == 200
             assert await response.json() == {
@@ -203,8 +212,32 @@ async def test_proxy_config_is_set_once_and_a_repeat_is_harmless(http: aiohttp.C
                 "max_num_seqs": 4,
                 "limits": {"max_model_len": None, "kv_cache_tokens": None, "max_num_seqs": 4},
             }
+        # The controller re-binds (the instance was recreated elsewhere): the proxy follows it.
+        async with http.put(config, json={"address": "127.0.0.1", "port": 8001}) as response:
+            assert (response.status, await response.text()) == (200, "configured proxy to: 127.0.0.1:8001\n")
+        async with http.get(config) as response:
+            moved = await response.json()
+            assert (moved["address"], moved["port"], moved["limits"]["max_num_seqs"]) == ("127.0.0.1", 8001, None)
         async with http.post(config) as response:
             assert response.status == 405
+            assert response.headers["Allow"] == "GET,PUT" or set(response.headers["Allow"].split(",")) == {
+                "GET", "HEAD", "PUT"}  # fmt: skip
+            assert (await response.json())["reason"] == "MethodNotAllowed"
+
+
+async def test_a_new_target_gets_the_next_requests(http: aiohttp.ClientSession) -> None:
+    """The proxy forgets the old server (its limits too) when the controller points it elsewhere."""
+    async with (
+        serving(standin(max_model_len=64)) as first,
+        serving(standin(max_model_len=512)) as second,
+        requester() as req,
+    ):
+        await req.bind(http, first)
+        status, body, _ = await post(http, f"{req.proxy}/v1/completions", {**COMPLETION, "max_tokens": 100})
+        assert (status, body["error"]["code"]) == (400, "context_length_exceeded"), body
+        assert (await req.put_config(http, second))[0] == 200
+        status, body, _ = await post(http, f"{req.proxy}/v1/completions", {**COMPLETION, "max_tokens": 100})
+        assert status == 200, body
 
 
 # --- holding while not ready ------------------------------------------------------------------------

@@ -284,6 +284,66 @@ async def test_client_errors_are_openai_errors_with_vllms_statuses(
     assert (error["type"], error["code"]) == ("BadRequestError", 400)
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "status", "words"),
+    [
+        ("/v1/completions", b"[" * 100_000 + b"]" * 100_000, 400, "JSON decode error"),
+        ("/v1/completions", b'{"prompt": "\xff\xfe"}', 400, "JSON decode error"),
+        ("/v1/completions", b" " * (10 * 1024 * 1024), 413, "Maximum request body size"),
+        ("/v1/completions", b'{"prompt": "x", "seed": 18446744073709551616}', 400, "seed: Input should be less"),
+        ("/v1/completions", b'{"prompt": ["a", "b", "c"], "n": 100}', 400, "3 prompts x n=100 are 300 sequences"),
+        ("/v1/completions", b'{"prompt": "x", "top_p": NaN}', 400, "top_p must be in (0, 1], got nan"),
+        ("/v1/completions", b'{"prompt": "x", "max_tokens": -1}', 400, "max_tokens must be at least 1, got -1"),
+        ("/v1/completions", b'"just a string"', 400, "Input should be a valid dictionary"),
+        ("/v1/chat/completions", b'{"messages": []}', 400, "messages: List should have at least 1 item"),
+        ("/v1/load_lora_adapter", b'{"lora_name": "a", "lora_path": "/tmp/x\\u0000y"}', 400, "NUL"),
+        ("/v1/load_lora_adapter", b'{"lora_name": "a", "lora_path": "' + b"d/" * 3000 + b'"}', 400, "lora_path"),
+        ("/v1/nope", b"{}", 404, "POST /v1/nope"),
+        ("/health", b"{}", 405, "POST /health"),
+    ],
+)
+async def test_bad_input_is_a_400_naming_it_before_anything_runs(
+    server: Server, http: aiohttp.ClientSession, path: str, body: bytes, status: int, words: str
+) -> None:
+    async with http.post(f"{server.url}{path}", data=body, headers={"Content-Type": "application/json"}) as response:
+        assert response.status == status
+        error = (await response.json())["error"]
+    assert words in error["message"], error
+    async with server.client() as client:
+        assert await _greedy(client), "the server still serves"
+
+
+async def test_shell_metacharacters_in_a_lora_path_run_nothing(
+    server: Server, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    canary = tmp_path / "ran"
+    for path in (f"$(touch {canary})", f"`touch {canary}`", f"x; touch {canary}", f"x | touch {canary}"):
+        async with http.post(f"{server.url}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": path}) as got:
+            assert got.status == 404, await got.text()
+    assert not canary.exists()
+
+
+async def test_openapi_document_and_docs_page_describe_every_route(server: Server, http: aiohttp.ClientSession) -> None:
+    async with http.get(f"{server.url}/openapi.json") as response:
+        document = await response.json()
+    assert document["openapi"] == "3.1.0"
+    assert set(document["paths"]) == {
+        "/health", "/healthz", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/sleep",
+        "/wake_up", "/is_sleeping", "/v1/load_lora_adapter", "/v1/unload_lora_adapter",
+    }  # fmt: skip
+    completions = document["paths"]["/v1/completions"]["post"]
+    assert completions["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/CompletionRequest"
+    }
+    assert document["components"]["schemas"]["CompletionRequest"]["properties"]["seed"]["anyOf"][0]["maximum"] == (
+        2**64 - 1
+    )
+    assert [p["name"] for p in document["paths"]["/sleep"]["post"]["parameters"]] == ["level", "mode"]
+    async with http.get(f"{server.url}/docs") as response:
+        assert response.content_type == "text/html"
+        assert "<code>/v1/chat/completions</code>" in await response.text()
+
+
 # Sleep and wake ------------------------------------------------------------------------------------
 
 

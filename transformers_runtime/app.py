@@ -1,4 +1,9 @@
-"""The HTTP surface: vLLM's OpenAI routes, health, metrics, dev sleep/wake and LoRA load/unload."""
+"""The HTTP surface: vLLM's OpenAI routes, health, metrics, dev sleep/wake and LoRA load/unload.
+
+Every input is checked before anything is queued for the model thread: a bad body, parameter or
+size is a 400 naming it (an OpenAI error body, as vLLM's), never a 500. `/openapi.json` and `/docs`
+describe every route, built from the pydantic models below (as vLLM serves them too).
+"""
 
 import json
 import logging
@@ -11,7 +16,9 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 
-from api.openai_errors import ApiError
+from api.openai_errors import ApiError, ErrorBody
+from api.openapi import TEXT, Content, Operation, Reply, documented, serve_openapi
+from api.validation import first_problem
 
 from .engine import Done, Engine, Failed, GenerationJob, ModelContext, Prompt
 from .generation import Delta
@@ -28,11 +35,16 @@ from .protocol import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
+    IsSleepingReply,
     LoadLoraAdapterRequest,
     ModelCard,
     ModelList,
+    SleepQuery,
+    SleepReply,
     UnloadLoraAdapterRequest,
     Usage,
+    WakeQuery,
+    WakeReply,
     chat_completion_id,
     completion_id,
 )
@@ -76,19 +88,31 @@ class ServerState:
 STATE = web.AppKey("state", ServerState)
 
 
+ERROR = Content(ErrorBody)
+BAD_REQUEST = Reply("a body or parameter that is not valid; the message names it", ERROR)
+INTERNAL = Reply("the model failed", ERROR)
+GENERATION_REPLIES = {
+    400: BAD_REQUEST,
+    404: Reply("no such model or adapter", ERROR),
+    413: Reply("a body over 1 MiB", ERROR),
+    429: Reply("too many requests wait already", ERROR),
+    500: INTERNAL,
+    503: Reply("asleep past --sleep-wait-timeout, or shutting down", ERROR),
+}
+
+
 def _parse(model: type[M], body: object) -> M:
     try:
         return model.model_validate(body)
     except ValidationError as error:
-        first = error.errors()[0]
-        where = ".".join(str(part) for part in first["loc"])
-        raise ApiError(400, f"{where}: {first['msg']}" if where else first["msg"], where or None) from None
+        where, message = first_problem(error)
+        raise ApiError(400, f"{where}: {message}" if where else message, where or None) from None
 
 
 async def _json_body(request: web.Request) -> object:
     try:
-        return await request.json()
-    except json.JSONDecodeError as error:
+        return json.loads(await request.read())
+    except (ValueError, RecursionError) as error:  # not JSON, not UTF-8, or absurdly deep
         raise ApiError(400, f"JSON decode error: {error}", "body") from None
 
 
@@ -114,6 +138,8 @@ def _prompt_ids(state: ServerState, request: CompletionRequest | ChatCompletionR
 
 
 def _budget(state: ServerState, request: CompletionRequest | ChatCompletionRequest, ids: list[int]) -> Prompt:
+    if not ids:  # vLLM's check; an empty prompt has no position to generate from
+        raise ApiError(400, "The decoder prompt cannot be empty", "prompt")
     limit = state.checkpoint.max_model_len
     if len(ids) >= limit:
         raise ApiError(
@@ -133,6 +159,15 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     params = parsed.sampling(*state.sampling_defaults())
     if params.n > state.max_num_seqs:  # vLLM would queue them; here they would all be one batch
         raise ApiError(400, f"n must be at most {state.max_num_seqs} (--max-num-seqs), got {params.n}.", "n")
+    prompt_count = len(parsed.prompt) if isinstance(parsed, CompletionRequest) else 1
+    sequences = params.n * prompt_count
+    if sequences > state.max_num_seqs:
+        raise ApiError(
+            400,
+            f"{prompt_count} prompts x n={params.n} are {sequences} sequences, more than the "
+            f"{state.max_num_seqs} this server runs at once (--max-num-seqs).",
+            "prompt",
+        )
     prompts = [_budget(state, parsed, ids) for ids in _prompt_ids(state, parsed)]
     job = GenerationJob(state.context, prompts, params, adapter)
     await state.engine.submit(job)
@@ -232,10 +267,16 @@ async def _stream(request: web.Request, job: GenerationJob, reply: _Reply, inclu
         return sse.response
 
 
+@documented(Operation("vLLM's legacy completions", {
+    200: Reply("the completion; with `stream`, server-sent events of partial ones", Content(CompletionResponse)),
+    **GENERATION_REPLIES}, body=Content(CompletionRequest), tags=("inference",)))  # fmt: skip
 async def _completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, chat=False)
 
 
+@documented(Operation("vLLM's chat completions (with the model's chat template)", {
+    200: Reply("the completion; with `stream`, server-sent events of chunks", Content(ChatCompletionResponse)),
+    **GENERATION_REPLIES}, body=Content(ChatCompletionRequest), tags=("inference",)))  # fmt: skip
 async def _chat_completions(request: web.Request) -> web.StreamResponse:
     return await _generate(request, chat=True)
 
@@ -243,6 +284,7 @@ async def _chat_completions(request: web.Request) -> web.StreamResponse:
 # Models, health, metrics ---------------------------------------------------------------------------
 
 
+@documented(Operation("The served model names and loaded LoRA adapters", {200: Reply("the cards", Content(ModelList))}))
 async def _models(request: web.Request) -> web.Response:
     state = request.app[STATE]
     root = str(state.checkpoint.path)
@@ -253,11 +295,13 @@ async def _models(request: web.Request) -> web.Response:
     return web.json_response(ModelList(data=cards).model_dump(mode="json"))
 
 
+@documented(Operation("200 once serving, asleep or not", {200: Reply("alive")}))
 async def _health(request: web.Request) -> web.Response:
     """200 once serving, asleep or not, as vLLM's: the weights are gone at level 2, but the server is alive."""
     return web.Response()
 
 
+@documented(Operation("Prometheus metrics", {200: Reply("Prometheus text", TEXT)}))
 async def _metrics(request: web.Request) -> web.Response:
     body = generate_latest(request.app[STATE].metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -266,6 +310,8 @@ async def _metrics(request: web.Request) -> web.Response:
 # Sleep and wake ------------------------------------------------------------------------------------
 
 
+@documented(Operation("vLLM's dev-mode sleep", {200: Reply("asleep", Content(SleepReply)), 400: BAD_REQUEST},
+                      query=SleepQuery, tags=("sleep",)))  # fmt: skip
 async def _sleep(request: web.Request) -> web.Response:
     state = request.app[STATE]
     raw_level = request.query.get("level", "1")
@@ -277,9 +323,11 @@ async def _sleep(request: web.Request) -> web.Response:
         raise ApiError(400, f"mode must be abort or wait, got {raw_mode!r}; keep is not supported here.", "query.mode")
     with state.metrics.transition_seconds.labels("sleep", raw_level).time():
         await state.engine.sleep(level, SLEEP_MODES[raw_mode])
-    return web.json_response({"status": "sleeping", "level": level})
+    return web.json_response(SleepReply(level=level).model_dump())
 
 
+@documented(Operation("vLLM's dev-mode wake", {200: Reply("awake, or partly", Content(WakeReply)), 400: BAD_REQUEST,
+                                               500: INTERNAL}, query=WakeQuery, tags=("sleep",)))  # fmt: skip
 async def _wake_up(request: web.Request) -> web.Response:
     state = request.app[STATE]
     tags = request.query.getall("tags", None)
@@ -288,11 +336,12 @@ async def _wake_up(request: web.Request) -> web.Response:
     level = state.engine.sleep_level
     with state.metrics.transition_seconds.labels("wake", "awake" if level is None else str(level)).time():
         awake = await state.engine.wake_up(tags)
-    return web.json_response({"status": "awake" if awake else "sleeping", "tags": tags})
+    return web.json_response(WakeReply(status="awake" if awake else "sleeping", tags=tags).model_dump())
 
 
+@documented(Operation("Whether the engine sleeps", {200: Reply("", Content(IsSleepingReply))}, tags=("sleep",)))
 async def _is_sleeping(request: web.Request) -> web.Response:
-    return web.json_response({"is_sleeping": request.app[STATE].engine.is_sleeping})
+    return web.json_response(IsSleepingReply(is_sleeping=request.app[STATE].engine.is_sleeping).model_dump())
 
 
 # LoRA ----------------------------------------------------------------------------------------------
@@ -305,6 +354,9 @@ def _lora_state(request: web.Request) -> ServerState:
     return state
 
 
+@documented(Operation("vLLM's runtime LoRA load (with --enable-lora)", {
+    200: Reply("loaded", TEXT), 400: BAD_REQUEST, 404: Reply("LoRA not enabled, or no adapter at the path", ERROR),
+    500: INTERNAL}, body=Content(LoadLoraAdapterRequest), tags=("lora",)))  # fmt: skip
 async def _load_lora_adapter(request: web.Request) -> web.Response:
     state = _lora_state(request)
     body = _parse(LoadLoraAdapterRequest, await _json_body(request))
@@ -316,6 +368,9 @@ async def _load_lora_adapter(request: web.Request) -> web.Response:
     return web.Response(text=f"Success: LoRA adapter '{adapter.name}' added successfully.")
 
 
+@documented(Operation("vLLM's runtime LoRA unload (with --enable-lora)", {
+    200: Reply("unloaded", TEXT), 400: BAD_REQUEST, 404: Reply("LoRA not enabled, or no such adapter", ERROR),
+    500: INTERNAL}, body=Content(UnloadLoraAdapterRequest), tags=("lora",)))  # fmt: skip
 async def _unload_lora_adapter(request: web.Request) -> web.Response:
     state = _lora_state(request)
     body = _parse(UnloadLoraAdapterRequest, await _json_body(request))
@@ -356,8 +411,12 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     except ApiError as error:
         return error.response()
-    except web.HTTPException:
-        raise
+    except web.HTTPException as error:  # no route (404), wrong method (405), a body over the limit (413)
+        if error.status < 400:
+            raise
+        allow = {"Allow": error.headers["Allow"]} if "Allow" in error.headers else None
+        message = f"{request.method} {request.path}: {error.text or error.reason}"
+        return ApiError(error.status, message, headers=allow).response()
     except Exception as error:
         log.exception("%s %s failed", request.method, request.path)
         return ApiError(500, f"{type(error).__name__}: {error}", err_type="InternalServerError").response()
@@ -377,4 +436,6 @@ def create_app(state: ServerState) -> web.Application:
     app.router.add_get("/is_sleeping", _is_sleeping)
     app.router.add_post("/v1/load_lora_adapter", _load_lora_adapter)
     app.router.add_post("/v1/unload_lora_adapter", _unload_lora_adapter)
+    serve_openapi(app, "dualpods transformers runtime", "0.1.0", "vLLM's OpenAI-compatible HTTP surface on "
+                  "transformers, for models vLLM cannot run (E4).")  # fmt: skip
     return app

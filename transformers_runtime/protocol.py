@@ -1,8 +1,9 @@
 """OpenAI request and response bodies (the subset vLLM's server accepts that this runtime implements).
 
-Requests ignore unknown fields, as vLLM does; features vLLM has and this runtime lacks (logprobs,
-penalties, tools, structured output...) are refused with a 400 rather than silently dropped, so a
-client never gets an answer that quietly ignored what it asked for.
+Requests ignore unknown fields, as vLLM does, but take JSON types strictly (a number is not a string);
+features vLLM has and this runtime lacks (logprobs, penalties, tools, structured output...) are
+refused with a 400 rather than silently dropped, so a client never gets an answer that quietly
+ignored what it asked for.
 """
 
 import math
@@ -10,7 +11,7 @@ import time
 import uuid
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from api.openai_errors import ApiError
 
@@ -30,10 +31,16 @@ _NEUTRAL: dict[str, tuple[object, ...]] = {
     "response_format": (None, {"type": "text"}),
 }
 GREEDY_EPSILON = 1e-5  # vLLM's: a temperature below it means greedy decoding
+# What torch.Generator.manual_seed takes; a seed beyond it would fail in the model thread.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+MAX_PATH_CHARS = 4096  # PATH_MAX: a longer LoRA path cannot name a file
+MAX_NAME_CHARS = 256
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # Strict types: `"n": "2"` or `"top_p": true` is a 400 here (vLLM's lax pydantic would take them), so a
+    # body means what its JSON says, and the OpenAPI document is exactly what is accepted.
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class StreamOptions(_Body):
@@ -48,7 +55,7 @@ class _GenerationRequest(_Body):
     temperature: float | None = None
     top_p: float | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     max_tokens: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -253,10 +260,45 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters")
+    return value
+
+
+LoraName = Annotated[str, Field(max_length=MAX_NAME_CHARS), AfterValidator(_no_nul)]
+
+
 class LoadLoraAdapterRequest(_Body):
-    lora_name: str = ""
-    lora_path: str = ""
+    lora_name: LoraName = ""
+    lora_path: Annotated[str, Field(max_length=MAX_PATH_CHARS), AfterValidator(_no_nul)] = ""
 
 
 class UnloadLoraAdapterRequest(_Body):
-    lora_name: str = ""
+    lora_name: LoraName = ""
+
+
+# Sleep and wake (vLLM's dev-mode routes) --------------------------------------------------------
+
+
+class SleepQuery(BaseModel):
+    level: Literal["0", "1", "2"] = Field(default="1", description="1: weights to CPU; 2: dropped; 0: KV cache only")
+    mode: Literal["abort", "wait"] = Field(default="abort", description="what happens to requests in flight")
+
+
+class WakeQuery(BaseModel):
+    tags: list[Literal["weights", "kv_cache"]] | None = Field(default=None, description="what to wake (default: all)")
+
+
+class SleepReply(BaseModel):
+    status: Literal["sleeping"] = "sleeping"
+    level: int
+
+
+class WakeReply(BaseModel):
+    status: Literal["awake", "sleeping"]
+    tags: list[str] | None
+
+
+class IsSleepingReply(BaseModel):
+    is_sleeping: bool

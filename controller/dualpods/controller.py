@@ -38,6 +38,7 @@ from .reconcile import (
     Reconciler,
 )
 from .requester_client import RequesterClient
+from .requester_tokens import RequesterTokens
 from .writer import PodWriter
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class DualPodsOptions:
     launcher_token: str | None = None  # the bearer token launchers require (E9)
     launcher_token_secret: str | None = None  # the Secret holding it, mounted into launchers we create
     sleeper_limit: int = 1  # direct providers that may sleep on one GPU (FMA's binary default)
+    requester_tokens: RequesterTokens | None = None  # E15: the credential of calls that change requesters
 
 
 class DualPodsController:
@@ -101,7 +103,7 @@ class DualPodsController:
             self.views,
             PodWriter(self._api, self.namespace),
             launchers,
-            RequesterClient(http),
+            RequesterClient(http, self.options.requester_tokens),
             ProviderClient(http),
             EventRecorder(self._api, "dual-pods-controller"),
             self.metrics,

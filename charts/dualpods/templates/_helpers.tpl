@@ -2,6 +2,10 @@
 {{ .Release.Name }}-fma-controllers
 {{- end -}}
 
+{{- define "dualpods.requesterServiceAccountName" -}}
+{{ .Release.Name }}-requester
+{{- end -}}
+
 {{- define "dualpods.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
@@ -80,6 +84,9 @@ spec:
               valueFrom: {fieldRef: {fieldPath: status.podIP}}
             - name: POD_NAME
               valueFrom: {fieldRef: {fieldPath: metadata.name}}
+            # Requester tokens (E15) are bound to this Pod: they die with it.
+            - name: POD_UID
+              valueFrom: {fieldRef: {fieldPath: metadata.uid}}
           ports:
             - {name: metrics, containerPort: {{ .values.metricsPort }}}
           readinessProbe:
