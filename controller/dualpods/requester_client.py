@@ -79,7 +79,9 @@ class RequesterClient:
 
     async def gpu_uuids(self, requester: pods.Pod, isc_name: str) -> list[str]:
         url = self._url(requester, ACCELERATORS_PATH)
-        reply = await self._http.call(Purpose.GET_GPU_UUIDS, "GET", url, isc_name=isc_name, requester=pods.name(requester))
+        reply = await self._http.call(
+            Purpose.GET_GPU_UUIDS, "GET", url, isc_name=isc_name, requester=pods.name(requester)
+        )
         if not reply.ok:
             raise RequesterError(f"the requester's GPU query failed: {reply.status} {_refusal(reply)}")
         if not isinstance(reply.body, list) or not all(isinstance(u, str) for u in reply.body):
@@ -105,7 +107,9 @@ class RequesterClient:
             raise RequesterError(f"the requester's proxy refused its provider {address}:{port}: {_refusal(reply)}")
 
     async def relay_readiness(self, requester: pods.Pod, ready: bool, isc_name: str) -> None:
-        path, purpose = (BECOME_READY_PATH, Purpose.RELAY_READY) if ready else (BECOME_UNREADY_PATH, Purpose.RELAY_UNREADY)
+        path, purpose = (
+            (BECOME_READY_PATH, Purpose.RELAY_READY) if ready else (BECOME_UNREADY_PATH, Purpose.RELAY_UNREADY)
+        )
         try:
             reply = await self._change(purpose, "POST", requester, path, isc_name)
         except HttpError as err:
