@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import aiohttp
@@ -19,24 +20,52 @@ from prometheus_client import Histogram
 
 log = logging.getLogger(__name__)
 
+
+class Purpose(StrEnum):
+    """The `purpose` label of fma_http_latency_seconds: FMA's names (pkg/controller/dual-pods, 0.6) for the calls
+    FMA makes, our own for our extensions' calls."""
+
+    RELAY_READY = "relay_ready"
+    RELAY_UNREADY = "relay_unready"
+    GET_GPU_UUIDS = "get_gpu_uuids"
+    GET_ACCEL_MEMORY_USAGE = "get_accel_memory_usage"
+    QUERY_SLEEPING = "query_sleeping"
+    SLEEP = "sleep"
+    WAKE = "wake"
+    LIST_INSTANCES = "list_instances"
+    CREATE_INSTANCE = "create_instance"
+    DELETE_INSTANCE = "delete_instance"
+    # FMA's launcher client names these too; our controller follows watch streams instead of making these calls
+    # (FMA itself only ever makes the first), so they appear only from a controller that does.
+    GET_INSTANCE_STATE = "get_instance_state"
+    LIST_INSTANCE_IDS = "list_instance_ids"
+    DELETE_ALL_INSTANCES = "delete_all_instances"
+    GET_HEALTH = "get_health"
+    # Ours.
+    LIST_MODELS = "list_models"
+    LOAD_LORA_ADAPTER = "load_lora_adapter"
+    UNLOAD_LORA_ADAPTER = "unload_lora_adapter"
+    CONFIGURE_PROXY = "configure_proxy"
+
+
 CONNECT_TIMEOUT_S = 5.0
 DEFAULT_TIMEOUT_S = 30.0  # FMA's client timeout
 # Seconds each kind of call may take in all; a requester answers its SPI at once. A sleep or wake moves a
 # model's weights (a large one takes tens of seconds), and our launcher lets a forwarded one take up to
 # 120 s, failing it within seconds when its liveness check finds the instance hung; a sleep that fails or
 # takes longer than this is taken for a hung instance, and the unbind deletes it instead.
-TIMEOUTS_S = {
-    "sleep": 130.0,
-    "wake": 130.0,
-    "list_instances": 10.0,
-    "delete_instance": 20.0,
-    "get_gpu_uuids": 5.0,
-    "get_accel_memory_usage": 5.0,
-    "configure_proxy": 5.0,
-    "relay_ready": 5.0,
-    "relay_unready": 5.0,
-    "is_sleeping": 10.0,
-    "list_models": 10.0,
+TIMEOUTS_S: dict[str, float] = {
+    Purpose.SLEEP: 130.0,
+    Purpose.WAKE: 130.0,
+    Purpose.LIST_INSTANCES: 10.0,
+    Purpose.DELETE_INSTANCE: 20.0,
+    Purpose.GET_GPU_UUIDS: 5.0,
+    Purpose.GET_ACCEL_MEMORY_USAGE: 5.0,
+    Purpose.CONFIGURE_PROXY: 5.0,
+    Purpose.RELAY_READY: 5.0,
+    Purpose.RELAY_UNREADY: 5.0,
+    Purpose.QUERY_SLEEPING: 10.0,
+    Purpose.LIST_MODELS: 10.0,
 }
 # A watch stream has no overall limit: its reader times out a silent stream instead.
 STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_connect=CONNECT_TIMEOUT_S)
@@ -78,7 +107,7 @@ class HttpCaller:
 
     async def call(
         self,
-        purpose: str,
+        purpose: Purpose,
         method: str,
         url: str,
         *,
@@ -112,7 +141,7 @@ class HttpCaller:
             parsed = text
         return Reply(int(status), parsed)
 
-    async def expect_ok(self, purpose: str, method: str, url: str, **kwargs: Any) -> Any:
+    async def expect_ok(self, purpose: Purpose, method: str, url: str, **kwargs: Any) -> Any:
         reply = await self.call(purpose, method, url, **kwargs)
         if not reply.ok:
             raise HttpError(purpose, url, reply)

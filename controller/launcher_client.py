@@ -17,7 +17,7 @@ from api.launcher import (
     VllmConfig,
     WatchEvent,
 )
-from controller.http import HttpCaller, HttpError, Reply
+from controller.http import HttpCaller, HttpError, Purpose, Reply
 from controller.listwatch import Expired, lines
 
 
@@ -49,11 +49,11 @@ class LauncherClient:
     def _url(self, pod_ip: str, path: str = "") -> str:
         return f"{launcher_url(pod_ip)}{INSTANCES_PATH}{path}"
 
-    async def _call(self, purpose: str, method: str, url: str, **kwargs: Any) -> Any:
+    async def _call(self, purpose: Purpose, method: str, url: str, **kwargs: Any) -> Any:
         return await self._http.expect_ok(purpose, method, url, headers=self._headers, **kwargs)
 
     async def list_instances(self, pod_ip: str, isc_name: str = "") -> AllInstancesState:
-        body = await self._call("list_instances", "GET", self._url(pod_ip), isc_name=isc_name)
+        body = await self._call(Purpose.LIST_INSTANCES, "GET", self._url(pod_ip), isc_name=isc_name)
         return AllInstancesState.model_validate(body)
 
     async def events(self, pod_ip: str, since: int) -> AsyncIterator[WatchEvent]:
@@ -80,7 +80,7 @@ class LauncherClient:
         self, pod_ip: str, instance_id: str, config: VllmConfig, isc_name: str, requester: str
     ) -> InstanceState:
         body = await self._call(
-            "create_instance",
+            Purpose.CREATE_INSTANCE,
             "PUT",
             self._url(pod_ip, f"/{instance_id}"),
             body=config.model_dump(exclude_none=True),
@@ -93,7 +93,7 @@ class LauncherClient:
         """Delete an instance; one that is already gone counts as deleted."""
         try:
             await self._call(
-                "delete_instance",
+                Purpose.DELETE_INSTANCE,
                 "DELETE",
                 self._url(pod_ip, f"/{instance_id}"),
                 isc_name=isc_name,
@@ -105,10 +105,14 @@ class LauncherClient:
 
     async def sleep(self, pod_ip: str, instance_id: str, isc_name: str, requester: str) -> None:
         await self._call(
-            "sleep", "POST", self._url(pod_ip, f"/{instance_id}/sleep?level=1"), isc_name=isc_name, requester=requester
+            Purpose.SLEEP,
+            "POST",
+            self._url(pod_ip, f"/{instance_id}/sleep?level=1"),
+            isc_name=isc_name,
+            requester=requester,
         )
 
     async def wake(self, pod_ip: str, instance_id: str, isc_name: str, requester: str) -> None:
         await self._call(
-            "wake", "POST", self._url(pod_ip, f"/{instance_id}/wake_up"), isc_name=isc_name, requester=requester
+            Purpose.WAKE, "POST", self._url(pod_ip, f"/{instance_id}/wake_up"), isc_name=isc_name, requester=requester
         )

@@ -104,7 +104,7 @@ class DualPodsController:
         self.caches = caches
         self.views = views
         self.metrics = metrics
-        self.queue: WorkQueue[Key] = WorkQueue("dual-pods")
+        self.queue: WorkQueue[Key] = WorkQueue("dual-pods", observe_wait=self._observe_queue_wait)
         index = caches.pods.add_index
         index(BOUND_TO, _bound_to)
         index(REQUESTERS_ON_NODE, _requester_node)
@@ -155,6 +155,9 @@ class DualPodsController:
         finally:
             self.metrics.queue_work_seconds.labels(node).observe(time.monotonic() - started)
             self.metrics.queue_depth.labels(node).set(len(self.queue))
+
+    def _observe_queue_wait(self, key: Key, seconds: float) -> None:
+        self.metrics.queue_wait_seconds.labels(self._node_of(key)).observe(seconds)
 
     def _node_of(self, key: Key) -> str:
         pod = self.caches.pods.get(f"{self.namespace}/{key.name}") if key.kind is KeyKind.REQUESTER else None
