@@ -13,13 +13,15 @@ class Memory:
     # requester UID -> (readiness relayed, the requester container's restart count then, when)
     relayed: dict[str, tuple[bool, int, float]] = field(default_factory=dict)
     actuated: set[str] = field(default_factory=set)  # requester UIDs whose actuation was measured
+    # requester UID -> (its container's restart count, the server its proxy was pointed at)
+    proxied: dict[str, tuple[int, tuple[str, int]]] = field(default_factory=dict)
     # Direct provider UID -> (its container's restart count, asleep) as last seen or made: a restarted
     # container starts awake, so the knowledge holds only for the same count.
     asleep: dict[str, tuple[int, bool]] = field(default_factory=dict)
 
     def keep_only(self, uids: set[str]) -> None:
         """Forget the Pods not among `uids` (FMA drops an inference server's state once both Pods are gone)."""
-        tables: list[dict[str, Any]] = [self.paths, self.victims, self.relayed, self.asleep]
+        tables: list[dict[str, Any]] = [self.paths, self.victims, self.relayed, self.proxied, self.asleep]
         for table in tables:
             for uid in [u for u in table if u not in uids]:
                 del table[uid]

@@ -107,14 +107,17 @@ class Pass:
         requester = self.requester
         uid = pods.uid(requester)
         incarnation = pods.restart_count(requester)
+        if ready and target is not None and self.memory.proxied.get(uid) != (incarnation, target):
+            # Pointed again whenever the server moved (or is not known to have been pointed at since the
+            # requester's container started), even for a requester that is Ready already.
+            await self.clients.requesters.configure_proxy(requester, *target, self.s.isc_name)
+            self.memory.proxied[uid] = (incarnation, target)
         if pods.container_ready(requester) == ready:
             self.memory.relayed[uid] = (ready, incarnation, time.monotonic())
             return None
         last = self.memory.relayed.get(uid)
         if last is not None and last[:2] == (ready, incarnation) and time.monotonic() - last[2] < RELAY_RECHECK_S:
             return RELAY_RECHECK_S - (time.monotonic() - last[2])
-        if ready and target is not None:
-            await self.clients.requesters.configure_proxy(requester, *target, self.s.isc_name)
         await self.clients.requesters.relay_readiness(requester, ready, self.s.isc_name)
         self.memory.relayed[uid] = (ready, incarnation, time.monotonic())
         log.info("Successfully relayed the readiness requesterName=%s ready=%s", pods.name(requester), ready)
