@@ -24,7 +24,8 @@ PROXY_PORT = 8082  # the requester's OpenAI proxy (FMA 0.7's --proxy-port)
 
 def container_process(module: str, variable: str, pod_ip: str) -> psutil.Process:
     """The `python -m <module>` process of the Pod at `pod_ip` (found by the environment variable that
-    holds the Pod's address): the innermost such process, not the container's namespace wrapper."""
+    holds the Pod's address): its container's command, PID 1 of the container's PID namespace (not the
+    namespace wrapper around it, nor a process it forked)."""
     found: list[psutil.Process] = []
     for process in psutil.process_iter(["cmdline"]):
         line = process.info["cmdline"] or []
@@ -34,11 +35,11 @@ def container_process(module: str, variable: str, pod_ip: str) -> psutil.Process
                     found.append(process)
             except psutil.Error:
                 continue
-    pids = {p.pid for p in found}
-    inner = [p for p in found if not pids & {c.pid for c in p.children()}]
-    if not inner:
-        raise LookupError(f"no {module} process serves {pod_ip}")
-    return inner[0]
+    for process in found:
+        with contextlib.suppress(psutil.Error, OSError):
+            if namespace_pid(process) == 1:
+                return process
+    raise LookupError(f"no {module} process serves {pod_ip}")
 
 
 def launcher_process(pod_ip: str) -> psutil.Process:
