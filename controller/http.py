@@ -57,7 +57,6 @@ DEFAULT_TIMEOUT_S = 30.0  # FMA's client timeout
 TIMEOUTS_S: dict[str, float] = {
     Purpose.SLEEP: 130.0,
     Purpose.WAKE: 130.0,
-    Purpose.LIST_INSTANCES: 10.0,
     Purpose.DELETE_INSTANCE: 20.0,
     Purpose.GET_GPU_UUIDS: 5.0,
     Purpose.GET_ACCEL_MEMORY_USAGE: 5.0,
