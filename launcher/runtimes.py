@@ -8,6 +8,7 @@ calls `serve`, which never returns control to the launcher's code.
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import io
 import os
 import sys
@@ -33,6 +34,14 @@ class Runtime(ABC):
     on_cpu = True  # set by preload where it matters
     # Whether its completions give log-probabilities (the post-wake probe compares them too).
     probe_logprobs = True
+    # Top-level modules the runtime cannot run without, and the extra that brings them (docs/install.md).
+    requires: tuple[str, ...] = ()
+    install_hint = ""
+
+    def missing_modules(self) -> list[str]:
+        """The required modules that are not installed; an import error inside an installed one is not
+        hidden here but raised by `preload`."""
+        return [module for module in self.requires if importlib.util.find_spec(module) is None]
 
     @abstractmethod
     def preload(self) -> None:
@@ -122,6 +131,8 @@ class VllmRuntime(Runtime):
     """vLLM's OpenAI-compatible server, run in-process in the forked child."""
 
     name = "vllm"
+    requires = ("vllm", "torch")
+    install_hint = "install dualpods[launcher-cpu], or build on vLLM's image (images/launcher-gpu.Dockerfile)"
     # Flags that would make the server unreachable where the launcher looks for it (plain HTTP on --port).
     UNREACHABLE_FLAGS = {
         "uds": "--uds (a Unix socket instead of the port)",
@@ -209,6 +220,8 @@ class TransformersRuntime(KnownArgsRuntime):
 
     name = "transformers"
     probe_logprobs = False  # it refuses `logprobs`; the probe compares token IDs alone
+    requires = ("transformers", "peft", "torch")
+    install_hint = "install dualpods[launcher-cpu] or dualpods[launcher-gpu]"
 
     def preload(self) -> None:
         for module in ("transformers_runtime.cli", "transformers", "peft", "torch"):

@@ -58,7 +58,11 @@ def test_the_chart_refuses_policies_before_kubernetes_1_30() -> None:
 @pytest.mark.parametrize(("release", "namespace"), [("dualpods", "dualpods-system"), ("my-models", "team-b")])
 def test_the_chart_exempts_its_own_service_account(release: str, namespace: str) -> None:
     docs = render_chart(release, namespace, "admissionPolicies.enabled=true")
-    (account,) = [d["metadata"] for d in docs if d["kind"] == "ServiceAccount"]
+    (deployment, *_) = [d for d in docs if d["kind"] == "Deployment"]
+    controller_account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    (account,) = [
+        d["metadata"] for d in docs if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == controller_account
+    ]
     controllers = f"system:serviceaccount:{account['namespace']}:{account['name']}"
     policies = [compile_policy(d) for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
     assert len(policies) == 2

@@ -85,6 +85,13 @@ class Launcher:
         result: dict[str, Any] = body
         return result
 
+    async def revision(self) -> int:
+        return int((await self.listing(detail=False))["revision"])
+
+    def watch(self, since: int | None = None) -> Any:
+        """The watch stream (an aiohttp request context), from `since` on."""
+        return self.http.get(f"{BASE}/watch", params={} if since is None else {"since": str(since)})
+
     async def delete(self, instance_id: str) -> dict[str, Any]:
         async with self.http.delete(f"{BASE}/{instance_id}") as response:
             assert response.status == 200, await response.text()
@@ -592,7 +599,7 @@ async def _log_removed(launcher: Launcher) -> None:
 
 @fma("TestWatchAPIEndpoint::test_watch_endpoint_content_type")
 async def _watch_headers(launcher: Launcher) -> None:
-    async with launcher.http.get(f"{BASE}/watch") as watch:
+    async with launcher.watch() as watch:
         assert watch.status == 200
         assert watch.headers["Content-Type"] == "application/x-ndjson"
         assert watch.headers["X-Content-Type-Options"] == "nosniff"
@@ -603,7 +610,7 @@ async def _watch_initial(launcher: Launcher) -> None:
     for name in ("a", "b"):
         await launcher.create(name)
     revisions = {i["instance_id"]: i["revision"] for i in (await launcher.listing())["instances"]}
-    async with launcher.http.get(f"{BASE}/watch") as watch:
+    async with launcher.watch() as watch:
         initial = [await next_event(watch) for _ in revisions]
     assert {(e["type"], e["object"]["instance_id"], e["object"]["revision"]) for e in initial} == {
         ("CREATED", name, revision) for name, revision in revisions.items()
@@ -612,8 +619,8 @@ async def _watch_initial(launcher: Launcher) -> None:
 
 @fma("TestEventBroadcaster::test_publish_and_watch")
 async def _watch_since(launcher: Launcher) -> None:
-    revision = (await launcher.listing(detail=False))["revision"]
-    async with launcher.http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
+    revision = await launcher.revision()
+    async with launcher.watch(revision) as watch:
         state, _ = await launcher.create("watched")
         event = await next_event(watch)
     assert (event["type"], event["object"]["revision"], state["revision"]) == ("CREATED", revision + 1, revision + 1)
@@ -622,8 +629,8 @@ async def _watch_since(launcher: Launcher) -> None:
 @fma("TestEventBroadcaster::test_publish_tracks_sequential_revisions")
 async def _sequential_revisions(launcher: Launcher) -> None:
     # Also TestWatchAPIEndpoint::test_watch_with_since_streams_events: no top-level revision, `object.revision`.
-    revision = (await launcher.listing(detail=False))["revision"]
-    async with launcher.http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
+    revision = await launcher.revision()
+    async with launcher.watch(revision) as watch:
         created, port = await launcher.create("counted")
         await serving(port)
         deleted = await launcher.delete("counted")
@@ -635,7 +642,7 @@ async def _sequential_revisions(launcher: Launcher) -> None:
         created["revision"],
         deleted["revision"],
     )
-    assert (await launcher.listing(detail=False))["revision"] == deleted["revision"]
+    assert await launcher.revision() == deleted["revision"]
     assert all("revision" not in e for e in events)
     if launcher.fma_only:
         assert [e["type"] for e in events] == ["CREATED", "DELETED"]
@@ -644,12 +651,8 @@ async def _sequential_revisions(launcher: Launcher) -> None:
 
 @fma("TestEventBroadcaster::test_multiple_watchers")
 async def _two_watchers(launcher: Launcher) -> None:
-    revision = (await launcher.listing(detail=False))["revision"]
-    since = {"since": str(revision)}
-    async with (
-        launcher.http.get(f"{BASE}/watch", params=since) as one,
-        launcher.http.get(f"{BASE}/watch", params=since) as two,
-    ):
+    revision = await launcher.revision()
+    async with launcher.watch(revision) as one, launcher.watch(revision) as two:
         await launcher.create("seen-twice")
         await launcher.delete("seen-twice")
         first, second = await fma_events(one, 2), await fma_events(two, 2)
@@ -659,24 +662,24 @@ async def _two_watchers(launcher: Launcher) -> None:
 
 @fma("TestEventBroadcaster::test_watch_since_revision")
 async def _replay(launcher: Launcher) -> None:
-    revision = (await launcher.listing(detail=False))["revision"]
-    async with launcher.http.get(f"{BASE}/watch", params={"since": str(revision)}) as live:
+    revision = await launcher.revision()
+    async with launcher.watch(revision) as live:
         await launcher.create("replayed")
         await launcher.delete("replayed")
         seen = await fma_events(live, 2)
-    async with launcher.http.get(f"{BASE}/watch", params={"since": str(revision)}) as late:
+    async with launcher.watch(revision) as late:
         replayed = await fma_events(late, 2)
     assert replayed == seen
 
 
 @fma("TestEventBroadcaster::test_revision_too_old_raises")
 async def _history_boundary(launcher: Launcher) -> None:
-    while (await launcher.listing(detail=False))["revision"] < HISTORY + 2:
+    while await launcher.revision() < HISTORY + 2:
         name = f"filler-{uuid.uuid4().hex[:6]}"
         await launcher.create(name)
         await launcher.delete(name)
-    revision = (await launcher.listing(detail=False))["revision"]
-    async with launcher.http.get(f"{BASE}/watch", params={"since": str(revision - HISTORY)}) as watch:
+    revision = await launcher.revision()
+    async with launcher.watch(revision - HISTORY) as watch:
         assert watch.status == 200
         assert (await next_event(watch))["object"]["revision"] == revision - HISTORY + 1
     status, body = await launcher.get(f"{BASE}/watch", params={"since": str(revision - HISTORY - 1)})
@@ -699,9 +702,9 @@ async def _since_not_integer(launcher: Launcher) -> None:
 
 @fma("launcher.py: since=<current revision> keeps the stream open and quiet")
 async def _since_current(launcher: Launcher) -> None:
-    revision = (await launcher.listing(detail=False))["revision"]
+    revision = await launcher.revision()
     quiet = WATCH_HEARTBEAT_S + 1 if launcher.fma_only else 1.0  # FMA sends no heartbeat lines
-    async with launcher.http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
+    async with launcher.watch(revision) as watch:
         assert watch.status == 200
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(quiet):
@@ -712,8 +715,8 @@ async def _since_current(launcher: Launcher) -> None:
 async def _exit_reported(launcher: Launcher) -> None:
     _, port = await launcher.create("mortal")
     await serving(port)
-    revision = (await launcher.listing(detail=False))["revision"]
-    async with launcher.http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
+    revision = await launcher.revision()
+    async with launcher.watch(revision) as watch:
         os.kill(instance_processes(launcher.process)["mortal"], signal.SIGKILL)
         stopped = (await fma_events(watch, 1))[0]
         assert stopped["type"] == "STOPPED"
@@ -729,8 +732,8 @@ async def _exit_reported(launcher: Launcher) -> None:
 
 @fma("TestSentinelWatcher::test_sentinel_cancelled_on_explicit_stop")
 async def _no_stopped_on_delete(launcher: Launcher) -> None:
-    revision = (await launcher.listing(detail=False))["revision"]
-    async with launcher.http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
+    revision = await launcher.revision()
+    async with launcher.watch(revision) as watch:
         await launcher.create("deleted")
         await launcher.delete("deleted")
         assert [e["type"] for e in await fma_events(watch, 2)] == ["CREATED", "DELETED"]
@@ -746,7 +749,7 @@ async def _no_additions(launcher: Launcher) -> None:
                          ("GET", "/metrics")):  # fmt: skip
         async with launcher.http.request(method, path) as response:
             assert (response.status, await response.json()) == (404, {"detail": "Not Found"}), path
-    async with launcher.http.get(f"{BASE}/watch") as watch:
+    async with launcher.watch() as watch:
         event = await next_event(watch)
     assert event.keys() == {"type", "object"}
     assert event["object"].keys() <= FMA_STATE_KEYS

@@ -2,6 +2,11 @@
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from controller.http import Purpose
+
+__all__ = ["DualPodsMetrics", "Purpose"]
+
+
 ACTUATION_BUCKETS = (0, 1, 3, 5, 7.5, 10, 15, 30, 60, 120, 240, 480, 960, 1920)
 HTTP_BUCKETS = (0.001, 0.01, 0.1, 1, 2, 3, 5, 10, 30, 90, 270, 810)
 CREATE_BUCKETS = (0.001, 0.01, 0.1, 1, 2, 3, 4, 5)
@@ -55,6 +60,13 @@ class DualPodsMetrics:
         self.queue_depth = Gauge("fma_dpc_innerqueue_depth", "Work queue length.", ["node"], registry=registry)
         self.queue_retries = Counter(
             "fma_dpc_innerqueue_retries", "Retries of failed work items.", ["node"], registry=registry
+        )
+        self.queue_wait_seconds = Histogram(
+            "fma_dpc_innerqueue_queue_duration_seconds",
+            "Time from a work item's unique add to the queue to its dequeue.",
+            ["node"],
+            buckets=QUEUE_BUCKETS,
+            registry=registry,
         )
         self.queue_work_seconds = Histogram(
             "fma_dpc_innerqueue_work_duration_seconds",

@@ -12,13 +12,12 @@ from api.labels import label_value_errors, qualified_name_errors
 from controller import pods
 from controller.pods import Pod
 
-RESERVED_DOMAINS = ("kubernetes.io", "k8s.io")  # and their subdomains, as Kubernetes reserves them
-OWN_PREFIX = "dual-pods.llm-d.ai"
+# FMA's rule: only these exact prefixes are reserved, so `app.kubernetes.io/name` or `node.k8s.io/x` may route.
+RESERVED_PREFIXES = ("dual-pods.llm-d.ai/", "kubernetes.io/", "k8s.io/")
 
 
 def _reserved(key: str) -> bool:
-    prefix = key.rpartition("/")[0]
-    return prefix == OWN_PREFIX or any(prefix == d or prefix.endswith("." + d) for d in RESERVED_DOMAINS)
+    return key.startswith(RESERVED_PREFIXES)
 
 
 class RoutingMetadata(BaseModel):
@@ -56,3 +55,12 @@ def problems(routing: RoutingMetadata, pod_labels: dict[str, str], pod_annotatio
             if kind == "label":
                 found += [f"label {key!r} value {value!r}: {e}" for e in label_value_errors(value)]
     return found
+
+
+def outdated_routing(provider: Pod) -> list[str]:
+    """Why the routing metadata committed at the provider's binding no longer fits it (the rules changed, or
+    the Pod came to carry one of its keys on its own)."""
+    routing = committed_routing(provider)
+    other_labels = {k: v for k, v in pods.labels(provider).items() if k not in routing.labels}
+    other_annotations = {k: v for k, v in pods.annotations(provider).items() if k not in routing.annotations}
+    return problems(routing, other_labels, other_annotations)
