@@ -74,6 +74,7 @@ SLEEP_STATE_TIMEOUT = aiohttp.ClientTimeout(total=2)
 CONNECT_TIMEOUT_S = 5.0
 REAP_WAIT_S = 1.0  # for the exit code of an instance just killed
 LOG_FILE = "log"  # in the instance's work directory
+MAX_DETAIL_CHARS = 500  # of a wake check's detail, which every event of the instance carries
 OUTPUT_DRAIN_S = 5.0  # the most a stop waits for an instance's last output lines to be copied
 DEFAULT_RUNTIME = "vllm"  # when the instance names none
 T = TypeVar("T")
@@ -403,7 +404,7 @@ class InstanceManager:
             instance.log.warning(
                 "instance %s: cannot record its probe, so its wakes go unchecked: %s", instance.id, err
             )
-            instance.wake_check = WakeCheck(status=WakeCheckStatus.UNAVAILABLE, detail=str(err))
+            instance.wake_check = WakeCheck(status=WakeCheckStatus.UNAVAILABLE, detail=str(err)[:MAX_DETAIL_CHARS])
             return
         instance.probe = answer
         instance.wake_check = WakeCheck(status=WakeCheckStatus.RECORDED, probe=answer.recorded())
@@ -438,7 +439,7 @@ class InstanceManager:
             self.metrics.wake_checks.labels("passed").inc()
             return
         self.metrics.wake_checks.labels("failed").inc()
-        instance.wake_check.detail = problem
+        instance.wake_check.detail = problem[:MAX_DETAIL_CHARS]
         self._kill(instance, Verdict(StopReason.WAKE_CHECK_FAILED, f"woken, it failed its post-wake check: {problem}"))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(instance.exited.wait(), REAP_WAIT_S)
@@ -529,6 +530,8 @@ class InstanceManager:
         if sleeping is None or sleeping == instance.sleeping or instance.lock.locked() or not instance.running:
             return
         async with instance.lock:
+            if sleeping == instance.sleeping or not instance.running:
+                return  # another read saw it first
             if not sleeping:
                 try:
                     await self._check_wake(instance, self._runtime(instance.config.runtime))

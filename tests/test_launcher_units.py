@@ -26,15 +26,19 @@ from api.launcher import (
     InstanceState,
     InstanceStatus,
     StopReason,
+    WakeCheck,
+    WakeCheckStatus,
+    WakeProbe,
 )
 from launcher import gpu_memory, liveness, validation
 from launcher.engine_defaults import GIB, GpuMemory, Machine, transformers_defaults, vllm_defaults
 from launcher.errors import BadRequest, Conflict, Gone, InvalidOptions, RangeNotSatisfiable
 from launcher.events import EventLog, Subscription
+from launcher.instances import MAX_DETAIL_CHARS
 from launcher.liveness import EngineProcesses, LivenessPolicy
 from launcher.logs import FIRST_PAGE, PAGE_BYTES, content_range, parse_range, resolve_range
 from launcher.runtimes import VllmRuntime
-from launcher.wake_check import LOGPROB_TOLERANCE, ProbeAnswer, compare, parse_choice
+from launcher.wake_check import LOGPROB_TOLERANCE, PROBE_PROMPT, PROBE_TOKENS, ProbeAnswer, compare, parse_choice
 
 
 @pytest.mark.parametrize(
@@ -175,6 +179,18 @@ def test_the_largest_event_the_bounds_allow_fits_a_watch_line() -> None:
         port=65535,
         exit_code=-(2**31),
         stop_reason=max(StopReason, key=len),
+        # A probe of the whole prompt in single bytes, 7-digit token IDs, and the longest detail, all escaped.
+        wake_check=WakeCheck(
+            status=WakeCheckStatus.UNAVAILABLE,
+            probe=WakeProbe(
+                prompt_token_ids=[9_999_999] * (len(PROBE_PROMPT.encode()) + 1),
+                token_ids=[9_999_999] * PROBE_TOKENS,
+                logprobs=[-1.2345678901234567e-300] * PROBE_TOKENS,
+            ),
+            passed=2**63 - 1,
+            last_seconds=1.2345678901234567e300,
+            detail="\x01" * MAX_DETAIL_CHARS,
+        ),
     )
     for name, value, bound in [
         ("options", state.options, MAX_OPTIONS_BYTES),
