@@ -7,8 +7,10 @@ image's working directory (/app), or `/app/launcher.py --host=0.0.0.0 --port=800
 `python3 /app/launcher_pod_notifier.py` from the same image. So that swapping only the image in an FMA
 installation works, an image that installs the dualpods wheel runs `python3 -m launcher.fma_compat /app`,
 which writes both files there: each a few lines that take their own directory off `sys.path` (as FMA's
-`PYTHONPATH=/app` and the script's directory put it first, `/app/launcher.py` would otherwise shadow the
-`launcher` package) and call into the package:
+`PYTHONPATH=/app`, the script's directory and a working directory of /app put it first, `/app/launcher.py`
+would otherwise shadow the `launcher` package) and call into the package; and `launcher.py`, should it be
+imported as `launcher` all the same (`python -c "import launcher"` or `python -m launcher` in /app), puts the
+package in its place:
 
 - `launcher.py` runs `launcher_main`: dualpods' launcher with FMA's arguments (`--mock-gpus`,
   `--mock-gpu-count N`, `--host`, `--port`, `--log-level`, all of which it takes) and FMA's environment
@@ -40,21 +42,31 @@ Written by `python3 -m launcher.fma_compat` (dualpods); the code is in the insta
 import os
 import sys
 
-# This file's directory (FMA's PYTHONPATH=/app) would shadow the installed `launcher` package.
+# This file's directory (FMA's PYTHONPATH=/app, or the working directory) must not shadow the installed package.
 _HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path[:] = [entry for entry in sys.path if os.path.realpath(entry or os.curdir) != _HERE]
-
-from {module} import {function}  # noqa: E402
-
+{shadow}
 if __name__ == "__main__":
+    from {module} import {function}
+
     sys.exit({function}())
 '''
+# launcher.py stands where the `launcher` package's name resolves from its directory (`python -c "import launcher"`
+# there): imported under that name, it puts the package in its place (the import returns what sys.modules holds).
+_SHADOW = """
+if __name__ == "launcher":
+    import importlib
+
+    del sys.modules[__name__]
+    sys.modules[__name__] = importlib.import_module(__name__)
+"""
 
 
 def entry_point(file_name: str) -> str:
     """The text of one thin entry-point file."""
     what, module, function = ENTRY_POINTS[file_name]
-    return _TEMPLATE.format(what=what, module=module, function=function)
+    shadow = _SHADOW if file_name == LAUNCHER_SCRIPT else ""
+    return _TEMPLATE.format(what=what, module=module, function=function, shadow=shadow)
 
 
 def write_entry_points(directory: Path) -> list[Path]:

@@ -109,3 +109,21 @@ def test_the_images_entry_points_are_what_the_package_writes() -> None:
         path = committed / name
         assert path.read_text() == fma_compat.entry_point(name), f"run: python3 -m launcher.fma_compat {committed}"
         assert os.access(path, os.X_OK)
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["-c", "import launcher.fma_compat; print(launcher.__file__)"], f"launcher{os.sep}__init__.py"),
+        (["-m", "launcher", "--help"], "--fma-only"),
+    ],
+    ids=["import launcher", "python -m launcher"],
+)
+def test_launcher_py_never_shadows_the_package(app_dir: Path, argv: list[str], expected: str) -> None:
+    """In the images' working directory /app, with FMA's PYTHONPATH=/app, `launcher` is still the package (the
+    images' own entrypoint is `python -m launcher`)."""
+    env = {**os.environ, "PYTHONPATH": str(app_dir)}
+    result = subprocess.run([sys.executable, *argv], cwd=app_dir, env=env, capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert expected in result.stdout, result.stdout

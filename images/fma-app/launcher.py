@@ -7,11 +7,17 @@ Written by `python3 -m launcher.fma_compat` (dualpods); the code is in the insta
 import os
 import sys
 
-# This file's directory (FMA's PYTHONPATH=/app) would shadow the installed `launcher` package.
+# This file's directory (FMA's PYTHONPATH=/app, or the working directory) must not shadow the installed package.
 _HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path[:] = [entry for entry in sys.path if os.path.realpath(entry or os.curdir) != _HERE]
 
-from launcher.fma_compat import launcher_main  # noqa: E402
+if __name__ == "launcher":
+    import importlib
+
+    del sys.modules[__name__]
+    sys.modules[__name__] = importlib.import_module(__name__)
 
 if __name__ == "__main__":
+    from launcher.fma_compat import launcher_main
+
     sys.exit(launcher_main())

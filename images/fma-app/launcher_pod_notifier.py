@@ -7,11 +7,11 @@ Written by `python3 -m launcher.fma_compat` (dualpods); the code is in the insta
 import os
 import sys
 
-# This file's directory (FMA's PYTHONPATH=/app) would shadow the installed `launcher` package.
+# This file's directory (FMA's PYTHONPATH=/app, or the working directory) must not shadow the installed package.
 _HERE = os.path.dirname(os.path.realpath(__file__))
 sys.path[:] = [entry for entry in sys.path if os.path.realpath(entry or os.curdir) != _HERE]
 
-from launcher.pod_notifier import main  # noqa: E402
-
 if __name__ == "__main__":
+    from launcher.pod_notifier import main
+
     sys.exit(main())
