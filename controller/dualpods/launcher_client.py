@@ -4,6 +4,7 @@ from typing import Any
 
 from api.keys import LAUNCHER_PORT
 from api.launcher import INSTANCES_PATH, AllInstancesState, InstanceState, VllmConfig
+from api.token_file import TokenFile
 
 from .http import HttpCaller, HttpError
 
@@ -12,20 +13,31 @@ def launcher_url(pod_ip: str) -> str:
     return f"http://{pod_ip}:{LAUNCHER_PORT}"
 
 
+def _bearer(token: str | None) -> dict[str, str] | None:
+    return {"Authorization": f"Bearer {token}"} if token else None
+
+
 class LauncherClient:
-    def __init__(self, http: HttpCaller, token: str | None) -> None:
+    def __init__(self, http: HttpCaller, token: TokenFile | None) -> None:
         self._http = http
-        self._headers = {"Authorization": f"Bearer {token}"} if token else None
+        self._token = token  # re-read when its file changes: a rotated Secret needs no restart
 
     def _url(self, pod_ip: str, path: str = "") -> str:
         return f"{launcher_url(pod_ip)}{INSTANCES_PATH}{path}"
 
     async def _call(self, purpose: str, method: str, url: str, **kwargs: Any) -> Any:
-        return await self._http.expect_ok(purpose, method, url, headers=self._headers, **kwargs)
+        try:
+            return await self._http.expect_ok(purpose, method, url, headers=self.headers, **kwargs)
+        except HttpError as err:
+            # Refused before anything was done: a launcher whose kubelet has not yet seen a rotated token.
+            previous = self._token.previous() if self._token else None
+            if err.reply is None or err.reply.status != 401 or previous is None:
+                raise
+            return await self._http.expect_ok(purpose, method, url, headers=_bearer(previous), **kwargs)
 
     @property
     def headers(self) -> dict[str, str] | None:
-        return self._headers
+        return _bearer(self._token.current()) if self._token else None
 
     async def list_instances(self, pod_ip: str, isc_name: str = "") -> AllInstancesState:
         body = await self._call("list_instances", "GET", self._url(pod_ip), isc_name=isc_name)
