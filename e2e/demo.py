@@ -3,7 +3,9 @@
 The cluster is up (`make cluster-up`); this installs the Helm chart into a fresh namespace, creates a
 LauncherConfig, two InferenceServerConfigs for two tiny models and a requester ReplicaSet per model
 (both asking for the same GPU), then swaps A -> B -> A -> B by scaling the sets, printing each step,
-how long it took and what the served model answered. The cluster is left up to look around.
+how long it took and what the served model answered. The cluster is left up to look around. With
+`--images` (`make demo IMAGES=1`) the components run from the images `make images` builds, as real
+containers, instead of from this checkout as local processes.
 """
 
 import argparse
@@ -18,7 +20,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from api import keys
 from e2e.actuation import Actuation, actuate, release
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.dualpods_env import DualPodsEnv
+from e2e.dualpods_env import PROCESSES, DualPodsEnv, Images, built_images
+from e2e.kubelet import oci
 from e2e.tiny_model import ensure_tiny_model
 from e2e.waiting import wait_for
 
@@ -94,24 +97,28 @@ async def swap(env: DualPodsEnv, from_: str, to: str, what: str, timings: list[t
     await step(env, what, to, timings)
 
 
-async def run(state_dir: Path, namespace: str) -> None:
+async def run(state_dir: Path, namespace: str, images: Images) -> None:
     cluster = LoopbackCluster(state_dir)
     if not cluster.is_up():
         raise SystemExit(f"no loopback cluster in {state_dir}: run `make cluster-up` first")
+    if images is not PROCESSES and not oci.enabled_in(cluster.state_dir / "logs" / "kubelet.log"):
+        raise SystemExit("the cluster's kubelet started before podman was installed: `make cluster-down`, then retry")
     say("dualpods demo: fast model swapping on Kubernetes (the loopback cluster), vLLM on the CPU\n")
     say("building two tiny random-weight models offline")
     models = {name: ensure_tiny_model(seed) for name, (seed, _) in MODELS.items()}
     async with await cluster.api_client() as api:
         await fresh_namespace(cluster, api, namespace, state_dir / "demo")
-        env = DualPodsEnv(cluster, api, namespace, state_dir / "demo")
+        env = DualPodsEnv(cluster, api, namespace, state_dir / "demo", images)
         await env.setup()
         say(f"installing the Helm chart into namespace {namespace} (controllers run as Pods)")
-        await env.controllers.install()
+        if images is not PROCESSES:
+            say(f"  from the images of `make images`: {images.controller}, {images.launcher}, {images.requester}")
+        await env.controllers.install(*images.chart_values())
         await env.create_launcher_config("demo-launchers", max_instances=2, launcher_args=[])
         node = (await cluster.kubelet.nodes())[0]
         gpu = sorted(node.gpus)[0]
         for name, (_, port) in MODELS.items():
-            options = f"--model {models[name]} --served-model-name {name} --max-model-len 256"
+            options = f"--model {images.model(models[name])} --served-model-name {name} --max-model-len 256"
             await env.create_isc(name, "demo-launchers", port=port, options=options)
             await env.create_requesters(name, name, replicas=0, node=node.name, gpu=gpu)
         say(f"created LauncherConfig demo-launchers, InferenceServerConfigs and ReplicaSets {', '.join(MODELS)}")
@@ -143,8 +150,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--state-dir", type=Path, default=Path(".cluster"))
     parser.add_argument("--namespace", default="dualpods-demo")
+    parser.add_argument(
+        "--images", action="store_true", help="run the components from the images of `make images` (real containers)"
+    )
     args = parser.parse_args()
-    asyncio.run(run(args.state_dir, args.namespace))
+    asyncio.run(run(args.state_dir, args.namespace, built_images() if args.images else PROCESSES))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ the objects a model-variant deployer creates."""
 import base64
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +19,62 @@ from controller import pods
 from e2e.chart import InstalledControllers
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import install_crds
+from e2e.model_cache import cache_root
 from e2e.waiting import wait_for
+from scripts.images import catalogue
 
-LAUNCHER_IMAGE = "dualpods/launcher"
-REQUESTER_IMAGE = "dualpods/requester"
 Obj = dict[str, Any]
+MODELS_MOUNT = "/models"
+
+
+@dataclass(frozen=True)
+class Images:
+    """What the components run from. The image map's names (PROCESSES) run this checkout as local processes;
+    the references `make images` builds run those images as real containers (the kubelet's OCI runtime),
+    which see the host's model cache only where launchers mount it (`models_dir`, read-only)."""
+
+    launcher: str
+    requester: str
+    controller: str | None = None  # repository:tag; None: the chart's default
+    models_dir: Path | None = None
+
+    def chart_values(self) -> list[str]:
+        if self.controller is None:
+            return []
+        repository, tag = self.controller.rsplit(":", 1)
+        return [f"image.repository={repository}", f"image.tag={tag}"]
+
+    def model(self, path: Path) -> Path:
+        """Where launchers see the model the host has at `path`."""
+        if self.models_dir is None:
+            return path
+        return Path(MODELS_MOUNT) / path.relative_to(self.models_dir)
+
+
+PROCESSES = Images(launcher="dualpods/launcher", requester="dualpods/requester")
+
+
+def built_images() -> Images:
+    """The images `make images` builds, launchers seeing the tiny models' cache at /models."""
+    return Images(
+        launcher=catalogue.LAUNCHER_CPU.reference,
+        requester=catalogue.REQUESTER.reference,
+        controller=catalogue.CONTROLLER.reference,
+        models_dir=cache_root() / "models",
+    )
 
 
 class DualPodsEnv:
-    def __init__(self, cluster: LoopbackCluster, api: client.ApiClient, namespace: str, work_dir: Path) -> None:
+    def __init__(
+        self,
+        cluster: LoopbackCluster,
+        api: client.ApiClient,
+        namespace: str,
+        work_dir: Path,
+        images: Images = PROCESSES,
+    ) -> None:
         self.cluster = cluster
+        self.images = images
         self.api = api
         self.namespace = namespace
         self.work_dir = work_dir
@@ -76,26 +123,23 @@ class DualPodsEnv:
     # ----- objects a model-variant deployer creates
 
     async def create_launcher_config(self, name: str, max_instances: int, launcher_args: list[str]) -> None:
+        container: Obj = {
+            "name": keys.INFERENCE_SERVER_CONTAINER,
+            "image": self.images.launcher,
+            "args": ["--mock-gpus", "--stop-grace-seconds", "3", *launcher_args],
+            "ports": [{"containerPort": LAUNCHER_PORT}],
+        }
+        pod_spec: Obj = {"terminationGracePeriodSeconds": 5, "containers": [container]}
+        if self.images.models_dir is not None:
+            pod_spec["volumes"] = [{"name": "models", "hostPath": {"path": str(self.images.models_dir)}}]
+            container["volumeMounts"] = [{"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True}]
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "LauncherConfig",
             "metadata": {"name": name},
             "spec": {
                 "maxInstances": max_instances,
-                "podTemplate": {
-                    "metadata": {"labels": {"from-launcher-config": "yes"}},
-                    "spec": {
-                        "terminationGracePeriodSeconds": 5,
-                        "containers": [
-                            {
-                                "name": keys.INFERENCE_SERVER_CONTAINER,
-                                "image": LAUNCHER_IMAGE,
-                                "args": ["--mock-gpus", "--stop-grace-seconds", "3", *launcher_args],
-                                "ports": [{"containerPort": LAUNCHER_PORT}],
-                            }
-                        ],
-                    },
-                },
+                "podTemplate": {"metadata": {"labels": {"from-launcher-config": "yes"}}, "spec": pod_spec},
             },
         }
         await self._create(LauncherConfig, body)
@@ -177,14 +221,14 @@ class DualPodsEnv:
                 "selector": {"matchLabels": {"app": name}},
                 "template": {
                     "metadata": {"labels": {"app": name}, "annotations": annotations},
-                    "spec": _requester_spec(gpus, node, gpu),
+                    "spec": _requester_spec(self.images.requester, gpus, node, gpu),
                 },
             },
         })  # fmt: skip
 
     async def pin_requesters(self, replica_set: str, node: str, gpu: str) -> None:
         """Pin the set's next requesters to one GPU of one node (FMA's case "GPU pin")."""
-        spec = _requester_spec(0, node, gpu)
+        spec = _requester_spec(self.images.requester, 0, node, gpu)
         await self.apps.patch_namespaced_replica_set(
             replica_set, self.namespace, {"spec": {"template": {"spec": spec}}},
             _content_type="application/strategic-merge-patch+json",
@@ -278,12 +322,12 @@ class DualPodsEnv:
                 raise
 
 
-def _requester_spec(gpus: int, node: str | None, gpu: str | None) -> Obj:
+def _requester_spec(image: str, gpus: int, node: str | None, gpu: str | None) -> Obj:
     """A requester Pod's spec; `gpu` pins that GPU (0 GPUs asked for from the scheduler)."""
     count = "0" if gpu else str(gpus)
     container: Obj = {
         "name": keys.INFERENCE_SERVER_CONTAINER,
-        "image": REQUESTER_IMAGE,
+        "image": image,
         "resources": {"limits": {"nvidia.com/gpu": count}, "requests": {"nvidia.com/gpu": count}},
         "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 1},
     }
@@ -303,13 +347,14 @@ async def installed(
     work_dir: Path,
     *chart_values: str,
     gpu_map: bool = True,
+    images: Images = PROCESSES,
 ) -> AsyncIterator[DualPodsEnv]:
     """A namespace set up for dual pods with the controllers installed by the chart (`--set` values),
     taken down afterwards in the order that leaves no finalizer behind (also when installing failed)."""
-    env = DualPodsEnv(cluster, api, namespace, work_dir)
+    env = DualPodsEnv(cluster, api, namespace, work_dir, images)
     try:
         await env.setup(gpu_map)
-        await env.controllers.install(*chart_values)
+        await env.controllers.install(*images.chart_values(), *chart_values)
         yield env
     finally:
         await env.teardown()

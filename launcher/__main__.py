@@ -21,7 +21,7 @@ from . import gpus, process_control
 from .app import build_app
 from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES
 from .events import HISTORY_SIZE, EventLog
-from .instances import InstanceManager, ManagerSettings
+from .instances import DEFAULT_RUNTIME, InstanceManager, ManagerSettings
 from .liveness import LivenessPolicy
 from .metrics import LauncherMetrics
 from .runtimes import Runtime, StandInRuntime, TransformersRuntime, VllmRuntime
@@ -124,11 +124,24 @@ def read_token(path: str | None, grace_seconds: float) -> TokenFile | None:
 
 
 def make_runtimes(args: argparse.Namespace) -> dict[str, Runtime]:
-    """The runtimes instances may ask for (E4); the stand-in simulates all of them."""
+    """The runtimes instances may ask for (E4): those installed here; the stand-in simulates all of them.
+
+    vLLM is the launcher's reason to exist, so without it the launcher does not start; without the
+    transformers runtime it serves vLLM alone, and an instance asking for that runtime gets a 400."""
     if args.stand_in:
         standin = StandInRuntime()
         return {"vllm": standin, "transformers": standin}
-    return {"vllm": VllmRuntime(), "transformers": TransformersRuntime()}
+    runtimes: dict[str, Runtime] = {}
+    for runtime in (VllmRuntime(), TransformersRuntime()):
+        missing = runtime.missing_modules()
+        if not missing:
+            runtimes[runtime.name] = runtime
+            continue
+        problem = f"the {runtime.name} runtime needs {', '.join(missing)}, which is not installed"
+        if runtime.name == DEFAULT_RUNTIME:
+            sys.exit(f"launcher: {problem}; {runtime.install_hint}")
+        log.warning("%s: instances asking for it are refused; %s", problem, runtime.install_hint)
+    return runtimes
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -8,6 +8,7 @@ calls `serve`, which never returns control to the launcher's code.
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import io
 import os
 import sys
@@ -31,6 +32,14 @@ class ParsedOptions:
 class Runtime(ABC):
     name: str
     on_cpu = True  # set by preload where it matters
+    # Top-level modules the runtime cannot run without, and the extra that brings them (docs/install.md).
+    requires: tuple[str, ...] = ()
+    install_hint = ""
+
+    def missing_modules(self) -> list[str]:
+        """The required modules that are not installed; an import error inside an installed one is not
+        hidden here but raised by `preload`."""
+        return [module for module in self.requires if importlib.util.find_spec(module) is None]
 
     @abstractmethod
     def preload(self) -> None:
@@ -120,6 +129,8 @@ class VllmRuntime(Runtime):
     """vLLM's OpenAI-compatible server, run in-process in the forked child."""
 
     name = "vllm"
+    requires = ("vllm", "torch")
+    install_hint = "install dualpods[launcher-cpu], or build on vLLM's image (images/launcher-gpu.Dockerfile)"
     # Flags that would make the server unreachable where the launcher looks for it (plain HTTP on --port).
     UNREACHABLE_FLAGS = {
         "uds": "--uds (a Unix socket instead of the port)",
@@ -206,6 +217,8 @@ class TransformersRuntime(KnownArgsRuntime):
     """The transformers fallback runtime (E4, E5): `python -m transformers_runtime` in the child."""
 
     name = "transformers"
+    requires = ("transformers", "peft", "torch")
+    install_hint = "install dualpods[launcher-cpu] or dualpods[launcher-gpu]"
 
     def preload(self) -> None:
         for module in ("transformers_runtime.cli", "transformers", "peft", "torch"):

@@ -20,7 +20,13 @@ log = logging.getLogger(__name__)
 
 class NodeAgent:
     def __init__(
-        self, api: client.ApiClient, config: KubeletConfig, node: NodeConfig, images: ImageMap, addresses: AddressBlock
+        self,
+        api: client.ApiClient,
+        config: KubeletConfig,
+        node: NodeConfig,
+        images: ImageMap,
+        addresses: AddressBlock,
+        oci_owner: str | None,
     ) -> None:
         core = client.CoreV1Api(api)
         self.config = node
@@ -33,6 +39,7 @@ class NodeAgent:
             events=EventRecorder(core, node.name),
             images=images,
             config=config,
+            oci_owner=oci_owner,
         )
         self.registration = NodeRegistration(api, node, self.runtime.host_ip, config.lease_renew_seconds)
         self._sync = PodSync(self.runtime)

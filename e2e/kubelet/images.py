@@ -3,7 +3,8 @@
 A YAML file maps an image to Docker's two halves of a command line, `entrypoint` and `cmd`; a Pod's
 `command` replaces the entrypoint and its `args` replace the cmd, as Docker does. Keys are image
 repositories without tag (`python`, `dualpods/test-http`); a key with a tag (`python:3.12`) wins
-over the bare repository for that tag only. `docker.io/` and `library/` prefixes are ignored. Strings
+over the bare repository for that tag only. `docker.io/`, `library/` and `localhost/` (podman's name for
+locally built images) prefixes are ignored. Strings
 may hold `{python}` (the kubelet's interpreter), `{venv_bin}` (its directory) and `{repo}` (the
 repository root); `env` values may also hold `{pod_ip}`, the Pod's address: every Pod shares the host's
 loopback network, so a program that binds all addresses by default is told its Pod's address this way,
@@ -68,7 +69,7 @@ def repository_and_tag(image: str) -> tuple[str, str | None]:
     last = name.rsplit("/", 1)[-1]
     if ":" in last:
         name, tag = name.rsplit(":", 1)
-    for prefix in ("docker.io/", "index.docker.io/", "library/"):
+    for prefix in ("docker.io/", "index.docker.io/", "localhost/", "library/"):
         name = name.removeprefix(prefix)
     return name, tag
 
@@ -100,16 +101,22 @@ class ImageMap:
             return self.images[f"{repository}:{tag}"]
         return self.images.get(repository)
 
+    def image_env(self, entry: ImageEntry | None, pod_ip: str) -> dict[str, str]:
+        """The host variables passed to every container, and the entry's own (the Pod's address filled in)."""
+        env = {name: os.environ[name] for name in self.pass_env if name in os.environ}
+        if entry is not None:
+            env.update({name: value.replace(POD_IP_PLACEHOLDER, pod_ip) for name, value in entry.env.items()})
+        return env
+
     def base_env(self, entry: ImageEntry, pod_ip: str) -> dict[str, str]:
-        """What the image's process starts with, before the kubelet's and the Pod's variables."""
+        """What a local process for the image starts with, before the kubelet's and the Pod's variables (a
+        real image brings its own PATH, HOME and LANG)."""
         env = {
             "PATH": f"{placeholders()['venv_bin']}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
             "HOME": os.environ.get("HOME", "/root"),
             "LANG": "C.UTF-8",
         }
-        env.update({name: os.environ[name] for name in self.pass_env if name in os.environ})
-        env.update({name: value.replace(POD_IP_PLACEHOLDER, pod_ip) for name, value in entry.env.items()})
-        return env
+        return {**env, **self.image_env(entry, pod_ip)}
 
 
 def command_line(entry: ImageEntry, command: list[str] | None, args: list[str] | None) -> list[str]:

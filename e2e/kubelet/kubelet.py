@@ -8,6 +8,7 @@ from aiohttp import web
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from e2e.kubelet import oci
 from e2e.kubelet.addresses import AddressBlock
 from e2e.kubelet.agent import NodeAgent
 from e2e.kubelet.config import KubeletConfig, NodeConfig
@@ -27,6 +28,8 @@ class Kubelet:
         self._gpu_map_namespaces: list[str] = []
         self._lock = asyncio.Lock()
         self._api: client.ApiClient | None = None
+        # Pods whose image is in local container storage run from it (oci.py), where podman is installed.
+        self.oci_owner = oci.owner_id(settings.state_dir) if oci.podman_available() else None
 
     @property
     def api(self) -> client.ApiClient:
@@ -48,7 +51,7 @@ class Kubelet:
                 raise ConflictError(f"node {node.name} already exists")
             if node.name not in self._blocks:
                 self._blocks[node.name] = AddressBlock.claim(self.settings.address_lock_dir)
-            agent = NodeAgent(self.api, self.settings, node, self.images, self._blocks[node.name])
+            agent = NodeAgent(self.api, self.settings, node, self.images, self._blocks[node.name], self.oci_owner)
             await agent.start()
             self._agents[node.name] = agent
         await self._refresh_gpu_maps()
@@ -91,6 +94,13 @@ class Kubelet:
             loop.add_signal_handler(sig, stop.set)
         self._api = await config.new_client_from_config(config_file=str(self.settings.kubeconfig))
         runner = web.AppRunner(control_app(self))
+        watchdog = None
+        if self.oci_owner is not None:
+            oci.remove_owned(self.oci_owner)  # left by an earlier kubelet on this state directory
+            watchdog = oci.start_watchdog(self.oci_owner)
+            log.info("%s %s", oci.ENABLED_MESSAGE, self.oci_owner)
+        else:
+            log.info("podman is not installed: every container runs as a local process")
         try:
             await asyncio.gather(*(self._add(node) for node in self.settings.nodes))
             for namespace in self.settings.gpu_map_namespaces:
@@ -109,3 +119,5 @@ class Kubelet:
             await self.api.close()
             for block in self._blocks.values():
                 block.release_block()
+            if watchdog is not None:
+                watchdog.communicate()  # closing its stdin: it removes any container still left, and exits

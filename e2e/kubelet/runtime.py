@@ -22,6 +22,9 @@ class NodeRuntime:
     events: EventRecorder
     images: ImageMap
     config: KubeletConfig
+    # The label of this kubelet's OCI containers (`oci.py`); None where podman is not installed, so every
+    # container runs as a local process.
+    oci_owner: str | None = None
 
     @property
     def host_ip(self) -> str:

@@ -2,16 +2,18 @@
 
 import asyncio
 import contextlib
+import datetime
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from e2e.kubelet import probes
+from e2e.kubelet import oci, probes
 from e2e.kubelet.container import ContainerProcess
 from e2e.kubelet.env import ContainerConfigError, PodFields, expand, resolve_env
 from e2e.kubelet.gpus import VISIBLE_DEVICES_ENV
@@ -19,12 +21,33 @@ from e2e.kubelet.images import REPO_ROOT, command_line
 from e2e.kubelet.logs import container_log
 from e2e.kubelet.runtime import NodeRuntime
 from e2e.kubelet.status import ContainerStatus, Terminated, now
-from e2e.kubelet.volumes import Mount, VolumeError, container_mounts
+from e2e.kubelet.volumes import VolumeError, container_mounts
 
 log = logging.getLogger(__name__)
 
 # A container that ran this long before exiting starts its back-off afresh (a real kubelet: 10 min).
 _BACKOFF_RESET_SECONDS = 60.0
+
+
+class Container(Protocol):
+    """One run of a container, by either runtime: a local process (`container.py`) or OCI (`oci.py`)."""
+
+    started_at: datetime.datetime
+
+    @property
+    def container_id(self) -> str: ...
+
+    async def wait(self) -> int: ...
+
+    async def stop(self, grace_seconds: float) -> int: ...
+
+    def kill(self) -> None: ...
+
+    async def exec(self, argv: list[str], *, env: dict[str, str], cwd: Path, limit: float) -> tuple[int, str]: ...
+
+
+# Starts one run of a container, its output going to the given log file.
+Starter = Callable[[Path], Awaitable[Container]]
 
 
 class Backoff:
@@ -74,7 +97,7 @@ class ContainerSupervisor:
         self._restart_policy = restart_policy
         self._notify = notify
         self.status = ContainerStatus(name=spec.name, image=spec.image or "")
-        self._process: ContainerProcess | None = None
+        self._process: Container | None = None
         self._env: dict[str, str] = {}
         self._stopping = False
         self._stopped = asyncio.Event()
@@ -93,26 +116,57 @@ class ContainerSupervisor:
         self.status.ready = False
         self._notify()
 
-    async def _configure(self) -> tuple[list[str] | None, dict[str, str], list[Mount]]:
-        """(argv or None for a pause container, environment, mounts)."""
+    async def _configure(self) -> Starter | None:
+        """How to start the container (None: a pause container). Its image from local container storage
+        when it is there (the OCI runtime), else the image map's local command (the process runtime)."""
         pod = self._pod.pod
         fields = PodFields(pod, self._pod.pod_ip, self._runtime.host_ip)
         pod_env = await resolve_env(self.spec, fields, self._runtime.service_env(), self._runtime.fetch)
         if self.spec.name in self._pod.gpus:
             pod_env[VISIBLE_DEVICES_ENV] = ",".join(self._pod.gpus[self.spec.name])
         mounts = container_mounts(self.spec, self._pod.volumes)
-        entry = self._runtime.images.lookup(self.spec.image or "")
+        image = self.spec.image or ""
+        command = [expand(a, pod_env) for a in self.spec.command] if self.spec.command else None
+        args = [expand(a, pod_env) for a in self.spec.args] if self.spec.args else None
+        entry = self._runtime.images.lookup(image)
+        if self._runtime.oci_owner is not None and await oci.image_exists(image):
+            spec = oci.OciSpec(
+                name=self._oci_name(self._runtime.oci_owner),
+                image=image,
+                command=command,
+                args=args,
+                env={**self._runtime.images.image_env(entry, self._pod.pod_ip), **pod_env},
+                hostname=self._hostname(),
+                mounts=mounts,
+                working_dir=self.spec.working_dir,
+                labels=self._oci_labels(self._runtime.oci_owner),
+            )
+            return lambda log: oci.OciContainer.start(spec, log)
         if entry is None:
-            return None, pod_env, mounts
-        argv = command_line(
-            entry,
-            [expand(a, pod_env) for a in self.spec.command] if self.spec.command else None,
-            [expand(a, pod_env) for a in self.spec.args] if self.spec.args else None,
-        )
+            return None
+        argv = command_line(entry, command, args)
         if not argv:
             raise ContainerConfigError(f"image {self.spec.image} has no command and the container gives none")
         env = {**self._runtime.images.base_env(entry, self._pod.pod_ip), "HOSTNAME": self._hostname(), **pod_env}
-        return argv, env, mounts
+        self._env = env
+        cwd = Path(self.spec.working_dir) if self.spec.working_dir else REPO_ROOT
+        hostname = self._hostname()
+        return lambda log: ContainerProcess.start(argv, env=env, cwd=cwd, hostname=hostname, mounts=mounts, log=log)
+
+    def _oci_name(self, owner: str) -> str:
+        """Unique per run, and findable by the kubelet that owns it."""
+        uid = self._pod.pod.metadata.uid
+        return f"dualpods-{owner}-{uid[:8]}-{self.spec.name}-{self.status.restart_count}"
+
+    def _oci_labels(self, owner: str) -> dict[str, str]:
+        meta = self._pod.pod.metadata
+        return {
+            oci.OWNER_LABEL: owner,
+            "io.kubernetes.pod.namespace": meta.namespace,
+            "io.kubernetes.pod.name": meta.name,
+            "io.kubernetes.pod.uid": meta.uid,
+            "io.kubernetes.container.name": self.spec.name,
+        }
 
     def _hostname(self) -> str:
         spec = self._pod.pod.spec
@@ -131,17 +185,17 @@ class ContainerSupervisor:
         )
         while not self._stopping:
             try:
-                argv, env, mounts = await self._configure()
+                start = await self._configure()
             except (ContainerConfigError, VolumeError, ApiException) as error:
                 message = str(error) if not isinstance(error, ApiException) else f"API error {error.status}"
                 self._set_waiting("CreateContainerConfigError", message)
                 await self._record("Warning", "Failed", f"Error: {message}")
                 await asyncio.sleep(max(backoff.next(), 1.0))
                 continue
-            if argv is None:
+            if start is None:
                 await self._run_pause()
                 return
-            code, ran = await self._run_once(argv, env, mounts)
+            code, ran = await self._run_once(start)
             if ran > _BACKOFF_RESET_SECONDS:
                 backoff.reset()
             if not self._should_restart(code):
@@ -175,25 +229,18 @@ class ContainerSupervisor:
         status.state, status.ready = "terminated", False
         self._notify()
 
-    async def _run_once(self, argv: list[str], env: dict[str, str], mounts: list[Mount]) -> tuple[int, float]:
-        """Start the process and watch it and its probes; returns (exit code, seconds it ran)."""
+    async def _run_once(self, start: Starter) -> tuple[int, float]:
+        """Start the container and watch it and its probes; returns (exit code, seconds it ran)."""
         meta = self._pod.pod.metadata
-        self._env = env
-        process = await ContainerProcess.start(
-            argv,
-            env=env,
-            cwd=Path(self.spec.working_dir) if self.spec.working_dir else REPO_ROOT,
-            hostname=self._hostname(),
-            mounts=mounts,
-            log=container_log(
-                self._runtime.config.logs_dir,
-                meta.namespace,
-                meta.name,
-                meta.uid,
-                self.spec.name,
-                self.status.restart_count,
-            ),
+        log = container_log(
+            self._runtime.config.logs_dir,
+            meta.namespace,
+            meta.name,
+            meta.uid,
+            self.spec.name,
+            self.status.restart_count,
         )
+        process = await start(log)
         self._process = process
         status = self.status
         status.state, status.started_at, status.container_id = "running", process.started_at, process.container_id
@@ -212,7 +259,7 @@ class ContainerSupervisor:
         self._terminate(code, "Completed" if code == 0 else "Error")
         return code, (now() - process.started_at).total_seconds()
 
-    def _target(self, process: ContainerProcess) -> probes.ProbeTarget:
+    def _target(self, process: Container) -> probes.ProbeTarget:
         ports = {p.name: p.container_port for p in self.spec.ports or [] if p.name}
 
         async def run_in_container(argv: list[str], limit: float) -> tuple[int, str]:
@@ -220,7 +267,7 @@ class ContainerSupervisor:
 
         return probes.ProbeTarget(self._pod.pod_ip, ports, run_in_container)
 
-    async def _probe(self, process: ContainerProcess) -> None:
+    async def _probe(self, process: Container) -> None:
         """Startup probe first; then readiness (sets `ready`) and liveness (kills the container)."""
         target = self._target(process)
         if self.spec.startup_probe is not None:
@@ -243,7 +290,7 @@ class ContainerSupervisor:
             if not ok:
                 await self._record("Warning", "Unhealthy", f"Readiness probe failed: {why}")
 
-    async def _liveness(self, process: ContainerProcess, target: probes.ProbeTarget) -> None:
+    async def _liveness(self, process: Container, target: probes.ProbeTarget) -> None:
         if self.spec.liveness_probe is None:
             return
         async for ok, why in probes.results(self.spec.liveness_probe, target):
@@ -251,7 +298,7 @@ class ContainerSupervisor:
                 await self._kill_unhealthy(process, "Liveness", why)
                 return
 
-    async def _kill_unhealthy(self, process: ContainerProcess, kind: str, why: str) -> None:
+    async def _kill_unhealthy(self, process: Container, kind: str, why: str) -> None:
         await self._record("Warning", "Unhealthy", f"{kind} probe failed: {why}")
         await self._record(
             "Normal", "Killing", f"Container {self.spec.name} failed {kind.lower()} probe, will be restarted"

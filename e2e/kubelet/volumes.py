@@ -52,6 +52,7 @@ async def materialize(pod: client.V1Pod, pod_dir: Path, fields: PodFields, fetch
         directory = pod_dir / "volumes" / volume.name
         if volume.empty_dir is not None:
             directory.mkdir(parents=True, exist_ok=True)
+            directory.chmod(0o777)  # as a kubelet makes it: writable by a container's non-root user
         elif volume.host_path is not None:
             directory = Path(volume.host_path.path)
             if volume.host_path.type in ("DirectoryOrCreate", None, "") and not directory.exists():
