@@ -513,3 +513,33 @@ async def test_lost_node_pods_are_recreated_elsewhere(
             return node_is_ready(await core.read_node(victim))
 
         await wait_for(back, what=f"{victim} to be back and Ready")
+
+
+async def test_a_read_only_root_leaves_only_volumes_writable(
+    api: client.ApiClient, namespace: str, cluster: LoopbackCluster
+) -> None:
+    """`readOnlyRootFilesystem: true`, as the chart's controllers run: writing anywhere but a volume fails (the
+    process runtime remounts the container's file systems read-only), /dev/null still takes output."""
+    core = client.CoreV1Api(api)
+    code = (
+        "import json, os, tempfile\n"
+        "def writable(directory):\n"
+        "    try:\n"
+        "        with tempfile.TemporaryFile(dir=directory): return True\n"
+        "    except OSError: return False\n"
+        "open(os.devnull, 'w').write('x')\n"
+        f"places = ('/tmp', os.path.expanduser('~'), os.getcwd(), '{MOUNTS}/work')\n"
+        "print(json.dumps({d: writable(d) for d in places}))"
+    )
+    container = python_container(
+        code,
+        volumeMounts=[{"name": "scratch", "mountPath": f"{MOUNTS}/work"}],
+        securityContext={"readOnlyRootFilesystem": True},
+    )
+    volumes = [{"name": "scratch", "emptyDir": {}}]
+    manifest = pod_manifest("read-only", container, volumes=volumes, restartPolicy="Never")
+    await core.create_namespaced_pod(namespace, manifest)
+    pod = await wait_pod(core, namespace, "read-only", "to succeed", lambda p: p.status.phase == "Succeeded")
+    report = json.loads(cluster.container_log(pod, "main"))
+    assert report.pop(f"{MOUNTS}/work") is True
+    assert set(report.values()) == {False}, report

@@ -25,8 +25,25 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _setup_script(hostname: str, mounts: list[Mount]) -> str:
-    """Shell run as the namespace's first process: hostname, bind mounts, then exec the command."""
+# Under a read-only root these stay writable, as in a container: devices, the kernel's views, and the volumes.
+_KERNEL_MOUNTS = ("/dev", "/proc", "/sys")
+
+
+def _read_only_root(volume_targets: list[str]) -> list[str]:
+    """Shell lines making every other mount of the namespace read-only (`/` first: it must work)."""
+    keep = " ".join(shlex.quote(t) for t in [*_KERNEL_MOUNTS, *volume_targets])
+    return [
+        "mount -o remount,bind,ro /",
+        "awk '{print $5}' /proc/self/mountinfo | sort -u | while read -r point; do",
+        f'  for kept in {keep}; do case $point in "$kept"|"$kept"/*) continue 2;; esac; done',
+        '  [ "$point" = / ] || mount -o remount,bind,ro "$point" 2>/dev/null || true',
+        "done",
+    ]
+
+
+def _setup_script(hostname: str, mounts: list[Mount], read_only_root: bool = False) -> str:
+    """Shell run as the namespace's first process: hostname, bind mounts, a read-only root if asked for, then
+    exec the command."""
     lines = ["set -e", f"hostname {shlex.quote(hostname)}"]
     for mount in mounts:
         target = shlex.quote(mount.target)
@@ -35,6 +52,8 @@ def _setup_script(hostname: str, mounts: list[Mount]) -> str:
         lines.append(f"mount --bind {shlex.quote(str(mount.source))} {target}")
         if mount.read_only:
             lines.append(f"mount -o remount,bind,ro {target}")
+    if read_only_root:
+        lines += _read_only_root([m.target.rstrip("/") or "/" for m in mounts])
     lines.append('exec "$@"')
     return "\n".join(lines)
 
@@ -57,6 +76,7 @@ class ContainerProcess:
         hostname: str,
         mounts: list[Mount],
         log: Path,
+        read_only_root: bool = False,
     ) -> "ContainerProcess":
         log.parent.mkdir(parents=True, exist_ok=True)
         command = [
@@ -67,7 +87,7 @@ class ContainerProcess:
             *_NAMESPACES,
             "sh",
             "-c",
-            _setup_script(hostname, mounts),
+            _setup_script(hostname, mounts, read_only_root),
             "container",
             *argv,
         ]
