@@ -12,7 +12,8 @@ from e2e.cluster.cluster import LoopbackCluster
 from e2e.waiting import wait_for
 
 
-async def kubectl(cluster: LoopbackCluster, *args: str, stdin: str = "") -> str:
+async def kubectl(cluster: LoopbackCluster, *args: str, stdin: str = "", check: bool = True) -> str:
+    """kubectl's output; AssertionError when it fails, unless `check` is False (`auth can-i` says no by failing)."""
     process = await asyncio.create_subprocess_exec(
         str(venv_tool("kubectl")),
         "--kubeconfig",
@@ -23,7 +24,7 @@ async def kubectl(cluster: LoopbackCluster, *args: str, stdin: str = "") -> str:
         stderr=asyncio.subprocess.PIPE,
     )
     out, err = await process.communicate(stdin.encode())
-    assert process.returncode == 0, f"kubectl {' '.join(args)} failed: {err.decode()}"
+    assert process.returncode == 0 or not check, f"kubectl {' '.join(args)} failed: {err.decode()}"
     return out.decode()
 
 
