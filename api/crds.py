@@ -1,4 +1,4 @@
-"""The three custom resources of group `fma.llm-d.ai/v1alpha1` (FMA 0.6 compatible), plus dualpods' E3 budget.
+"""The three custom resources of group `fma.llm-d.ai/v1alpha1` (FMA 0.6 compatible), plus dualpods' extensions.
 
 Each root class parses the objects kubernetes-asyncio's CustomObjectsApi returns (`from_k8s`) and dumps
 back (`to_k8s`); its `RESOURCE` names the plural etc. for API calls. `config/crd/` is generated from
@@ -161,7 +161,7 @@ class ModelServerConfig(KubeModel):
 
 
 class LoraAdapter(KubeModel):
-    """dualpods extension (E8): a LoRA adapter the model server serves under its own model name."""
+    """dualpods extension: a LoRA adapter the model server serves under its own model name."""
 
     name: Annotated[str, Field(min_length=1)]
     """Name is the model name clients use to ask for this adapter."""
@@ -180,7 +180,7 @@ class InferenceServerConfigSpec(KubeModel):
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
-    """dualpods extension (E8): LoRA adapters the model server loads at start and keeps in step with this
+    """dualpods extension: LoRA adapters the model server loads at start and keeps in step with this
     list while it runs (loading and unloading through vLLM's /v1/load_lora_adapter and
     /v1/unload_lora_adapter), without restarting it. Adapters are not part of an instance's identity."""
 
@@ -226,7 +226,7 @@ class PodTemplate(KubeModel):
 
 
 class SleeperBudget(KubeModel):
-    """dualpods extension (E3): memory that the sleeping instances of one launcher may hold, in bytes.
+    """dualpods extension: memory that the sleeping instances of one launcher may hold, in bytes.
 
     Before an instance is put to sleep, and before one is woken, the dual-pods controller checks these
     budgets and deletes least-recently-used sleepers to stay within them; when that cannot work it

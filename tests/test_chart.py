@@ -13,6 +13,7 @@ import yaml
 
 from e2e.chart import CHART
 from scripts.helm_chart import REPO, helm, render_chart, run_helm
+from tests.pod_security import restricted_violations
 
 KUBE_VERSION = "1.30.0"
 EVERYTHING_ON = [
@@ -100,48 +101,6 @@ def test_rendered_objects_are_valid_kubernetes(settings: list[str]) -> None:
 
 
 # --- Pod Security "restricted" ------------------------------------------------------------------------------
-
-# The volume types the restricted profile allows (Pod Security Standards, Kubernetes 1.30).
-RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-                      "projected", "secret"}  # fmt: skip
-
-
-def restricted_violations(pod: Obj) -> list[str]:
-    """What keeps a Pod spec out of Pod Security "restricted" (baseline included), and, beyond the profile, a
-    writable root file system."""
-    problems = [f"hostNetwork/hostPID/hostIPC: {k}" for k in ("hostNetwork", "hostPID", "hostIPC") if pod.get(k)]
-    for volume in pod.get("volumes", []):
-        kinds = set(volume) - {"name"}
-        if not kinds <= RESTRICTED_VOLUMES:
-            problems.append(f"volume {volume['name']}: {kinds}")
-    pod_context = pod.get("securityContext", {})
-    for item in pod["containers"] + pod.get("initContainers", []):
-        where = f"container {item['name']}"
-        context = item.get("securityContext", {})
-
-        def setting(key: str, context: Obj = context) -> Any:
-            return context.get(key, pod_context.get(key))
-
-        if setting("runAsNonRoot") is not True:
-            problems.append(f"{where}: runAsNonRoot is not true")
-        if setting("runAsUser") == 0:
-            problems.append(f"{where}: runAsUser 0")
-        if (setting("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
-            problems.append(f"{where}: seccompProfile is not RuntimeDefault or Localhost")
-        if context.get("allowPrivilegeEscalation") is not False:
-            problems.append(f"{where}: allowPrivilegeEscalation is not false")
-        capabilities = context.get("capabilities", {})
-        if "ALL" not in capabilities.get("drop", []):
-            problems.append(f"{where}: capabilities do not drop ALL")
-        if set(capabilities.get("add", [])) - {"NET_BIND_SERVICE"}:
-            problems.append(f"{where}: adds capabilities {capabilities['add']}")
-        if context.get("privileged"):
-            problems.append(f"{where}: privileged")
-        if any(port.get("hostPort") for port in item.get("ports", [])):
-            problems.append(f"{where}: hostPort")
-        if context.get("readOnlyRootFilesystem") is not True:
-            problems.append(f"{where}: readOnlyRootFilesystem is not true")
-    return problems
 
 
 def workloads(docs: list[Obj]) -> dict[str, Obj]:

@@ -22,15 +22,12 @@ from api.crds import (
 from api.quantity import Quantity, parse_quantity
 from api.selectors import EnhancedNodeSelector, LabelSelector
 from api.structural import KEPT_KEYS, SchemaError, StructuralConverter
-
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLES = REPO / "config" / "examples"
+from e2e.crds import EXAMPLES, FIXTURES, manifests
 
 
 def examples() -> list[dict[str, Any]]:
-    """The example objects of our kinds (config/examples/ may hold other ones)."""
-    docs = (doc for path in sorted(EXAMPLES.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()))
-    return [doc for doc in docs if doc["apiVersion"] == API_VERSION]
+    """FMA's e2e objects (e2e/fixture_manifests/), the ones the tests below look into."""
+    return manifests(FIXTURES)
 
 
 def example(kind: str, name: str) -> dict[str, Any]:
@@ -154,7 +151,9 @@ def test_examples_cover_every_kind() -> None:
     assert {"LauncherConfig", "LauncherPopulationPolicy"} <= set(kinds)
 
 
-@pytest.mark.parametrize("manifest", examples(), ids=lambda d: f"{d['kind']}-{d['metadata']['name']}")
+@pytest.mark.parametrize(
+    "manifest", examples() + manifests(EXAMPLES), ids=lambda d: f"{d['kind']}-{d['metadata']['name']}"
+)
 def test_examples_parse_and_dump_back_unchanged(manifest: dict[str, Any]) -> None:
     assert parse_object(manifest).to_k8s() == manifest
 
