@@ -4,7 +4,6 @@ the standard knobs, tenant installs, and the shape of what it grants."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -436,10 +435,3 @@ def test_the_dashboard_is_current() -> None:
     assert done.returncode == 0
     (configmap,) = [d for d in by_kind(render(*EVERYTHING_ON), "ConfigMap") if "dashboard" in d["metadata"]["name"]]
     assert '"uid": "dualpods"' in configmap["data"]["dualpods.json"]
-
-
-def test_chart_paths_named_in_docs_exist() -> None:
-    """The chart's README and NOTES point users at files; they must be there."""
-    for path in ("config/crd", "docs/upgrade.md", "docs/install.md", "docs/operations.md", "config/examples"):
-        assert (REPO / path).exists(), path
-    assert Path(CHART / "charts" / "crds" / "crds").is_dir()

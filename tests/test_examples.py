@@ -41,12 +41,18 @@ def test_every_pod_of_the_examples_passes_the_restricted_profile() -> None:
     assert not problems, "\n".join(problems)
 
 
-def test_the_requesters_service_and_the_isc_routing_agree() -> None:
-    """The Service selects requesters only (launchers carry the same part-of label), on the proxy's port."""
-    (service,) = [d for d in others() if d["kind"] == "Service"]
-    selector = service["spec"]["selector"]
-    requesters = [d["spec"]["template"]["metadata"]["labels"] for d in others() if d["kind"] == "Deployment"]
-    assert all(selector.items() <= labels.items() for labels in requesters)
+def test_each_model_has_a_service_over_its_requesters_proxy() -> None:
+    """A requester serves its ISC's model only: one Service per requester Deployment, selecting none of the
+    others nor any launcher, on the proxy's port."""
+    deployments = {d["metadata"]["name"]: d for d in others() if d["kind"] == "Deployment"}
+    services = [d for d in others() if d["kind"] == "Service"]
+    assert len(services) == len(deployments)
     (config,) = [d for d in manifests(EXAMPLES) if d["kind"] == "LauncherConfig"]
-    assert not selector.items() <= config["spec"]["podTemplate"]["metadata"]["labels"].items()
-    assert service["spec"]["ports"][0]["targetPort"] == "openai"
+    for service in services:
+        selector = service["spec"]["selector"].items()
+        selected = [
+            n for n, d in deployments.items() if selector <= d["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        assert selected == [service["metadata"]["name"]]
+        assert not selector <= config["spec"]["podTemplate"]["metadata"]["labels"].items()
+        assert service["spec"]["ports"][0]["targetPort"] == "openai"
