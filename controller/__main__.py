@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from api.token_file import TokenFile
@@ -39,7 +40,13 @@ async def launcher_token(api: client.ApiClient, args: argparse.Namespace) -> Tok
     and its token serves until the kubelet has filled the (optional) volume."""
     made = ""
     if args.create_launcher_token_secret and args.launcher_token_secret:
-        made = await ensure_launcher_token(api, args.namespace, args.launcher_token_secret)
+        try:
+            made = await ensure_launcher_token(api, args.namespace, args.launcher_token_secret)
+        except ApiException as error:
+            sys.exit(
+                f"cannot read or create the launcher token Secret {args.namespace}/{args.launcher_token_secret}: "
+                f"{error.status} {error.reason} (the controller needs `get` on it and `create` on secrets)"
+            )
     if not args.launcher_token_file:
         return None
     token = TokenFile(Path(args.launcher_token_file), fallback=made)
