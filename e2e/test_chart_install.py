@@ -156,7 +156,7 @@ async def test_kubectl_waits_for_a_served_isc_and_shows_a_missing_launcher_confi
     await env.create_isc("orphan", "no-such-lc", port=8006, options="--model b")
     await env.create_requesters(RS, "served")
     namespace = ["-n", env.namespace]
-    await kubectl(env.cluster, *namespace, "wait", "--for=condition=Ready", "isc/served", "--timeout=90s")
+    await kubectl(env.cluster, *namespace, "wait", "--for=condition=Ready", "isc/served", "--timeout=60s")
     await env.create_requesters("orphans", "orphan")
 
     async def error_shown() -> str:

@@ -291,6 +291,14 @@ def test_the_helm_test_pod_checks_the_enabled_controllers_and_is_no_controller_i
     # The NetworkPolicies let the chart's controllers (selected by app.kubernetes.io/name) reach the launchers.
     assert "app.kubernetes.io/name" not in pod["metadata"]["labels"]
     assert container(pod)["args"][0] == (CHART / "files" / "helm_test.py").read_text()
+    docs = render(*EVERYTHING_ON)
+    (role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "rel-test"]
+    assert role["rules"] == [  # nothing it could change
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "resourceNames": ["dualpods-dual-pods", "dualpods-populator"], "verbs": ["get"]},
+    ]  # fmt: skip
+    assert all("helm.sh/hook" not in (d["metadata"].get("annotations") or {}) for d in docs if d["kind"] != "Pod")
     (pod,) = by_kind(render("launcherPopulator.enabled=false"), "Pod")
     assert {e["name"]: e.get("value") for e in container(pod)["env"]}["CHECK_COMPONENTS"] == (
         "dual-pods-controller:1:8002:dualpods-dual-pods"
