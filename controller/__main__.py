@@ -8,6 +8,7 @@ it as a follower.
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -58,7 +59,7 @@ async def launcher_token(api: client.ApiClient, args: argparse.Namespace) -> Tok
 def build_dual_pods(
     api: client.ApiClient, args: argparse.Namespace, registry: CollectorRegistry, token: TokenFile | None
 ) -> Callable[[], Awaitable[None]]:
-    from controller.dualpods.controller import DualPodsController, DualPodsOptions
+    from controller.dualpods.controller import DualPodsOptions, run_dual_pods
 
     options = DualPodsOptions(
         workers=args.num_workers,
@@ -67,7 +68,7 @@ def build_dual_pods(
         sleeper_limit=args.sleeper_limit,
         requester_tokens=requester_tokens(api, args),
     )
-    return DualPodsController(api, args.namespace, options, registry).run
+    return functools.partial(run_dual_pods, api, args.namespace, options, registry)
 
 
 def requester_tokens(api: client.ApiClient, args: argparse.Namespace) -> "RequesterTokens | None":
@@ -87,8 +88,7 @@ def requester_tokens(api: client.ApiClient, args: argparse.Namespace) -> "Reques
 def build_populator(
     api: client.ApiClient, args: argparse.Namespace, registry: CollectorRegistry, token: TokenFile | None
 ) -> Callable[[], Awaitable[None]]:
-    """The populator only names the token's Secret in the launcher Pods it makes; it calls no launcher."""
-    from controller.populator import Populator, PopulatorOptions
+    from controller.populator import PopulatorOptions, run_populator
 
     options = PopulatorOptions(
         workers=args.num_workers,
@@ -96,8 +96,9 @@ def build_populator(
         stuck_scheduling_threshold=args.stuck_scheduling_threshold,
         stuck_starting_threshold=args.stuck_starting_threshold,
         launcher_token_secret=args.launcher_token_secret,
+        launcher_token=token,
     )
-    return Populator(api, args.namespace, options, registry).run
+    return functools.partial(run_populator, api, args.namespace, options, registry)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

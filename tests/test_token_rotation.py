@@ -14,13 +14,11 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from prometheus_client import CollectorRegistry
 
 from api.keys import LAUNCHER_PORT
 from api.token_file import TokenFile
-from controller.dualpods.http import HttpCaller, HttpError
-from controller.dualpods.launcher_client import LauncherClient
-from controller.dualpods.metrics import DualPodsMetrics
+from controller.http import HttpCaller, HttpError
+from controller.launcher_client import LauncherClient
 from e2e.kubelet.addresses import AddressBlock
 from e2e.launcher_process import LauncherProcess
 
@@ -128,9 +126,7 @@ async def test_the_controllers_client_follows_its_rotated_secret_before_or_after
     controller_volume = tmp_path / "controller-volume"
     write_secret_volume(controller_volume, "old")
     async with aiohttp.ClientSession() as session:
-        client = LauncherClient(
-            HttpCaller(session, DualPodsMetrics(CollectorRegistry()), "ns"), TokenFile(controller_volume / "token")
-        )
+        client = LauncherClient(HttpCaller(session, None, "ns"), TokenFile(controller_volume / "token"))
 
         async def listing() -> None:
             assert (await client.list_instances(launcher.host)).total_instances == 0
