@@ -16,6 +16,7 @@ from aiohttp import web
 
 from api import log_format
 from api.keys import LAUNCHER_PORT
+from api.token_file import DEFAULT_GRACE_SECONDS, TokenFile
 
 from . import gpus, output_relay, process_control
 from .app import build_app
@@ -60,7 +61,13 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m launcher") 
     parser.add_argument(
         "--auth-token-file",
         default=env("LAUNCHER_AUTH_TOKEN_FILE"),
-        help="file holding the bearer token every route but /health requires (E9)",
+        help="file holding the bearer token every route but /health requires; re-read when it changes",
+    )
+    parser.add_argument(
+        "--auth-token-grace-seconds",
+        type=float,
+        default=DEFAULT_GRACE_SECONDS,
+        help="how long a replaced token stays valid after the file changed (callers see a rotation later)",
     )
     parser.add_argument(
         "--mock-gpus",
@@ -128,12 +135,13 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m launcher") 
     return args
 
 
-def read_token(path: str | None) -> str:
+def read_token(path: str | None, grace_seconds: float) -> TokenFile | None:
+    """The token every route but /health requires, followed as its file changes (a rotated Secret)."""
     if path is None:
-        return ""
-    token = Path(path).read_text().strip()
-    if not token:
-        sys.exit(f"launcher: the auth token file {path} is empty")
+        return None
+    token = TokenFile(Path(path), grace_seconds=grace_seconds)
+    if not token.current():
+        sys.exit(f"launcher: the auth token file {path} is missing or empty")
     return token
 
 
@@ -163,7 +171,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m launcher") -> Non
     args = parse_args(argv, prog)
     log_format.configure("launcher", args.log_level, args.log_format)
     output_relay.configure(args.log_format)
-    token = read_token(args.auth_token_file)
+    token = read_token(args.auth_token_file, args.auth_token_grace_seconds)
     process_control.become_subreaper()
     runtimes = make_runtimes(args)
     metrics = LauncherMetrics()

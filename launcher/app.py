@@ -8,7 +8,6 @@ that has nothing to send sends an empty line every WATCH_HEARTBEAT_S, so both en
 stream from a dead connection.
 """
 
-import hmac
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -40,6 +39,7 @@ from api.launcher import (
     WatchQuery,
 )
 from api.openapi import DOCS_PATH, OPENAPI_PATH, TEXT, Content, Operation, Reply, documented, serve_openapi
+from api.token_file import TokenFile
 
 from . import request_parsing
 from .dialect import Dialect
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MANAGER = web.AppKey("manager", InstanceManager)
-TOKEN = web.AppKey("token", str)
+TOKEN: web.AppKey[TokenFile | None] = web.AppKey("token")
 DIALECT = web.AppKey("dialect", Dialect)
 UNAUTHENTICATED_PATHS = frozenset({"/health", OPENAPI_PATH, DOCS_PATH})
 HEARTBEAT = b"\n"
@@ -133,9 +133,9 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
 @web.middleware
 async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
     token = request.app[TOKEN]
-    if token and request.path not in UNAUTHENTICATED_PATHS:
-        presented = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(presented.encode(), f"Bearer {token}".encode()):
+    if token is not None and request.path not in UNAUTHENTICATED_PATHS:
+        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+        if scheme != "Bearer" or not token.accepts(presented):
             raise Unauthorized("missing or wrong bearer token")
     return await handler(request)
 
@@ -332,7 +332,7 @@ DESCRIPTION = (
 )
 
 
-def build_app(manager: InstanceManager, token: str = "", dialect: Dialect | None = None) -> web.Application:
+def build_app(manager: InstanceManager, token: TokenFile | None = None, dialect: Dialect | None = None) -> web.Application:
     dialect = dialect or Dialect()
     app = web.Application(middlewares=[count_requests, errors_as_json, require_token])
     app[MANAGER] = manager

@@ -20,6 +20,7 @@ from e2e.kubelet.gpus import VISIBLE_DEVICES_ENV
 from e2e.kubelet.images import REPO_ROOT, command_line
 from e2e.kubelet.logs import container_log
 from e2e.kubelet.runtime import NodeRuntime
+from e2e.kubelet.security import Security
 from e2e.kubelet.status import ContainerStatus, Terminated, now
 from e2e.kubelet.volumes import Mount, VolumeError, container_mounts
 
@@ -131,7 +132,9 @@ class ContainerSupervisor:
         command = [expand(a, pod_env) for a in self.spec.command] if self.spec.command else None
         args = [expand(a, pod_env) for a in self.spec.args] if self.spec.args else None
         entry = self._runtime.images.lookup(image)
+        security = Security.of(pod, self.spec)
         if self._runtime.oci_owner is not None and await oci.image_exists(image):
+            security.check_non_root(await oci.image_user(image))
             spec = oci.OciSpec(
                 name=self._oci_name(self._runtime.oci_owner),
                 image=image,
@@ -142,6 +145,7 @@ class ContainerSupervisor:
                 mounts=mounts,
                 working_dir=self.spec.working_dir,
                 labels=self._oci_labels(self._runtime.oci_owner),
+                security=security,
             )
             return lambda log: oci.OciContainer.start(spec, log)
         if entry is None:
@@ -155,8 +159,16 @@ class ContainerSupervisor:
         mounted = [*image_files, *mounts]  # the image's own files, under the Pod's volumes
         workdir = self.spec.working_dir or entry.working_dir
         hostname = self._hostname()
+        read_only = security.read_only_root
         return lambda log: ContainerProcess.start(
-            argv, env=env, cwd=REPO_ROOT, workdir=workdir, hostname=hostname, mounts=mounted, log=log
+            argv,
+            env=env,
+            cwd=REPO_ROOT,
+            workdir=workdir,
+            hostname=hostname,
+            mounts=mounted,
+            log=log,
+            read_only_root=read_only,
         )
 
     def _oci_name(self, owner: str) -> str:
