@@ -22,6 +22,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
+from api import log_format
 from api.token_file import TokenFile
 from controller.kube import api_client
 from controller.launcher_token import ensure_launcher_token
@@ -115,6 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         command.add_argument("--metrics-port", type=int, default=8002)
         command.add_argument("--num-workers", type=int, default=default_workers)
         command.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+        log_format.add_argument(command)
         command.add_argument("--launcher-token-secret", help="Secret with the launchers' bearer token (key `token`)")
         command.add_argument(
             "--create-launcher-token-secret",
@@ -160,9 +162,7 @@ async def run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    log_format.configure("controller", args.log_level, args.log_format)
     loop = asyncio.new_event_loop()
     task = loop.create_task(run(args))
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -178,6 +178,23 @@ async def test_greedy_completion_is_deterministic_and_counts_usage(server: Serve
     prompt_tokens = _prompt_tokens(server, PROMPTS[0])
     assert (first.usage.prompt_tokens, first.usage.completion_tokens) == (prompt_tokens, 10)
     assert first.usage.total_tokens == prompt_tokens + 10
+    with_ids = await client.completions.create(
+        model="tiny", prompt=PROMPTS[0], max_tokens=10, temperature=0, extra_body={"return_token_ids": True}
+    )
+    choice = with_ids.choices[0].model_dump()  # vLLM's fields: the prompt's token IDs and the answer's
+    assert len(choice["prompt_token_ids"]) == prompt_tokens
+    assert len(choice["token_ids"]) == 10
+    replayed = await client.completions.create(
+        model="tiny",
+        prompt=choice["prompt_token_ids"],
+        max_tokens=10,
+        temperature=0,
+        extra_body={"return_token_ids": True},
+    )
+    assert (replayed.choices[0].text, replayed.choices[0].model_dump()["token_ids"]) == (
+        first.choices[0].text,
+        choice["token_ids"],
+    )
 
 
 async def test_seeded_sampling_repeats_and_n_gives_n_choices(client: openai.AsyncOpenAI) -> None:

@@ -172,6 +172,8 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     job = GenerationJob(state.context, prompts, params, adapter)
     await state.engine.submit(job)
     reply = _Reply(chat, model_name, sum(len(p.token_ids) for p in prompts), job.choices)
+    if isinstance(parsed, CompletionRequest) and parsed.return_token_ids:
+        reply.prompt_token_ids = [p.token_ids for p in prompts for _ in range(params.n)]
     try:
         if parsed.stream:
             return await _stream(request, job, reply, parsed.include_usage)
@@ -199,6 +201,7 @@ class _Reply:
         self.completion_tokens = 0
         self.texts = [""] * choices
         self.finished: list[Delta | None] = [None] * choices
+        self.prompt_token_ids: list[list[int]] | None = None  # per choice, when the request asked for token ids
 
     def add(self, delta: Delta) -> None:
         self.texts[delta.index] += delta.text
@@ -223,6 +226,10 @@ class _Reply:
             CompletionChoice(index=i, text=text, finish_reason=end, stop_reason=stop)
             for i, (text, (end, stop)) in enumerate(zip(self.texts, ends, strict=True))
         ]
+        if self.prompt_token_ids is not None:
+            for choice, prompt_ids, delta in zip(choices, self.prompt_token_ids, self.finished, strict=True):
+                choice.prompt_token_ids = prompt_ids
+                choice.token_ids = list(delta.token_ids) if delta else []
         return CompletionResponse(
             id=self.id, created=self.created, model=self.model, choices=choices, usage=self.usage()
         )

@@ -40,6 +40,7 @@ class Delta:
     finish_reason: FinishReason | None = None
     stop_reason: str | None = None  # the stop sequence that matched
     tokens: int = 0  # on the last delta: the tokens the sequence generated (EOS included, as vLLM counts)
+    token_ids: tuple[int, ...] = ()  # on the last delta: those tokens
 
 
 Emit = Callable[[Delta], None]
@@ -101,7 +102,7 @@ class _Sequence:
 
     def finish(self, reason: FinishReason, stop: str | None = None) -> None:
         self.finished = True
-        self._emit(Delta(self.index, self.text[self.sent :], reason, stop, len(self.token_ids)))
+        self._emit(Delta(self.index, self.text[self.sent :], reason, stop, len(self.token_ids), tuple(self.token_ids)))
         self.sent = len(self.text)
 
 

@@ -122,6 +122,7 @@ class CompletionRequest(_GenerationRequest):
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
+    return_token_ids: bool | None = None  # vLLM's: each choice carries its prompt's and its own token ids
 
     unsupported = (*_GenerationRequest.unsupported, "echo", "suffix", "best_of")
 
@@ -195,6 +196,8 @@ class CompletionChoice(BaseModel):
     logprobs: None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | None = None
+    token_ids: list[int] | None = None  # with return_token_ids
+    prompt_token_ids: list[int] | None = None
 
 
 class CompletionResponse(_Envelope):

@@ -22,7 +22,7 @@ from e2e.kubelet.logs import container_log
 from e2e.kubelet.runtime import NodeRuntime
 from e2e.kubelet.security import Security
 from e2e.kubelet.status import ContainerStatus, Terminated, now
-from e2e.kubelet.volumes import VolumeError, container_mounts
+from e2e.kubelet.volumes import Mount, VolumeError, container_mounts
 
 log = logging.getLogger(__name__)
 # Failures to configure a container that a later try may not meet (a Secret may appear, the API server return).
@@ -155,11 +155,20 @@ class ContainerSupervisor:
             raise ContainerConfigError(f"image {self.spec.image} has no command and the container gives none")
         env = {**self._runtime.images.base_env(entry, self._pod.pod_ip), "HOSTNAME": self._hostname(), **pod_env}
         self._env = env
-        cwd = Path(self.spec.working_dir) if self.spec.working_dir else REPO_ROOT
+        image_files = [Mount(Path(source), target, read_only=True) for target, source in entry.files.items()]
+        mounted = [*image_files, *mounts]  # the image's own files, under the Pod's volumes
+        workdir = self.spec.working_dir or entry.working_dir
         hostname = self._hostname()
         read_only = security.read_only_root
         return lambda log: ContainerProcess.start(
-            argv, env=env, cwd=cwd, hostname=hostname, mounts=mounts, log=log, read_only_root=read_only
+            argv,
+            env=env,
+            cwd=REPO_ROOT,
+            workdir=workdir,
+            hostname=hostname,
+            mounts=mounted,
+            log=log,
+            read_only_root=read_only,
         )
 
     def _oci_name(self, owner: str) -> str:
