@@ -9,7 +9,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from aiohttp import web
@@ -41,8 +41,9 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
     return parse
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    env = os.environ.get
+def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> argparse.Namespace:
+    """The flags, each variable they default to read from `environ` (a container's, in a simulation)."""
+    env = environ.get
     parser = argparse.ArgumentParser(
         prog="python -m launcher", description="Preloads vLLM and forks model-server instances on request."
     )

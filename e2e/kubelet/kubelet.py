@@ -1,4 +1,5 @@
-"""The loopback kubelet process: one NodeAgent per fake Node, the gpu-map publisher and the control endpoint."""
+"""The loopback kubelet process: one NodeAgent per fake Node, the gpu-map publisher and the control endpoint;
+on simulated Nodes also the simulation processes (`simulation.py`)."""
 
 import asyncio
 import logging
@@ -9,12 +10,13 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from e2e.kubelet import oci
-from e2e.kubelet.addresses import AddressBlock
+from e2e.kubelet.addresses import AddressBlock, SubnetCarver
 from e2e.kubelet.agent import NodeAgent
 from e2e.kubelet.config import KubeletConfig, NodeConfig
 from e2e.kubelet.control import ConflictError, NodeInfo, NotFoundError, control_app
 from e2e.kubelet.gpumap import publish_gpu_map
 from e2e.kubelet.images import ImageMap
+from e2e.kubelet.simulation import Simulations
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,10 @@ class Kubelet:
         self._api: client.ApiClient | None = None
         # Pods whose image is in local container storage run from it (oci.py), where podman is installed.
         self.oci_owner = oci.owner_id(settings.state_dir) if oci.podman_available() else None
+        simulation = settings.simulation
+        self.simulations = Simulations(settings, simulation) if simulation is not None else None
+        # Many simulated Nodes share blocks (a /24 each); others claim a whole block each.
+        self._carver = SubnetCarver(settings.address_lock_dir) if simulation is not None else None
 
     @property
     def api(self) -> client.ApiClient:
@@ -50,8 +56,12 @@ class Kubelet:
             if node.name in self._agents:
                 raise ConflictError(f"node {node.name} already exists")
             if node.name not in self._blocks:
-                self._blocks[node.name] = AddressBlock.claim(self.settings.address_lock_dir)
-            agent = NodeAgent(self.api, self.settings, node, self.images, self._blocks[node.name], self.oci_owner)
+                self._blocks[node.name] = (
+                    self._carver.carve() if self._carver else AddressBlock.claim(self.settings.address_lock_dir)
+                )
+            agent = NodeAgent(
+                self.api, self.settings, node, self.images, self._blocks[node.name], self.oci_owner, self.simulations
+            )
             await agent.start()
             self._agents[node.name] = agent
         await self._refresh_gpu_maps()
@@ -102,6 +112,8 @@ class Kubelet:
         else:
             log.info("podman is not installed: every container runs as a local process")
         try:
+            if self.simulations is not None:
+                await self.simulations.start()
             await asyncio.gather(*(self._add(node) for node in self.settings.nodes))
             for namespace in self.settings.gpu_map_namespaces:
                 await self.publish_gpu_map(namespace)
@@ -117,7 +129,11 @@ class Kubelet:
             await asyncio.gather(*(a.shutdown(self.settings.shutdown_grace_seconds) for a in self._agents.values()))
             await runner.cleanup()
             await self.api.close()
+            if self.simulations is not None:
+                await self.simulations.close()
             for block in self._blocks.values():
                 block.release_block()
+            if self._carver is not None:
+                self._carver.release_blocks()
             if watchdog is not None:
                 watchdog.communicate()  # closing its stdin: it removes any container still left, and exits
