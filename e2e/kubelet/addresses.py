@@ -88,6 +88,7 @@ class SubnetCarver:
     more Nodes than a machine has blocks (simulated ones: hundreds of Nodes, a few Pods each)."""
 
     PREFIX = 24
+    BLOCK_SUBNETS = 2 ** (PREFIX - 16)
 
     def __init__(self, lock_dir: Path = DEFAULT_LOCK_DIR) -> None:
         self._lock_dir = lock_dir

@@ -123,6 +123,10 @@ class SimulationProcess:
         self._closing = False
         self._background: set[asyncio.Task[None]] = set()
 
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         await self._spawn()

@@ -7,7 +7,7 @@ import io
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from pathlib import Path, PurePath, PurePosixPath
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from aiohttp import web
 
@@ -61,9 +61,13 @@ class SimulatedContainer(ABC):
 
     def log(self, line: str) -> None:
         """A line in the container's log (what `kubectl logs` would show of the simulation)."""
+        with self.open_log() as out:
+            out.write(line.rstrip("\n").encode() + b"\n")
+
+    def open_log(self) -> BinaryIO:
+        """The container's log, for appending: its standard output."""
         self._log.parent.mkdir(parents=True, exist_ok=True)
-        with self._log.open("a") as out:
-            out.write(line.rstrip("\n") + "\n")
+        return self._log.open("ab")
 
     @abstractmethod
     async def start(self) -> None:

@@ -71,8 +71,7 @@ class RequesterContainer(SimulatedContainer):
             kubeconfig = str(self.files.host_path(args.kubeconfig)) if args.kubeconfig else None
             api = review_api(kubeconfig, environ, self.files.host_path(SERVICE_ACCOUNT_DIR))
             self._auth = TokenReviewAuth(requester_audience(args.namespace, args.pod_name), args.trusted, api)
-        # A local file, opened once per run (blocking for microseconds); open while the container runs.
-        self._relayed = Path(self.spec.log).open("ab")  # noqa: SIM115, ASYNC230
+        self._relayed = self.open_log()  # the relayed log goes to its standard output
         listeners = build_listeners(args, gpus, metrics, self.readiness, LogRelay(self._relayed), self._auth)
         del listeners[PROXY]
         try:
