@@ -79,7 +79,10 @@ def crd(kind: type[CustomResource], converter: StructuralConverter) -> dict[str,
         **{name: model["properties"][name] for name in ("spec", "status")},
     }
     definitions = model.pop("$defs", {})
-    root = {**model, "properties": properties, "required": ["spec"]}
+    # As in FMA: `spec` is required where the model has no default for it (a LauncherPopulationPolicy's is optional).
+    # An empty list is left out: the API server drops it, and Helm's server-side apply would then see a conflict.
+    required = [name for name in ("spec",) if name in model.get("required", [])]
+    root = {**model, "properties": properties, **({"required": required} if required else {})}
     resource = kind.RESOURCE
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

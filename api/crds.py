@@ -237,6 +237,11 @@ class LauncherPopulationPolicySpec(KubeModel):
     """CountForLauncher declares the desired number of launchers on the relevant Node, for various
     LauncherConfigs; each LauncherConfig at most once."""
 
+    @classmethod
+    def empty(cls) -> "LauncherPopulationPolicySpec":
+        """FMA's zero-valued spec: every Node selected, no launcher asked for."""
+        return cls.model_validate({"enhancedNodeSelector": {"labelSelector": {}}, "countForLauncher": []})
+
     @field_validator("count_for_launcher")
     @classmethod
     def _unique_names(cls, counts: list[CountForLauncher]) -> list[CountForLauncher]:
@@ -254,7 +259,8 @@ class LauncherPopulationPolicy(CustomResource):
 
     RESOURCE: ClassVar[Resource] = Resource("LauncherPopulationPolicy", "launcherpopulationpolicies", "lpp")
 
-    spec: LauncherPopulationPolicySpec
+    spec: LauncherPopulationPolicySpec = Field(default_factory=lambda: LauncherPopulationPolicySpec.empty())
+    """Optional, as in FMA: a policy without one (Go's zero spec) asks for no launchers."""
 
 
 KINDS: Final[tuple[type[CustomResource], ...]] = (InferenceServerConfig, LauncherConfig, LauncherPopulationPolicy)

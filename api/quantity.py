@@ -21,6 +21,8 @@ _SUFFIX: Final = r"([KMGTPE]i|[eE][+-]?[0-9]+|[numkMGTPE])?"
 _SIGNED: Final = re.compile(rf"([+-]?){_NUMBER}{_SUFFIX}")
 _BINARY: Final = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
 _DECIMAL: Final = {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+_BINARY_NAMES: Final = {0: "", **{power: name for name, power in _BINARY.items()}}
+_DECIMAL_NAMES: Final = {power: name for name, power in _DECIMAL.items()}
 
 
 def _pattern(signs: str) -> str:
@@ -57,6 +59,60 @@ def parse_quantity(text: str) -> Fraction:
             raise ValueError(f"{text!r}: exponent beyond ±{_MAX_EXPONENT}")
         value *= Fraction(10) ** exponent
     return -value if sign == "-" else value
+
+
+def _strip(value: int, base: int) -> tuple[int, int]:
+    """`value` without its factors of `base`, and how many there were (0 stays 0)."""
+    times = 0
+    while value and value % base == 0:
+        value //= base
+        times += 1
+    return value, times
+
+
+def _kept_as_written(text: str) -> bool:
+    """Whether `ParseQuantity` keeps `text` itself for writing back: when it parses on its int64 fast path and is
+    already in a canonical shape (so "+5", "007" and "1E6" stay as written, where "1.000" becomes "1")."""
+    if text == "0":
+        return True
+    match = _SIGNED.fullmatch(text)
+    if match is None:
+        return False
+    whole, _, fraction = match.group(2).partition(".")
+    digits, suffix = (whole.lstrip("0") or "0") + fraction, match.group(3) or ""
+    if suffix in _BINARY:
+        exponent = _BINARY[suffix]
+        fits = not fraction and 15 - len(digits) - exponent * 3 // 10 - 1 >= 0
+        return fits and int(digits) & 0x07 != 0
+    exponent = _DECIMAL[suffix] if suffix in _DECIMAL else int(suffix[1:])
+    scale = exponent - len(fraction)
+    fits = 18 - len(digits) >= 0 and scale >= -9
+    return fits and scale % 3 == 0 and not digits.endswith("000") and digits[0] != "0"
+
+
+def canonical_quantity(text: str) -> str:
+    """The quantity as apimachinery writes it back (`Quantity.MarshalJSON`): "1000m" is "1", "1024Mi" "1Gi", "0.5"
+    "500m". The value is rounded away from zero to a whole nano, as `ParseQuantity` rounds it; the format of the
+    suffix is kept (binary, decimal or exponent), but a binary one falls back to decimal below 1Ki or for a fraction.
+    """
+    value = parse_quantity(text)
+    if _kept_as_written(text):
+        return text
+    if value == 0:
+        return "0"
+    suffix = _SIGNED.fullmatch(text).group(3) or ""  # type: ignore[union-attr]  # parse_quantity matched it
+    sign, magnitude = ("-" if value < 0 else ""), abs(value)
+    nanos = math.ceil(magnitude * 10**9)
+    if suffix in _BINARY and magnitude >= 1024 and nanos % 10**9 == 0:
+        number, times = _strip(nanos // 10**9, 1024)
+        return f"{sign}{number}{_BINARY_NAMES.get(times * 10, '')}"
+    number, exponent = _strip(nanos, 10)
+    exponent -= 9
+    number *= 10 ** (exponent % 3)
+    exponent -= exponent % 3
+    if suffix[:1] in ("e", "E"):
+        return f"{sign}{number}" + (f"e{exponent}" if exponent else "")
+    return f"{sign}{number}{_DECIMAL_NAMES.get(exponent, '')}"
 
 
 @total_ordering

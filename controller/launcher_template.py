@@ -4,23 +4,41 @@ The populator and the dual-pods controller must agree exactly on what a launcher
 LauncherConfig looks like, so both build it here. The template hash identifies the node-independent
 Pod: a launcher whose hash differs from its LauncherConfig's current one is stale. The config hash adds
 the node and is how the dual-pods controller finds the launchers it may bind on a node.
+
+Both hashes are FMA's, byte for byte, so that launchers FMA made are current here and ours are current
+for FMA (a migration keeps its launchers and their sleeping instances). The template hash is base64
+(standard alphabet, unpadded) of the SHA-256 of Go's `json.Marshal` of the Pod FMA builds *before* it
+patches the launcher container: no TypeMeta; metadata with generateName `launcher-<name>-`, the namespace,
+the template's labels plus the component, launcher-config-name and sleeping=true labels, the template's
+annotations and the LauncherConfig owner reference; the template's spec de-individualized (the first
+`kube-api-access-*` volume and its mounts and all ephemeral containers dropped) and with its
+order-free lists stably sorted as FMA sorts them; an empty status. The config hash is the same encoding
+of SHA-256 over `<template hash>;node=<node>`. What each controller adds afterwards (probes, forced
+environment, our token volume) is in neither hash, as in FMA.
 """
 
-import base64
 import copy
-import hashlib
-import json
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Final
 
 from api import keys
 from api.crds import API_VERSION, LauncherConfig
+from controller import gojson
+from controller.pod_hashing import deindividualize, go_hash
 
 Pod = dict[str, Any]
 
-# Sorted so that the same template always gives the same hash, however its lists were written.
-_SORTED_POD_LISTS = {"volumes": "name", "tolerations": None, "imagePullSecrets": "name"}
-_SORTED_CONTAINER_LISTS = {"volumeMounts": "mountPath", "ports": "containerPort", "envFrom": None}
-
+# FMA's sort keys for the lists whose order means nothing (stable sorts, values as Go decodes them).
+_SORTED_POD_LISTS: Final[dict[str, Callable[[dict[str, Any]], tuple[Any, ...]]]] = {
+    "volumes": lambda v: (v.get("name") or "",),
+    "tolerations": lambda t: tuple(t.get(f) or "" for f in ("key", "operator", "value", "effect")),
+    "imagePullSecrets": lambda s: (s.get("name") or "",),
+}
+_SORTED_CONTAINER_LISTS: Final[dict[str, Callable[[dict[str, Any]], tuple[Any, ...]]]] = {
+    "volumeMounts": lambda m: (m.get("name") or "", m.get("mountPath") or ""),
+    "ports": lambda p: (p.get("name") or "", p.get("containerPort") or 0, p.get("protocol") or ""),
+    "envFrom": lambda e: (e.get("prefix") or "",),
+}
 FORCED_ENV = {
     # The launcher sees every GPU of the node and confines each instance with CUDA_VISIBLE_DEVICES.
     "NVIDIA_VISIBLE_DEVICES": "all",
@@ -38,24 +56,16 @@ class TemplateError(ValueError):
     """A LauncherConfig whose podTemplate cannot make a launcher Pod."""
 
 
-def _sort_key(field: str | None) -> Any:
-    return (lambda item: str(item.get(field, ""))) if field else (lambda item: json.dumps(item, sort_keys=True))
-
-
 def _canonical_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    spec = copy.deepcopy(spec)
-    for name, field in _SORTED_POD_LISTS.items():
-        if isinstance(spec.get(name), list):
-            spec[name] = sorted(spec[name], key=_sort_key(field))
-    for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
-        for name, field in _SORTED_CONTAINER_LISTS.items():
+    spec = deindividualize(spec)
+    for container in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        for name, key in _SORTED_CONTAINER_LISTS.items():
             if isinstance(container.get(name), list):
-                container[name] = sorted(container[name], key=_sort_key(field))
+                container[name] = sorted(container[name], key=key)
+    for name, key in _SORTED_POD_LISTS.items():
+        if isinstance(spec.get(name), list):
+            spec[name] = sorted(spec[name], key=key)
     return spec
-
-
-def _hash(text: str) -> str:
-    return base64.b64encode(hashlib.sha256(text.encode()).digest()).decode()
 
 
 def _set_env(container: dict[str, Any], name: str, entry: dict[str, Any]) -> None:
@@ -87,10 +97,42 @@ def _patch_launcher_container(container: dict[str, Any], token_secret: str | Non
         container["volumeMounts"] = [*mounts, {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True}]
 
 
+def template_hash(metadata: dict[str, Any], spec: dict[str, Any]) -> str:
+    """FMA's template hash of the unpatched launcher Pod with this metadata and (canonical) spec."""
+    return go_hash(gojson.marshal(gojson.typed({"metadata": metadata, "spec": spec}, "core.Pod"), sort_keys=False))
+
+
 def node_independent_pod(config: LauncherConfig, token_secret: str | None = None) -> tuple[Pod, str]:
     """The launcher Pod for `config` on any node, and its template hash."""
     name = config.metadata.name
-    spec = _canonical_spec(config.spec.pod_template.spec)
+    canonical = _canonical_spec(config.spec.pod_template.spec)
+    template = config.spec.pod_template.metadata
+    metadata: dict[str, Any] = {
+        "generateName": f"launcher-{name}-",
+        "namespace": config.metadata.namespace,
+        "labels": {
+            **template.labels,
+            keys.COMPONENT_LABEL: keys.LAUNCHER_COMPONENT,
+            keys.LAUNCHER_CONFIG_NAME_LABEL: name,
+            keys.SLEEPING_LABEL: "true",
+        },
+        "annotations": dict(template.annotations),
+        "ownerReferences": [
+            {
+                "apiVersion": API_VERSION,
+                "kind": config.RESOURCE.kind,
+                "name": name,
+                "uid": config.metadata.uid,
+                "controller": False,
+                "blockOwnerDeletion": False,
+            }
+        ],
+    }
+    try:
+        digest = template_hash(metadata, canonical)
+    except gojson.GoTypeError as err:
+        raise TemplateError(f"LauncherConfig {name}: podTemplate is not a Pod template: {err}") from None
+    spec = copy.deepcopy(canonical)
     containers = spec.get("containers") or []
     launcher = next((c for c in containers if c.get("name") == keys.INFERENCE_SERVER_CONTAINER), None)
     if launcher is None:
@@ -103,40 +145,12 @@ def node_independent_pod(config: LauncherConfig, token_secret: str | None = None
     if token_secret:
         volumes = [v for v in spec.get("volumes", []) if v.get("name") != TOKEN_VOLUME]
         spec["volumes"] = [*volumes, {"name": TOKEN_VOLUME, "secret": {"secretName": token_secret}}]
-    template = config.spec.pod_template.metadata
-    pod: Pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "generateName": f"launcher-{name}-",
-            "namespace": config.metadata.namespace,
-            "labels": {
-                **template.labels,
-                keys.COMPONENT_LABEL: keys.LAUNCHER_COMPONENT,
-                keys.LAUNCHER_CONFIG_NAME_LABEL: name,
-                keys.SLEEPING_LABEL: "true",
-            },
-            "annotations": dict(template.annotations),
-            "ownerReferences": [
-                {
-                    "apiVersion": API_VERSION,
-                    "kind": config.RESOURCE.kind,
-                    "name": name,
-                    "uid": config.metadata.uid,
-                    "controller": False,
-                    "blockOwnerDeletion": False,
-                }
-            ],
-        },
-        "spec": spec,
-    }
-    template_hash = _hash(json.dumps(pod, sort_keys=True, separators=(",", ":")))
-    pod["metadata"]["annotations"][keys.LAUNCHER_TEMPLATE_HASH_ANNOTATION] = template_hash
-    return pod, template_hash
+    metadata["annotations"][keys.LAUNCHER_TEMPLATE_HASH_ANNOTATION] = digest
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}, digest
 
 
 def launcher_config_hash(template_hash: str, node: str) -> str:
-    return _hash(f"{template_hash};node={node}")
+    return go_hash(f"{template_hash};node={node}")
 
 
 def pod_for_node(node_independent: Pod, template_hash: str, node: str) -> Pod:

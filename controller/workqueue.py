@@ -2,12 +2,15 @@
 
 A key added while it waits is queued once; a key added while a worker processes it is queued again
 when the worker is done, so one key is never processed by two workers at once and no change is lost.
-Failed keys come back after an exponential back-off; keys can also be scheduled for later.
+Failed keys come back after an exponential back-off; keys can also be scheduled for later. As in
+client-go, how long a key waited (from the add that made it pending to the get that hands it out) can be
+observed, for FMA's `fma_dpc_innerqueue_queue_duration_seconds`.
 """
 
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
@@ -21,8 +24,16 @@ QUIET_RETRIES = 8
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self, name: str, base_delay: float = BASE_DELAY_S, max_delay: float = MAX_DELAY_S) -> None:
+    def __init__(
+        self,
+        name: str,
+        base_delay: float = BASE_DELAY_S,
+        max_delay: float = MAX_DELAY_S,
+        observe_wait: Callable[[K, float], None] | None = None,
+    ) -> None:
         self.name = name
+        self._observe_wait = observe_wait
+        self._added_at: dict[K, float] = {}
         self._base_delay = base_delay
         self._max_delay = max_delay
         self._queue: collections.deque[K] = collections.deque()
@@ -40,6 +51,7 @@ class WorkQueue(Generic[K]):
         if self._shutting_down or key in self._dirty:
             return
         self._dirty.add(key)
+        self._added_at[key] = time.monotonic()
         if key not in self._processing:
             self._queue.append(key)
             self._nonempty.set()
@@ -86,6 +98,9 @@ class WorkQueue(Generic[K]):
         key = self._queue.popleft()
         self._processing.add(key)
         self._dirty.discard(key)
+        added_at = self._added_at.pop(key, None)
+        if self._observe_wait is not None and added_at is not None:
+            self._observe_wait(key, time.monotonic() - added_at)
         return key
 
     def done(self, key: K) -> None:

@@ -105,9 +105,9 @@ class Objects:
 
 
 def _plural(kind: str) -> str:
-    return {"LauncherConfig": LauncherConfig, "LauncherPopulationPolicy": LauncherPopulationPolicy}[
+    return {"LauncherConfig": LauncherConfig.RESOURCE, "LauncherPopulationPolicy": LauncherPopulationPolicy.RESOURCE}[
         kind
-    ].RESOURCE.plural
+    ].plural
 
 
 @contextlib.asynccontextmanager

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from api.crdgen import KUBERNETES_SCHEMA_VERSION, kubernetes_definitions
+from scripts.generated_file import write_or_check
 
 OUT: Final = Path(__file__).resolve().parents[1] / "controller" / "pod_patch_schema.json"
 ROOT: Final = "io.k8s.api.core.v1.Pod"
@@ -69,15 +70,7 @@ def render() -> str:
 
 
 def main(argv: list[str]) -> int:
-    text = render()
-    if "--check" in argv:
-        if not OUT.exists() or OUT.read_text() != text:
-            print(f"{OUT} is out of date: run `python -m scripts.pod_patch_schema`", file=sys.stderr)
-            return 1
-        return 0
-    OUT.write_text(text)
-    print(OUT)
-    return 0
+    return write_or_check(OUT, render(), "--check" in argv, "python -m scripts.pod_patch_schema")
 
 
 if __name__ == "__main__":

@@ -416,3 +416,17 @@ def test_label_selectors(selector: dict[str, Any], matches: bool) -> None:
 def test_invalid_label_selectors_are_refused(selector: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         LabelSelector.model_validate(selector)
+
+
+def test_a_population_policy_without_a_spec_is_valid_and_asks_for_nothing(crds: dict[str, dict[str, Any]]) -> None:
+    """As in FMA, whose LauncherPopulationPolicy CRD does not require `spec` (Go's zero spec selects every Node for no
+    LauncherConfig); the other two kinds still require theirs."""
+    required = {name: _schema(crd).get("required", []) for name, crd in crds.items()}
+    assert {name: "spec" in fields for name, fields in required.items()} == {
+        "InferenceServerConfig": True,
+        "LauncherConfig": True,
+        "LauncherPopulationPolicy": False,
+    }
+    policy = LauncherPopulationPolicy.from_k8s({k: v for k, v in _lpp().items() if k != "spec"})
+    assert policy.spec.count_for_launcher == []
+    assert policy.spec.enhanced_node_selector.matches({"any": "node"}, {})

@@ -83,7 +83,7 @@ def test_the_nominal_provider_is_the_patched_impersonal_requester() -> None:
     assert set(meta(pod, "annotations")) == {keys.NOMINAL_ANNOTATION, keys.ACCELERATORS_ANNOTATION}
     assert meta(pod, "annotations")[keys.ACCELERATORS_ANNOTATION] == GPU1
     spec = pod["spec"]
-    assert "nodeName" not in spec
+    assert spec["nodeName"] == NODE  # as FMA: the requester's node, whose GPUs it holds
     assert "status" not in pod
     assert spec["nodeSelector"] == {"kubernetes.io/hostname": NODE}
     assert "volumes" not in spec  # the requester's own token volume is not copied; the API server adds one
@@ -95,7 +95,7 @@ def test_the_nominal_provider_is_the_patched_impersonal_requester() -> None:
     assert server_port(pod) == SERVER_PORT
 
 
-def test_newer_clusters_token_volume_is_left_out_too_but_a_users_volume_stays() -> None:
+def test_the_api_access_token_volume_is_left_out_but_a_users_volume_stays() -> None:
     requester = direct_requester_obj()
     spec = requester["spec"]
     spec["volumes"] = [{"name": "kube-api-access-x7k2p", "projected": {}}, {"name": "models", "emptyDir": {}}]
@@ -112,8 +112,8 @@ def test_newer_clusters_token_volume_is_left_out_too_but_a_users_volume_stays() 
 
 def test_the_hash_is_the_same_for_every_requester_of_a_set_on_the_same_gpus() -> None:
     other = direct_requester_obj("req-2", "uid-2", ip="127.0.0.9", gpus=(GPU1,), ready=True, finalizer=True, rv="9")
-    other["spec"]["volumes"][0]["name"] = other["spec"]["volumes"][0]["secret"]["secretName"] = "default-token-zzzzz"
-    other["spec"]["containers"][0]["volumeMounts"][0]["name"] = "default-token-zzzzz"
+    other["spec"]["volumes"][0]["name"] = "kube-api-access-zzzzz"
+    other["spec"]["containers"][0]["volumeMounts"][0]["name"] = "kube-api-access-zzzzz"
     other["metadata"]["annotations"]["example.com/note"] = "annotations do not count"
     assert nominal_hash(other) == nominal_hash()
     assert nominal_hash() == nominal_hash()

@@ -51,7 +51,7 @@ ROUTING_LABEL = "example.com/pool"
 ROUTING_ANNOTATION = "example.com/note"
 PROVIDER = "provider-1"
 SERVER_PORT = 8000
-TOKEN_VOLUME = "default-token-abcde"
+TOKEN_VOLUME = "kube-api-access-abcde"
 TOKEN_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 # An FMA-style server patch: the set's selector label moved off, the model server in the requester's container.
 PATCH = """
@@ -321,7 +321,7 @@ def direct_requester_obj(name: str = REQ, uid: str = REQ_UID, *, patch: str = PA
             "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}},
             "volumeMounts": [{"name": TOKEN_VOLUME, "mountPath": TOKEN_MOUNT, "readOnly": True}],
         }],
-        volumes=[{"name": TOKEN_VOLUME, "secret": {"secretName": TOKEN_VOLUME}}],
+        volumes=[{"name": TOKEN_VOLUME, "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}}],
     )  # fmt: skip
     return pod
 

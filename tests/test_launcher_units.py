@@ -423,8 +423,10 @@ async def test_consecutive_health_failures_make_an_instance_unresponsive() -> No
     assert "/health failed 3 times in a row" in verdict.message
     assert "last: it answered 503" in verdict.message
     assert len(probe.calls) == 7  # the success in between started the count again
-    gaps = [b - a for a, b in zip(probe.calls, probe.calls[1:], strict=False)]
-    assert min(gaps) >= FAST.health_interval_s * 0.9
+    # Probes run at a fixed rate from each probe's start: one delayed by the machine (a preempted
+    # process) is followed by a shorter gap, so the rate is what is guaranteed, not each gap.
+    span = probe.calls[-1] - probe.calls[0]
+    assert span >= (len(probe.calls) - 1) * FAST.health_interval_s * 0.9
 
 
 async def test_a_healthy_instance_is_never_judged() -> None:

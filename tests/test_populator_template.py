@@ -66,3 +66,9 @@ def test_a_template_without_the_launcher_container_is_refused() -> None:
     lc = LauncherConfig.from_k8s(config_manifest(container="sidecar"))
     with pytest.raises(TemplateError, match="no container named 'inference-server'"):
         node_independent_pod(lc)
+
+
+def test_a_template_go_cannot_read_is_refused_with_the_field() -> None:
+    lc = config(ports=[{"containerPort": "8001"}])  # the CRD schema would refuse it; the hash must not crash
+    with pytest.raises(TemplateError, match=r"containers\.ports\.containerPort: .*int32"):
+        node_independent_pod(lc)

@@ -88,7 +88,7 @@ class DualPodsController:
         self.metrics = DualPodsMetrics(registry)
         self.caches.pods.subscribe(self._count_requesters)
         self.caches.iscs.subscribe(self._count_iscs)
-        self.queue: WorkQueue[Key] = WorkQueue("dual-pods")
+        self.queue: WorkQueue[Key] = WorkQueue("dual-pods", observe_wait=self._observe_queue_wait)
         self._api = api
         self._session: aiohttp.ClientSession | None = None
 
@@ -143,6 +143,9 @@ class DualPodsController:
         finally:
             self.metrics.queue_work_seconds.labels(node).observe(time.monotonic() - started)
             self.metrics.queue_depth.labels(node).set(len(self.queue))
+
+    def _observe_queue_wait(self, key: Key, seconds: float) -> None:
+        self.metrics.queue_wait_seconds.labels(self._node_of(key)).observe(seconds)
 
     def _node_of(self, key: Key) -> str:
         pod = self.caches.pods.get(f"{self.namespace}/{key[1]}") if key[0] == REQUESTER else None

@@ -12,7 +12,7 @@ from typing import Any
 
 import aiohttp
 
-from .metrics import DualPodsMetrics
+from .metrics import DualPodsMetrics, Purpose
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class HttpCaller:
 
     async def call(
         self,
-        purpose: str,
+        purpose: Purpose,
         method: str,
         url: str,
         *,
@@ -77,7 +77,7 @@ class HttpCaller:
             parsed = text
         return Reply(int(status), parsed)
 
-    async def expect_ok(self, purpose: str, method: str, url: str, **kwargs: Any) -> Any:
+    async def expect_ok(self, purpose: Purpose, method: str, url: str, **kwargs: Any) -> Any:
         reply = await self.call(purpose, method, url, **kwargs)
         if not reply.ok:
             raise HttpError(purpose, url, reply)

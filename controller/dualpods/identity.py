@@ -4,17 +4,25 @@ The ID hashes the ISC's model-server config, the runtime, whether LoRA is on, an
 launcher: "the same model server on the same GPUs" is the hot-start match, whichever launcher holds it.
 LoRA adapters themselves are not part of it: they change at run time (E8). The `I…i` wrapper keeps
 the ID a valid label value.
+
+For a vLLM instance without LoRA the ID is FMA's, byte for byte, so that instances FMA's controller
+created are found and woken here after a migration (and the other way round): `I` + base64url (unpadded)
+of SHA-256 over the YAML that Go's `sigs.k8s.io/yaml.Marshal` writes for the `modelServerConfig` (FMA's
+five fields, empty ones left out; see `controller.goyaml`), then `;gpus=` and the GPU UUIDs joined by
+commas, + `i`. Our extensions append `;runtime=<runtime>` (not vLLM) and `;lora` after the YAML, so
+they never collide with an FMA ID.
 """
 
 import base64
 import hashlib
-import json
 import shlex
 from collections.abc import Mapping
+from typing import Any
 
 from api import keys
 from api.crds import InferenceServerConfig
 from api.launcher import VllmConfig
+from controller import goyaml
 
 VLLM = "vllm"
 TRANSFORMERS = "transformers"
@@ -46,8 +54,21 @@ def runtime_of(requester_annotations: Mapping[str, str], isc_annotations: Mappin
     return VLLM
 
 
+def fma_model_server_config(isc: InferenceServerConfig) -> dict[str, Any]:
+    """The `modelServerConfig` as FMA's Go type encodes it: port always, the rest only when not empty."""
+    server = isc.spec.model_server_config
+    fields: dict[str, Any] = {
+        "port": server.port,
+        "options": server.options,
+        "env_vars": dict(server.env_vars),
+        "labels": dict(server.labels),
+        "annotations": dict(server.annotations),
+    }
+    return {name: value for name, value in fields.items() if value or name == "port"}
+
+
 def instance_id(isc: InferenceServerConfig, gpu_uuids: list[str], runtime: str = VLLM) -> str:
-    config = json.dumps(isc.spec.model_server_config.to_k8s(), sort_keys=True, separators=(",", ":"))
+    config = goyaml.marshal(fma_model_server_config(isc))
     extras = (f";runtime={runtime}" if runtime != VLLM else "") + (";lora" if isc.spec.lora_adapters else "")
     digest = hashlib.sha256(f"{config}{extras};gpus={','.join(gpu_uuids)}".encode()).digest()
     return "I" + base64.urlsafe_b64encode(digest).decode().rstrip("=") + "i"

@@ -6,6 +6,7 @@ from api.keys import LAUNCHER_PORT
 from api.launcher import INSTANCES_PATH, AllInstancesState, InstanceState, VllmConfig
 
 from .http import HttpCaller, HttpError
+from .metrics import Purpose
 
 
 def launcher_url(pod_ip: str) -> str:
@@ -20,7 +21,7 @@ class LauncherClient:
     def _url(self, pod_ip: str, path: str = "") -> str:
         return f"{launcher_url(pod_ip)}{INSTANCES_PATH}{path}"
 
-    async def _call(self, purpose: str, method: str, url: str, **kwargs: Any) -> Any:
+    async def _call(self, purpose: Purpose, method: str, url: str, **kwargs: Any) -> Any:
         return await self._http.expect_ok(purpose, method, url, headers=self._headers, **kwargs)
 
     @property
@@ -28,14 +29,14 @@ class LauncherClient:
         return self._headers
 
     async def list_instances(self, pod_ip: str, isc_name: str = "") -> AllInstancesState:
-        body = await self._call("list_instances", "GET", self._url(pod_ip), isc_name=isc_name)
+        body = await self._call(Purpose.LIST_INSTANCES, "GET", self._url(pod_ip), isc_name=isc_name)
         return AllInstancesState.model_validate(body)
 
     async def create_instance(
         self, pod_ip: str, instance_id: str, config: VllmConfig, isc_name: str, requester: str
     ) -> InstanceState:
         body = await self._call(
-            "create_instance",
+            Purpose.CREATE_INSTANCE,
             "PUT",
             self._url(pod_ip, f"/{instance_id}"),
             body=config.model_dump(exclude_none=True),
@@ -48,7 +49,7 @@ class LauncherClient:
         """Delete an instance; one that is already gone counts as deleted."""
         try:
             await self._call(
-                "delete_instance",
+                Purpose.DELETE_INSTANCE,
                 "DELETE",
                 self._url(pod_ip, f"/{instance_id}"),
                 isc_name=isc_name,
@@ -60,10 +61,14 @@ class LauncherClient:
 
     async def sleep(self, pod_ip: str, instance_id: str, isc_name: str, requester: str) -> None:
         await self._call(
-            "sleep", "POST", self._url(pod_ip, f"/{instance_id}/sleep?level=1"), isc_name=isc_name, requester=requester
+            Purpose.SLEEP,
+            "POST",
+            self._url(pod_ip, f"/{instance_id}/sleep?level=1"),
+            isc_name=isc_name,
+            requester=requester,
         )
 
     async def wake(self, pod_ip: str, instance_id: str, isc_name: str, requester: str) -> None:
         await self._call(
-            "wake", "POST", self._url(pod_ip, f"/{instance_id}/wake_up"), isc_name=isc_name, requester=requester
+            Purpose.WAKE, "POST", self._url(pod_ip, f"/{instance_id}/wake_up"), isc_name=isc_name, requester=requester
         )

@@ -1,6 +1,36 @@
 """FMA's dual-pods controller metrics (E10: same names and labels, so dashboards carry over)."""
 
+from enum import StrEnum
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Purpose(StrEnum):
+    """The `purpose` label of fma_http_latency_seconds: FMA's names (pkg/controller/dual-pods, 0.6) for the calls
+    FMA makes, our own for our extensions' calls."""
+
+    RELAY_READY = "relay_ready"
+    RELAY_UNREADY = "relay_unready"
+    GET_GPU_UUIDS = "get_gpu_uuids"
+    GET_ACCEL_MEMORY_USAGE = "get_accel_memory_usage"
+    QUERY_SLEEPING = "query_sleeping"
+    SLEEP = "sleep"
+    WAKE = "wake"
+    LIST_INSTANCES = "list_instances"
+    CREATE_INSTANCE = "create_instance"
+    DELETE_INSTANCE = "delete_instance"
+    # FMA's launcher client names these too; our controller follows watch streams instead of making these calls
+    # (FMA itself only ever makes the first), so they appear only from a controller that does.
+    GET_INSTANCE_STATE = "get_instance_state"
+    LIST_INSTANCE_IDS = "list_instance_ids"
+    DELETE_ALL_INSTANCES = "delete_all_instances"
+    GET_HEALTH = "get_health"
+    # Ours.
+    LIST_MODELS = "list_models"
+    LOAD_LORA_ADAPTER = "load_lora_adapter"
+    UNLOAD_LORA_ADAPTER = "unload_lora_adapter"
+    CONFIGURE_PROXY = "configure_proxy"
+
 
 ACTUATION_BUCKETS = (0, 1, 3, 5, 7.5, 10, 15, 30, 60, 120, 240, 480, 960, 1920)
 HTTP_BUCKETS = (0.001, 0.01, 0.1, 1, 2, 3, 5, 10, 30, 90, 270, 810)
@@ -55,6 +85,13 @@ class DualPodsMetrics:
         self.queue_depth = Gauge("fma_dpc_innerqueue_depth", "Work queue length.", ["node"], registry=registry)
         self.queue_retries = Counter(
             "fma_dpc_innerqueue_retries", "Retries of failed work items.", ["node"], registry=registry
+        )
+        self.queue_wait_seconds = Histogram(
+            "fma_dpc_innerqueue_queue_duration_seconds",
+            "Time from a work item's unique add to the queue to its dequeue.",
+            ["node"],
+            buckets=QUEUE_BUCKETS,
+            registry=registry,
         )
         self.queue_work_seconds = Histogram(
             "fma_dpc_innerqueue_work_duration_seconds",

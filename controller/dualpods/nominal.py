@@ -1,30 +1,27 @@
 """The nominal server-providing Pod of FMA's direct mode (fma.md §2.6): the model server a requester asks for, built
 from the requester itself and its `server-patch` annotation, and the hash by which a sleeping copy of it is found.
 
-The base is the requester made impersonal — its kind, labels and namespace, and its spec without what the API
-server added for that one Pod (ephemeral containers, the node it was bound to, the ServiceAccount token volume) —
-and the rendered patch is merged into it as a strategic merge patch. The hash covers the result, the GPU indices and
-the node, so any requester of a set that lands on the same GPUs of the same node asks for the same server, and can
-wake the one another requester left asleep.
+The base is the requester made impersonal exactly as FMA makes it — its labels and namespace, and its spec
+de-individualized (no ephemeral containers, and without the first `kube-api-access-*` volume and its mounts; the
+node it is bound to stays, so the provider goes straight to that node) — read as Go reads a `corev1.Pod` (unknown
+fields dropped, an empty status, no TypeMeta: FMA's informer clears it), and the rendered patch is merged into it as
+a strategic merge patch. The hash covers the result, the GPU indices and the node, so any requester of a set that
+lands on the same GPUs of the same node asks for the same server, and can wake the one another requester left
+asleep. It is FMA's, byte for byte: base64 (standard alphabet, unpadded) of SHA-256 over Go's `json.Marshal` of
+the merged Pod as a generic map (keys sorted, numbers as float64, HTML characters escaped; see `controller.gojson`),
+then `;gpus=<indices joined by commas>;node=<node>`.
 """
 
-import base64
-import copy
-import hashlib
-import json
-import re
 from dataclasses import dataclass
 from typing import Any, Final
 
 from api import keys
-from controller import pods
+from controller import gojson, pods
 from controller.go_template import PatchYAMLError, TemplateError, render_server_patch
+from controller.pod_hashing import deindividualize, go_hash
 from controller.strategic_merge import StrategicMergePatchError, apply_strategic_merge_patch, pod_schema
 
 CUDA_VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"
-# The token volume the API server's admission mounts into every Pod: `kube-api-access-*` (projected, Kubernetes
-# 1.21+) or, before that, a Secret volume `<ServiceAccount>-token-*`.
-_API_ACCESS: Final = re.compile(r"^kube-api-access-[a-z0-9]+$")
 
 
 class NominalError(ValueError):
@@ -42,12 +39,15 @@ def nominal_provider(requester: pods.Pod, node: str, indices: list[str], gpus: l
     source = pods.annotations(requester).get(keys.SERVER_PATCH_ANNOTATION, "")
     try:
         patch = render_server_patch(source, {"NodeName": node, "LocalVolume": ""})
-        pod = apply_strategic_merge_patch(_base(requester), patch, pod_schema())
+        pod = apply_strategic_merge_patch(base_pod(requester), patch, pod_schema())
     except (TemplateError, PatchYAMLError, StrategicMergePatchError) as err:
         raise NominalError(f"the server patch: {err}") from None
+    except gojson.GoTypeError as err:
+        raise NominalError(f"the requester is not a Pod as Go reads one: {err}") from None
     digest = nominal_hash(pod, indices, node)
     if unknown := pod_schema().unknown_fields(pod):
         raise NominalError("strict decoding error: " + ", ".join(f'unknown field "{field}"' for field in unknown))
+    pod = {"apiVersion": "v1", "kind": "Pod", **{k: v for k, v in pod.items() if k != "status"}}
     spec = pod.setdefault("spec", {})
     spec["nodeSelector"] = {**(spec.get("nodeSelector") or {}), keys.HOSTNAME_LABEL: node}
     container = inference_server(pod)
@@ -68,11 +68,8 @@ def nominal_provider(requester: pods.Pod, node: str, indices: list[str], gpus: l
 
 
 def nominal_hash(patched: pods.Pod, indices: list[str], node: str) -> str:
-    """FMA's formula, base64 (standard alphabet, unpadded) of sha256(Pod JSON;gpus=indices;node=node), over our
-    canonical JSON (sorted keys) rather than Go's field order: the same inputs give the same hash here, not FMA's."""
-    text = json.dumps(patched, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    digest = hashlib.sha256(f"{text};gpus={','.join(indices)};node={node}".encode()).digest()
-    return base64.b64encode(digest).decode().rstrip("=")
+    """FMA's hash of the merged nominal Pod on the GPUs at `indices` of `node`."""
+    return go_hash(f"{gojson.marshal(patched)};gpus={','.join(indices)};node={node}")
 
 
 def inference_server(pod: pods.Pod) -> dict[str, Any]:
@@ -115,51 +112,14 @@ def gpu_keys(pod: pods.Pod) -> list[str]:
     return [f"{node} {index.strip()}" for index in value.split(",") if index.strip()]
 
 
-def _base(requester: pods.Pod) -> pods.Pod:
-    """The requester as FMA serializes its base Pod: TypeMeta, labels and namespace (empty ones omitted), and the
-    de-individualized spec; no annotations, no status."""
-    metadata: dict[str, Any] = {}
-    if labels := pods.labels(requester):
-        metadata["labels"] = dict(labels)
-    if namespace := pods.meta(requester).get("namespace"):
-        metadata["namespace"] = namespace
-    return {
-        "apiVersion": requester.get("apiVersion") or "v1",
-        "kind": requester.get("kind") or "Pod",
-        "metadata": metadata,
-        "spec": deindividualized(requester.get("spec") or {}),
-    }
-
-
-def deindividualized(spec: dict[str, Any]) -> dict[str, Any]:
-    """A copy of `spec` without what belongs to one Pod only: ephemeral containers (never given at creation), the
-    node it is bound to, and the ServiceAccount token volume with its mounts (the API server adds its own)."""
-    spec = copy.deepcopy(spec)
-    spec.pop("ephemeralContainers", None)
-    spec.pop("nodeName", None)
-    account = spec.get("serviceAccountName") or spec.get("serviceAccount") or "default"
-    token = re.compile(rf"^{re.escape(account)}-token-[a-z0-9]+$")
-    goners = {
-        volume["name"]
-        for volume in spec.get("volumes") or []
-        if _API_ACCESS.match(volume.get("name", "")) or (token.match(volume.get("name", "")) and "secret" in volume)
-    }
-    if not goners:
-        return spec
-    _set_or_drop(spec, "volumes", [v for v in spec["volumes"] if v["name"] not in goners])
-    for kind in ("initContainers", "containers"):
-        for container in spec.get(kind) or []:
-            mounts = [m for m in container.get("volumeMounts") or [] if m.get("name") not in goners]
-            _set_or_drop(container, "volumeMounts", mounts)
-    return spec
-
-
-def _set_or_drop(holder: dict[str, Any], key: str, items: list[Any]) -> None:
-    """An emptied list is left out, as Go's `omitempty` leaves it out."""
-    if items:
-        holder[key] = items
-    else:
-        holder.pop(key, None)
+def base_pod(requester: pods.Pod) -> pods.Pod:
+    """The requester as FMA's base Pod: labels and namespace (empty ones left out), the de-individualized spec,
+    read into Go's Pod type; no TypeMeta, no annotations, an empty status."""
+    metadata = {"labels": pods.labels(requester), "namespace": pods.meta(requester).get("namespace")}
+    base: pods.Pod = gojson.typed(
+        {"metadata": metadata, "spec": deindividualize(requester.get("spec") or {})}, "core.Pod"
+    )
+    return base
 
 
 def _set_env(container: dict[str, Any], name: str, value: str) -> None:

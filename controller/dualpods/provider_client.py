@@ -6,6 +6,7 @@ The sleep routes are vLLM's development-mode endpoints, so a direct provider run
 """
 
 from .http import HttpCaller, HttpError
+from .metrics import Purpose
 
 
 class ProviderClient:
@@ -14,29 +15,31 @@ class ProviderClient:
 
     async def is_sleeping(self, pod_ip: str, port: int, requester: str) -> bool:
         url = f"http://{pod_ip}:{port}/is_sleeping"
-        body = await self._http.expect_ok("is_sleeping", "GET", url, requester=requester)
+        body = await self._http.expect_ok(Purpose.QUERY_SLEEPING, "GET", url, requester=requester)
         if not isinstance(body, dict) or not isinstance(body.get("is_sleeping"), bool):
-            raise HttpError("is_sleeping", url, None, ValueError(f"unexpected answer {body!r}"))
+            raise HttpError(Purpose.QUERY_SLEEPING, url, None, ValueError(f"unexpected answer {body!r}"))
         return bool(body["is_sleeping"])
 
     async def sleep(self, pod_ip: str, port: int, requester: str) -> None:
-        await self._http.expect_ok("sleep", "POST", f"http://{pod_ip}:{port}/sleep?level=1", requester=requester)
+        await self._http.expect_ok(Purpose.SLEEP, "POST", f"http://{pod_ip}:{port}/sleep?level=1", requester=requester)
 
     async def wake(self, pod_ip: str, port: int, requester: str) -> None:
-        await self._http.expect_ok("wake", "POST", f"http://{pod_ip}:{port}/wake_up", requester=requester)
+        await self._http.expect_ok(Purpose.WAKE, "POST", f"http://{pod_ip}:{port}/wake_up", requester=requester)
 
     async def lora_adapters(self, pod_ip: str, port: int, requester: str) -> set[str]:
         """The adapters the server serves: the models it lists with a parent model."""
         url = f"http://{pod_ip}:{port}/v1/models"
-        body = await self._http.expect_ok("list_models", "GET", url, requester=requester)
+        body = await self._http.expect_ok(Purpose.LIST_MODELS, "GET", url, requester=requester)
         models = body.get("data") if isinstance(body, dict) else None
         return {str(m["id"]) for m in models or [] if isinstance(m, dict) and m.get("parent")}
 
     async def load_lora(self, pod_ip: str, port: int, name: str, path: str, requester: str) -> None:
         body = {"lora_name": name, "lora_path": path}
         url = f"http://{pod_ip}:{port}/v1/load_lora_adapter"
-        await self._http.expect_ok("load_lora_adapter", "POST", url, body=body, requester=requester)
+        await self._http.expect_ok(Purpose.LOAD_LORA_ADAPTER, "POST", url, body=body, requester=requester)
 
     async def unload_lora(self, pod_ip: str, port: int, name: str, requester: str) -> None:
         url = f"http://{pod_ip}:{port}/v1/unload_lora_adapter"
-        await self._http.expect_ok("unload_lora_adapter", "POST", url, body={"lora_name": name}, requester=requester)
+        await self._http.expect_ok(
+            Purpose.UNLOAD_LORA_ADAPTER, "POST", url, body={"lora_name": name}, requester=requester
+        )

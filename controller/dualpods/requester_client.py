@@ -18,6 +18,7 @@ from api.requester import (
 from controller import pods
 
 from .http import HttpCaller, HttpError, Reply
+from .metrics import Purpose
 from .requester_tokens import RequesterTokens, TokenUnavailable
 
 
@@ -63,7 +64,7 @@ class RequesterClient:
         except TokenUnavailable as err:
             raise RequesterError(f"no token to call the requester with: {err}") from None
 
-    async def _change(self, purpose: str, method: str, requester: pods.Pod, path: str, isc_name: str,
+    async def _change(self, purpose: Purpose, method: str, requester: pods.Pod, path: str, isc_name: str,
                       body: Any = None) -> Reply:  # fmt: skip
         """A state-changing call with the controller's token; a 401/403 is a RequesterError."""
         reply = await self._http.call(purpose, method, self._url(requester, path), body=body,
@@ -78,7 +79,9 @@ class RequesterClient:
 
     async def gpu_uuids(self, requester: pods.Pod, isc_name: str) -> list[str]:
         url = self._url(requester, ACCELERATORS_PATH)
-        reply = await self._http.call("get_gpu_uuids", "GET", url, isc_name=isc_name, requester=pods.name(requester))
+        reply = await self._http.call(
+            Purpose.GET_GPU_UUIDS, "GET", url, isc_name=isc_name, requester=pods.name(requester)
+        )
         if not reply.ok:
             raise RequesterError(f"the requester's GPU query failed: {reply.status} {_refusal(reply)}")
         if not isinstance(reply.body, list) or not all(isinstance(u, str) for u in reply.body):
@@ -89,7 +92,7 @@ class RequesterClient:
         """MiB in use on each of the requester's GPUs."""
         url = self._url(requester, MEMORY_USAGE_PATH)
         body: Any = await self._http.expect_ok(
-            "get_accel_memory_usage", "GET", url, isc_name=isc_name, requester=pods.name(requester)
+            Purpose.GET_ACCEL_MEMORY_USAGE, "GET", url, isc_name=isc_name, requester=pods.name(requester)
         )
         return {str(k): int(v) for k, v in body.items()}
 
@@ -97,14 +100,16 @@ class RequesterClient:
         """Point the requester's request proxy (E7) at its provider; a requester without a proxy (FMA's
         own, 0.6) answers 404 and is left as it is."""
         body = {"address": address, "port": port}
-        reply = await self._change("configure_proxy", "PUT", requester, PROXY_CONFIG_PATH, isc_name, body)
+        reply = await self._change(Purpose.CONFIGURE_PROXY, "PUT", requester, PROXY_CONFIG_PATH, isc_name, body)
         if reply.status in (404, 405):
             return
         if not reply.ok:
             raise RequesterError(f"the requester's proxy refused its provider {address}:{port}: {_refusal(reply)}")
 
     async def relay_readiness(self, requester: pods.Pod, ready: bool, isc_name: str) -> None:
-        path, purpose = (BECOME_READY_PATH, "relay_ready") if ready else (BECOME_UNREADY_PATH, "relay_unready")
+        path, purpose = (
+            (BECOME_READY_PATH, Purpose.RELAY_READY) if ready else (BECOME_UNREADY_PATH, Purpose.RELAY_UNREADY)
+        )
         try:
             reply = await self._change(purpose, "POST", requester, path, isc_name)
         except HttpError as err:

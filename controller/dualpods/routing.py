@@ -12,13 +12,12 @@ from api.labels import label_value_errors, qualified_name_errors
 from controller import pods
 from controller.pods import Pod
 
-RESERVED_DOMAINS = ("kubernetes.io", "k8s.io")  # and their subdomains, as Kubernetes reserves them
-OWN_PREFIX = "dual-pods.llm-d.ai"
+# FMA's rule: only these exact prefixes are reserved, so `app.kubernetes.io/name` or `node.k8s.io/x` may route.
+RESERVED_PREFIXES = ("dual-pods.llm-d.ai/", "kubernetes.io/", "k8s.io/")
 
 
 def _reserved(key: str) -> bool:
-    prefix = key.rpartition("/")[0]
-    return prefix == OWN_PREFIX or any(prefix == d or prefix.endswith("." + d) for d in RESERVED_DOMAINS)
+    return key.startswith(RESERVED_PREFIXES)
 
 
 class RoutingMetadata(BaseModel):

@@ -1,0 +1,87 @@
+"""The chart's pre-install check of CRDs already in the cluster (issue 13 item 5): Helm skips crds/ where a CRD of
+that name exists, so installing over FMA's CRDs would leave ours out and the API server would silently drop
+`sleeperBudget` and `loraAdapters`; the install is refused instead, saying what to do."""
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes_asyncio import client
+
+from api.crdgen import DEFAULT_OUT_DIR as CRD_DIR
+from e2e.chart import CHART, helm
+from e2e.cluster.cluster import LoopbackCluster
+from e2e.crds import kubectl
+from e2e.waiting import wait_for
+
+# The CRD (its file and name) and the spec field only we have.
+OUR_FIELDS = (
+    ("fma.llm-d.ai_launcherconfigs.yaml", "launcherconfigs.fma.llm-d.ai", "sleeperBudget"),
+    ("fma.llm-d.ai_inferenceserverconfigs.yaml", "inferenceserverconfigs.fma.llm-d.ai", "loraAdapters"),
+)
+
+
+def without_our_fields() -> str:
+    """Our CRDs as FMA 0.6 ships them as far as the check can tell: without the fields only we have."""
+    documents = []
+    for file, _, field in OUR_FIELDS:
+        crd: dict[str, Any] = yaml.safe_load((CRD_DIR / file).read_text())
+        for version in crd["spec"]["versions"]:
+            del version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][field]
+        version_columns = [c for c in crd["spec"]["versions"][0].get("additionalPrinterColumns", [])
+                           if field not in c["jsonPath"]]  # fmt: skip
+        crd["spec"]["versions"][0]["additionalPrinterColumns"] = version_columns
+        documents.append(yaml.safe_dump(crd))
+    return "---\n".join(documents)
+
+
+async def established(api: client.ApiClient, field_present: bool) -> None:
+    extensions = client.ApiextensionsV1Api(api)
+
+    async def done() -> bool:
+        for _, name, field in OUR_FIELDS:
+            crd = await extensions.read_custom_resource_definition(name)
+            spec = crd.spec.versions[0].schema.open_apiv3_schema.properties["spec"].properties
+            conditions = {c.type: c.status for c in crd.status.conditions or []}
+            if (field in spec) != field_present or conditions.get("Established") != "True":
+                return False
+        return True
+
+    await wait_for(done, what="the CRDs replaced", within=30)
+
+
+@pytest.fixture
+async def fma_crds(cluster: LoopbackCluster, api: client.ApiClient, crds: None) -> AsyncIterator[None]:
+    """FMA-shaped CRDs in place of ours for one test; ours are put back afterwards."""
+    try:
+        await kubectl(cluster, "apply", "-f", "-", stdin=without_our_fields())
+        await established(api, field_present=False)
+        yield
+    finally:
+        await kubectl(cluster, "apply", "-f", str(CRD_DIR))
+        await established(api, field_present=True)
+
+
+async def dry_run_install(cluster: LoopbackCluster, work_dir: Path, namespace: str, *settings: str) -> str:
+    return await helm(cluster, work_dir, "install", "dualpods", str(CHART), "-n", namespace, "--dry-run=server",
+                      *(f"--set={s}" for s in settings))  # fmt: skip
+
+
+async def test_installing_over_our_own_crds_passes_the_check(
+    cluster: LoopbackCluster, crds: None, namespace: str, tmp_path: Path
+) -> None:
+    assert "kind: Deployment" in await dry_run_install(cluster, tmp_path, namespace)
+
+
+async def test_installing_over_crds_without_our_fields_is_refused_with_what_to_do(
+    cluster: LoopbackCluster, fma_crds: None, namespace: str, tmp_path: Path
+) -> None:
+    with pytest.raises(RuntimeError) as refused:
+        await dry_run_install(cluster, tmp_path, namespace)
+    message = str(refused.value)
+    assert "launcherconfigs.fma.llm-d.ai (spec.sleeperBudget)" in message
+    assert "inferenceserverconfigs.fma.llm-d.ai (spec.loraAdapters)" in message
+    assert "kubectl apply --server-side" in message
+    assert "kind: Deployment" in await dry_run_install(cluster, tmp_path, namespace, "checkInstalledCRDs=false")
