@@ -55,9 +55,11 @@ def _wave_lines(wave: Wave) -> list[str]:
         f"(per requester p50 {quantile(wave.latencies, 0.5):.1f} s, p99 {quantile(wave.latencies, 0.99):.1f} s); "
         f"not ready {wave.not_ready}, unbound {wave.unbound}, double-bound {wave.double_bound}, "
         f"GPUs shared {wave.shared_gpus}",
+        "  per requester, p50/p99 s: "
+        + ", ".join(f"{step} {p50:.2f}/{p99:.2f}" for step, (p50, p99) in wave.steps.items()),
         f"  CPU: {_cpu_line(wave.phase)}",
         f"  API requests: {_requests_line(wave.phase)}",
-    ]
+    ] + [f"  {count} not ready: {problem}" for problem, count in wave.problems.items()]
 
 
 def report(result: ScaleResult) -> list[str]:

@@ -23,6 +23,8 @@ import asyncio
 import collections
 import contextlib
 import functools
+import itertools
+import re
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -89,11 +91,15 @@ class Wave:
     seconds: float  # the wave's start -> its last requester told ready (and the old ones gone)
     latencies: list[float]  # per new requester: its Pod created -> told ready
     phase: Phase
+    # Per new requester, seconds from one milestone to the next (MILESTONES, then told ready): p50, p99.
+    steps: dict[str, tuple[float, float]] = field(default_factory=dict)
     unbound: int = 0
     double_bound: int = 0
     shared_gpus: int = 0  # GPUs with more than one awake instance
     not_ready: int = 0
     timed_out: bool = False
+    # The errors in the status annotations of the requesters not told ready, with how many carry each.
+    problems: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -131,19 +137,40 @@ def quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
 
 
+# The steps of a requester's start, in order, as this harness's watch sees them (then "told ready", from
+# the simulation): the Pod created, scheduled, its container running, its GPUs recorded by the controller,
+# and bound to a launcher.
+MILESTONES: dict[str, Any] = {
+    "created": lambda pod: True,
+    "scheduled": lambda pod: pods.node_name(pod) is not None,
+    "running": lambda pod: pods.container_running(pod) and pods.pod_ip(pod) is not None,
+    "gpus recorded": lambda pod: keys.ACCELERATORS_ANNOTATION in pods.annotations(pod),
+    "bound": lambda pod: keys.DUAL_LABEL in pods.labels(pod),
+}
+TOLD_READY = "told ready"
+
+
 class PodTimes:
-    """One watch on the namespace's Pods: when each was first seen (its creation, to within the watch's
-    delay), and the Pods themselves for the invariants."""
+    """One watch on the namespace's Pods: when each first reached each milestone (its creation to within
+    the watch's delay), and the Pods themselves for the invariants."""
 
     def __init__(self, core: client.CoreV1Api, namespace: str) -> None:
         self.informer = Informer("pods", functools.partial(core.list_namespaced_pod, namespace))
-        self.first_seen: dict[str, float] = {}
+        self.milestones: dict[str, dict[str, float]] = {}
         self.informer.subscribe(self._seen)
         self._task: asyncio.Task[None] | None = None
 
     def _seen(self, old: Obj | None, new: Obj | None) -> None:
-        if new is not None:
-            self.first_seen.setdefault(pods.uid(new), time.time())
+        if new is None:
+            return
+        reached = self.milestones.setdefault(pods.uid(new), {})
+        now = time.time()
+        for milestone, check in MILESTONES.items():
+            if milestone not in reached and check(new):
+                reached[milestone] = now
+
+    def created(self, uid: str) -> float | None:
+        return self.milestones.get(uid, {}).get("created")
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self.informer.run())
@@ -300,27 +327,43 @@ class Scenario:
         return await self._wave("swap", started, set(up), set(down))
 
     async def _wave(self, name: str, started: float, up: set[str], down: set[str]) -> Wave:
-        """Until every requester of the `up` models is told ready and those of the `down` ones are gone."""
-        wanted = self.spec.requesters
+        """Until every requester of the `up` models is told ready and those of the `down` ones are gone.
+        Requesters that were there before the wave began must stay ready; the figures are the new ones'."""
         ready_at: dict[str, float] = {}
+        old_gone = started
         timed_out = False
         while True:
             report = await self.cluster.simulation("requester", self.session).report()
             current = {pods.uid(p) for m in up for p in self.pods.requesters(m) if not pods.is_deleting(p)}
             ready_at = {r.uid: r.transitions[-1][0] for r in report.requesters if r.ready and r.uid in current}
-            old_left = [p for m in down for p in self.pods.requesters(m)]
-            if len(current) >= wanted and len(ready_at) >= wanted and not old_left:
+            if [p for m in down for p in self.pods.requesters(m)]:
+                old_gone = time.time()
+            elif len(current) >= self.spec.requesters and len(ready_at) >= self.spec.requesters:
                 break
             if time.time() - started > self.spec.wave_timeout:
                 timed_out = True
                 break
             await asyncio.sleep(REPORT_EVERY_S)
-        finished = max(ready_at.values(), default=time.time())
-        latencies = [at - self.pods.first_seen.get(uid, started) for uid, at in ready_at.items()]
+        new = {uid: at for uid, at in ready_at.items() if (self.pods.created(uid) or 0.0) >= started}
+        finished = max([old_gone, *new.values()])
+        latencies = [at - (self.pods.created(uid) or started) for uid, at in new.items()]
         wave = Wave(name, finished - started, latencies, await self.meter.stop(), timed_out=timed_out)
-        wave.not_ready = max(0, wanted - len(ready_at))
+        wave.steps = self._steps(new)
+        wave.not_ready = max(0, self.spec.requesters - len(ready_at))
+        waiting = [p for m in up for p in self.pods.requesters(m) if pods.uid(p) not in ready_at]
+        wave.problems = dict(collections.Counter(_problem(p) for p in waiting).most_common(5))
         await self._check(wave)
         return wave
+
+    def _steps(self, told_ready: dict[str, float]) -> dict[str, tuple[float, float]]:
+        names = [*MILESTONES, TOLD_READY]
+        gaps: dict[str, list[float]] = {f"{a} -> {b}": [] for a, b in itertools.pairwise(names)}
+        for uid, at in told_ready.items():
+            reached = {**self.pods.milestones.get(uid, {}), TOLD_READY: at}
+            for a, b in itertools.pairwise(names):
+                if a in reached and b in reached:
+                    gaps[f"{a} -> {b}"].append(reached[b] - reached[a])
+        return {step: (quantile(values, 0.5), quantile(values, 0.99)) for step, values in gaps.items() if values}
 
     async def _check(self, wave: Wave) -> None:
         """Every live requester bound to exactly one launcher, and no GPU with two awake instances."""
@@ -372,6 +415,12 @@ class Scenario:
             return next(le for le in sorted(buckets) if buckets[le] >= q * total)
 
         return bound(0.5), bound(0.99), int(total)
+
+
+def _problem(requester: Obj) -> str:
+    """What the controller says is wrong with a requester (its status annotation), addresses left out."""
+    errors = (pods.json_annotation(requester, keys.STATUS_ANNOTATION) or {}).get("Errors") or ["no error reported"]
+    return re.sub(r"127(\.\d+){3}", "<pod IP>", str(errors[0]))[:200]
 
 
 def _peak_rss(pid: int) -> float:
