@@ -148,6 +148,7 @@ MILESTONES: dict[str, Any] = {
     "bound": lambda pod: keys.DUAL_LABEL in pods.labels(pod),
 }
 TOLD_READY = "told ready"
+STEPS = list(itertools.pairwise([*MILESTONES, TOLD_READY]))
 
 
 class PodTimes:
@@ -356,11 +357,10 @@ class Scenario:
         return wave
 
     def _steps(self, told_ready: dict[str, float]) -> dict[str, tuple[float, float]]:
-        names = [*MILESTONES, TOLD_READY]
-        gaps: dict[str, list[float]] = {f"{a} -> {b}": [] for a, b in itertools.pairwise(names)}
+        gaps: dict[str, list[float]] = {f"{a} -> {b}": [] for a, b in STEPS}
         for uid, at in told_ready.items():
             reached = {**self.pods.milestones.get(uid, {}), TOLD_READY: at}
-            for a, b in itertools.pairwise(names):
+            for a, b in STEPS:
                 if a in reached and b in reached:
                     gaps[f"{a} -> {b}"].append(reached[b] - reached[a])
         return {step: (quantile(values, 0.5), quantile(values, 0.99)) for step, values in gaps.items() if values}
