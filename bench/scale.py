@@ -30,6 +30,7 @@ from pathlib import Path
 import psutil
 
 from e2e.chart import DUAL_PODS
+from e2e.profiles import RATE
 from e2e.scale import Phase, ScaleResult, ScaleSpec, Wave, quantile, run_scale
 
 TOP_RESOURCES = 8
@@ -83,6 +84,13 @@ def report(result: ScaleResult) -> list[str]:
     if result.queue_items:
         lines.append(f"dual-pods work items: {result.queue_items}, duration p50 <= {result.queue_work_p50:g} s, "
                      f"p99 <= {result.queue_work_p99:g} s (bucket bounds; API calls included)")  # fmt: skip
+    for component, summary in result.profiles.items():
+        lines.append(f"{component} profile ({summary.samples / RATE:.1f} s running Python), running in: "
+                     + ", ".join(f"{name} {share:.0%}" for name, share in summary.libraries))  # fmt: skip
+        lines.append("  by itself: " + ", ".join(f"{frame} {share:.0%}" for frame, share in summary.own))
+        lines.append(
+            "  ours, with what they call: " + ", ".join(f"{frame} {share:.0%}" for frame, share in summary.ours)
+        )
     first = result.waves[0] if result.waves else None
     controller = result.controllers.get(DUAL_PODS)
     if first is not None and controller is not None:
@@ -106,6 +114,7 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--probe-period", type=int, default=5, help="of the requesters' readiness probes")
     parser.add_argument("--wave-timeout", type=float, default=600.0, help="seconds a phase may take")
     parser.add_argument("--json", type=Path, help="also write every figure here")
+    parser.add_argument("--profile", type=Path, help="sample the controllers with py-spy; raw profiles go here")
     return parser.parse_args()
 
 
@@ -119,7 +128,7 @@ async def main() -> int:
     except ValueError as err:
         sys.exit(f"bench/scale.py: {err}")
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
-        result = await run_scale(spec, Path(tmp))
+        result = await run_scale(spec, Path(tmp), args.profile)
     if args.json is not None:
         args.json.write_text(json.dumps(dataclasses.asdict(result), indent=2) + "\n")
     print("\n".join(report(result)))

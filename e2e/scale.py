@@ -43,6 +43,7 @@ from e2e.chart import DUAL_PODS, POPULATOR
 from e2e.cluster.cluster import LoopbackCluster, default_nodes
 from e2e.dualpods_env import DualPodsEnv, Obj
 from e2e.fixtures import fresh_namespace
+from e2e.profiles import Profile, Summary
 
 LAUNCHER_CONFIG = "scale"
 FIRST_PORT = 8005
@@ -126,6 +127,9 @@ class ScaleResult:
     queue_work_p50: float | None = None
     queue_work_p99: float | None = None
     queue_items: int = 0
+    # py-spy profiles, when asked for: the populator's while it populates, the dual-pods controller's
+    # during both waves.
+    profiles: dict[str, Summary] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -138,12 +142,12 @@ def quantile(values: list[float], q: float) -> float:
 
 
 # The steps of a requester's start, in order, as this harness's watch sees them (then "told ready", from
-# the simulation): the Pod created, scheduled, its container running, its GPUs recorded by the controller,
-# and bound to a launcher.
+# the simulation): the Pod created, scheduled, given its address (its container starting), its GPUs
+# recorded by the controller, and bound to a launcher.
 MILESTONES: dict[str, Any] = {
     "created": lambda pod: True,
     "scheduled": lambda pod: pods.node_name(pod) is not None,
-    "running": lambda pod: pods.container_running(pod) and pods.pod_ip(pod) is not None,
+    "addressed": lambda pod: pods.pod_ip(pod) is not None,
     "gpus recorded": lambda pod: keys.ACCELERATORS_ANNOTATION in pods.annotations(pod),
     "bound": lambda pod: keys.DUAL_LABEL in pods.labels(pod),
 }
@@ -430,8 +434,22 @@ def _peak_rss(pid: int) -> float:
     return 0.0
 
 
-async def run_scale(spec: ScaleSpec, work_dir: Path) -> ScaleResult:
-    """Bring up the cluster, measure, and take everything down again (also on failure)."""
+async def _profiled(profile_dir: Path | None, process: psutil.Process | None, name: str) -> Profile | None:
+    if profile_dir is None or process is None:
+        return None
+    profile = Profile(process.pid, profile_dir / f"{name}.txt")
+    await profile.start()
+    return profile
+
+
+async def _summary(profile: Profile | None, name: str, result: ScaleResult) -> None:
+    if profile is not None and (summary := await profile.stop()) is not None:
+        result.profiles[name] = summary
+
+
+async def run_scale(spec: ScaleSpec, work_dir: Path, profile_dir: Path | None = None) -> ScaleResult:
+    """Bring up the cluster, measure, and take everything down again (also on failure). With
+    `profile_dir`, the controllers are sampled with py-spy and their raw profiles kept there."""
     cluster = LoopbackCluster(work_dir / "cluster")
     started = time.monotonic()
     try:
@@ -449,10 +467,15 @@ async def run_scale(spec: ScaleSpec, work_dir: Path) -> ScaleResult:
             await scenario.pods.start()
             try:
                 await scenario.create_models()
+                controllers = scenario.processes.find()
+                profile = await _profiled(profile_dir, controllers.get(POPULATOR), POPULATOR)
                 created, ready, phase = await scenario.populate()
                 result = ScaleResult(spec, up_seconds, created, ready, phase)
+                await _summary(profile, POPULATOR, result)
+                profile = await _profiled(profile_dir, controllers.get(DUAL_PODS), DUAL_PODS)
                 result.waves.append(await scenario.first_wave())
                 result.waves.append(await scenario.swap_wave())
+                await _summary(profile, DUAL_PODS, result)
                 result.controllers = await scenario.controller_figures()
                 result.queue_work_p50, result.queue_work_p99, result.queue_items = await scenario.queue_work()
             finally:
