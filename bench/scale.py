@@ -70,7 +70,7 @@ def report(result: ScaleResult) -> list[str]:
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB, load average {os.getloadavg()[0]:.2f}",
         f"{spec.nodes} nodes x {spec.gpus_per_node} GPUs, {spec.requesters} requesters, {spec.models} models; "
         f"instances: start {spec.startup_delay:g} s, sleep {spec.sleep_delay:g} s, wake {spec.wake_delay:g} s; "
-        f"cluster up in {result.cluster_up_seconds:.1f} s",
+        f"cluster up in {result.cluster_up_seconds:.1f} s; chart values: {', '.join(spec.chart_values) or 'defaults'}",
         f"populator: {spec.nodes * spec.gpus_per_node} launchers created in {result.launchers_created_seconds:.1f} s, "
         f"all Ready in {result.launchers_ready_seconds:.1f} s",
         f"  CPU: {_cpu_line(result.populator_phase)}",
@@ -113,6 +113,7 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--wake-delay", type=float, default=0.2)
     parser.add_argument("--probe-period", type=int, default=5, help="of the requesters' readiness probes")
     parser.add_argument("--wave-timeout", type=float, default=600.0, help="seconds a phase may take")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a chart value (repeatable)")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument("--profile", type=Path, help="sample the controllers with py-spy; raw profiles go here")
     return parser.parse_args()
@@ -123,7 +124,7 @@ async def main() -> int:
     try:
         spec = ScaleSpec(
             args.nodes, args.gpus_per_node, args.requesters, args.models, args.startup_delay, args.sleep_delay,
-            args.wake_delay, args.probe_period, args.wave_timeout,
+            args.wake_delay, args.probe_period, args.wave_timeout, tuple(args.set),
         )  # fmt: skip
     except ValueError as err:
         sys.exit(f"bench/scale.py: {err}")

@@ -62,6 +62,7 @@ class ScaleSpec:
     wake_delay: float = 0.2
     probe_period: int = 5  # of the requesters' readiness probes
     wave_timeout: float = 600.0
+    chart_values: tuple[str, ...] = ()  # `helm --set` values, e.g. dualPodsController.workers=16
 
     def __post_init__(self) -> None:
         if self.requesters > self.nodes * self.gpus_per_node:
@@ -462,7 +463,7 @@ async def run_scale(spec: ScaleSpec, work_dir: Path, profile_dir: Path | None = 
         ):
             env = DualPodsEnv(cluster, api, namespace, work_dir)
             await env.setup()
-            await env.controllers.install()
+            await env.controllers.install(*spec.chart_values)
             scenario = Scenario(spec, cluster, env, session)
             await scenario.pods.start()
             try:
