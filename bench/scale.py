@@ -10,7 +10,8 @@ others up), what each process spent, and the API server's requests by verb; then
 (see `e2e/scale.py` for what is measured how). The last line reads
 `scale: R requesters on N nodes bound and told ready in X s (p50 A s, p99 B s); controller RSS W MiB, CPU C s`
 (the dual-pods controller's peak RSS and CPU seconds over the run). Exit status 1 when a wave timed out or
-left a requester unbound, bound twice, or a GPU shared.
+left a requester unbound, bound twice, or a GPU shared. `--requesters 0` measures the populator and the
+cluster at rest alone (the simulation's own cost at that size).
 
 Usage: .venv/bin/python bench/scale.py --nodes 250 --gpus-per-node 4 --requesters 1000 [--models 4]
        [--json results.json]
@@ -76,6 +77,10 @@ def report(result: ScaleResult) -> list[str]:
         f"  CPU: {_cpu_line(result.populator_phase)}",
         f"  API requests: {_requests_line(result.populator_phase)}",
     ]
+    if result.idle_phase is not None:
+        lines.append(f"idle, every launcher up, for {result.idle_phase.seconds:.0f} s:")
+        lines.append(f"  CPU: {_cpu_line(result.idle_phase)}")
+        lines.append(f"  API requests: {_requests_line(result.idle_phase)}")
     for wave in result.waves:
         lines += _wave_lines(wave)
     for component, figures in result.controllers.items():
@@ -113,6 +118,7 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--wake-delay", type=float, default=0.2)
     parser.add_argument("--probe-period", type=int, default=5, help="of the requesters' readiness probes")
     parser.add_argument("--wave-timeout", type=float, default=600.0, help="seconds a phase may take")
+    parser.add_argument("--idle-seconds", type=float, default=20.0, help="the cluster at rest, before the waves")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a chart value (repeatable)")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument("--profile", type=Path, help="sample the controllers with py-spy; raw profiles go here")
@@ -123,9 +129,18 @@ async def main() -> int:
     args = _args()
     try:
         spec = ScaleSpec(
-            args.nodes, args.gpus_per_node, args.requesters, args.models, args.startup_delay, args.sleep_delay,
-            args.wake_delay, args.probe_period, args.wave_timeout, tuple(args.set),
-        )  # fmt: skip
+            nodes=args.nodes,
+            gpus_per_node=args.gpus_per_node,
+            requesters=args.requesters,
+            models=args.models,
+            startup_delay=args.startup_delay,
+            sleep_delay=args.sleep_delay,
+            wake_delay=args.wake_delay,
+            probe_period=args.probe_period,
+            wave_timeout=args.wave_timeout,
+            chart_values=tuple(args.set),
+            idle_seconds=args.idle_seconds,
+        )
     except ValueError as err:
         sys.exit(f"bench/scale.py: {err}")
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:

@@ -63,6 +63,7 @@ class ScaleSpec:
     probe_period: int = 5  # of the requesters' readiness probes
     wave_timeout: float = 600.0
     chart_values: tuple[str, ...] = ()  # `helm --set` values, e.g. dualPodsController.workers=16
+    idle_seconds: float = 20.0  # at rest before the waves: two Lease renewals and a few probes of every Pod
 
     def __post_init__(self) -> None:
         if self.requesters > self.nodes * self.gpus_per_node:
@@ -70,6 +71,8 @@ class ScaleSpec:
                              f"{self.nodes * self.gpus_per_node}")  # fmt: skip
         if self.models < 2:
             raise ValueError("the swap wave needs at least 2 models")
+        if self.requesters < 0:
+            raise ValueError("the number of requesters cannot be negative")
 
     def replicas(self, models: list[int]) -> dict[int, int]:
         """The requesters spread evenly over `models` (the first ones take the remainder)."""
@@ -132,9 +135,12 @@ class ScaleResult:
     # during both waves.
     profiles: dict[str, Summary] = field(default_factory=dict)
 
+    # The cluster at rest with every launcher up (no requesters yet): what its heartbeats and probes cost.
+    idle_phase: Phase | None = None
+
     @property
     def ok(self) -> bool:
-        return all(w.ok for w in self.waves) and len(self.waves) == 2
+        return all(w.ok for w in self.waves) and len(self.waves) == (2 if self.spec.requesters else 0)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -299,6 +305,11 @@ class Scenario:
             lambda: sum(pods.is_ready(p) for p in self.pods.launchers()) >= wanted, started, "every launcher Ready"
         )
         return created, ready, await self.meter.stop()
+
+    async def idle(self) -> Phase:
+        await self.meter.start()
+        await asyncio.sleep(self.spec.idle_seconds)
+        return await self.meter.stop()
 
     async def _until(self, check: Any, started: float, what: str, interval: float = 0.2) -> float:
         while not check():
@@ -473,10 +484,12 @@ async def run_scale(spec: ScaleSpec, work_dir: Path, profile_dir: Path | None = 
                 created, ready, phase = await scenario.populate()
                 result = ScaleResult(spec, up_seconds, created, ready, phase)
                 await _summary(profile, POPULATOR, result)
-                profile = await _profiled(profile_dir, controllers.get(DUAL_PODS), DUAL_PODS)
-                result.waves.append(await scenario.first_wave())
-                result.waves.append(await scenario.swap_wave())
-                await _summary(profile, DUAL_PODS, result)
+                result.idle_phase = await scenario.idle()
+                if spec.requesters:
+                    profile = await _profiled(profile_dir, controllers.get(DUAL_PODS), DUAL_PODS)
+                    result.waves.append(await scenario.first_wave())
+                    result.waves.append(await scenario.swap_wave())
+                    await _summary(profile, DUAL_PODS, result)
                 result.controllers = await scenario.controller_figures()
                 result.queue_work_p50, result.queue_work_p99, result.queue_items = await scenario.queue_work()
             finally:

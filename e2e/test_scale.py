@@ -13,11 +13,13 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 async def test_forty_requesters_on_ten_simulated_nodes(tmp_path: Path) -> None:
-    spec = ScaleSpec(nodes=10, gpus_per_node=4, requesters=40, models=2, wave_timeout=240)
+    spec = ScaleSpec(nodes=10, gpus_per_node=4, requesters=40, models=2, wave_timeout=240, idle_seconds=2)
     result = await run_scale(spec, tmp_path)
 
     assert result.launchers_created_seconds <= result.launchers_ready_seconds
     assert result.populator_phase.requests_by_resource.get("pods/binding") == 40, "one launcher per GPU"
+    assert result.idle_phase is not None
+    assert result.idle_phase.seconds >= 2
     first, swap = result.waves
     for wave in (first, swap):
         assert not wave.timed_out, wave.problems
