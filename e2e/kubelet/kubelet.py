@@ -28,7 +28,8 @@ class Kubelet:
         self._agents: dict[str, NodeAgent] = {}
         self._blocks: dict[str, AddressBlock] = {}  # kept across lose/add, so a Node keeps its addresses
         self._gpu_map_namespaces: list[str] = []
-        self._lock = asyncio.Lock()
+        self._starting: set[str] = set()  # Nodes registering now
+        self._lock = asyncio.Lock()  # one Node lost at a time
         self._api: client.ApiClient | None = None
         # Pods whose image is in local container storage run from it (oci.py), where podman is installed.
         self.oci_owner = oci.owner_id(settings.state_dir) if oci.podman_available() else None
@@ -52,9 +53,11 @@ class Kubelet:
         return await self._add(NodeConfig(name=name, gpus=gpus))
 
     async def _add(self, node: NodeConfig) -> NodeInfo:
-        async with self._lock:
-            if node.name in self._agents:
-                raise ConflictError(f"node {node.name} already exists")
+        # Nodes register concurrently (hundreds of simulated ones at start-up); one name only once.
+        if node.name in self._agents or node.name in self._starting:
+            raise ConflictError(f"node {node.name} already exists")
+        self._starting.add(node.name)
+        try:
             if node.name not in self._blocks:
                 self._blocks[node.name] = (
                     self._carver.carve() if self._carver else AddressBlock.claim(self.settings.address_lock_dir)
@@ -64,6 +67,8 @@ class Kubelet:
             )
             await agent.start()
             self._agents[node.name] = agent
+        finally:
+            self._starting.discard(node.name)
         await self._refresh_gpu_maps()
         return next(n for n in self.nodes() if n.name == node.name)
 
@@ -102,7 +107,12 @@ class Kubelet:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        self._api = await config.new_client_from_config(config_file=str(self.settings.kubeconfig))
+        configuration = client.Configuration()
+        # One watch per Node holds a connection for minutes: the client's pool (100 by default) must not
+        # cap how many Nodes one kubelet process plays, nor queue their heartbeats behind the watches.
+        await config.load_kube_config(config_file=str(self.settings.kubeconfig), client_configuration=configuration)
+        configuration.connection_pool_maxsize = 0  # aiohttp: no limit
+        self._api = client.ApiClient(configuration)
         runner = web.AppRunner(control_app(self))
         watchdog = None
         if self.oci_owner is not None:
