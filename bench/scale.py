@@ -86,6 +86,9 @@ def report(result: ScaleResult) -> list[str]:
     for component, figures in result.controllers.items():
         lines.append(f"{component}: RSS {figures.rss_mib:.0f} MiB (peak {figures.peak_rss_mib:.0f} MiB), "
                      f"CPU {figures.cpu_seconds:.1f} s")  # fmt: skip
+    for kind, (size, trimmable) in result.pod_bytes.items():
+        lines.append(f"a {kind} Pod as cached: {size / 1024:.1f} KiB of JSON, {trimmable / 1024:.1f} KiB of it "
+                     "managedFields and last-applied")  # fmt: skip
     if result.queue_items:
         lines.append(f"dual-pods work items: {result.queue_items}, duration p50 <= {result.queue_work_p50:g} s, "
                      f"p99 <= {result.queue_work_p99:g} s (bucket bounds; API calls included)")  # fmt: skip

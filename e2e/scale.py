@@ -24,8 +24,10 @@ import collections
 import contextlib
 import functools
 import itertools
+import json
 import re
 import ssl
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +48,7 @@ from e2e.fixtures import fresh_namespace
 from e2e.profiles import Profile, Summary
 
 LAUNCHER_CONFIG = "scale"
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 FIRST_PORT = 8005
 REPORT_EVERY_S = 1.0
 
@@ -137,6 +140,9 @@ class ScaleResult:
 
     # The cluster at rest with every launcher up (no requesters yet): what its heartbeats and probes cost.
     idle_phase: Phase | None = None
+    # Mean JSON size of a Pod as the API server sends it (what an informer caches), and the part of it
+    # that is managedFields and the last-applied annotation, by kind of Pod, at the end.
+    pod_bytes: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -398,6 +404,22 @@ class Scenario:
         )
         wave.shared_gpus = sum(1 for count in awake.values() if count > 1)
 
+    def pod_bytes(self) -> dict[str, tuple[float, float]]:
+        sizes: dict[str, list[tuple[int, int]]] = {"launcher": [], "requester": []}
+        for pod in self.pods.pods():
+            kind = "launcher" if pods.is_launcher(pod) else "requester" if pods.is_requester(pod) else None
+            if kind is None:
+                continue
+            meta = pods.meta(pod)
+            extra = {"managedFields": meta.get("managedFields"), "annotations": {
+                LAST_APPLIED: pods.annotations(pod).get(LAST_APPLIED)}}  # fmt: skip
+            sizes[kind].append((len(json.dumps(pod)), len(json.dumps(extra))))
+        return {
+            kind: (statistics.mean(s for s, _ in found), statistics.mean(e for _, e in found))
+            for kind, found in sizes.items()
+            if found
+        }
+
     async def controller_figures(self) -> dict[str, ProcessFigures]:
         found = self.processes.find()
         figures = {}
@@ -491,6 +513,7 @@ async def run_scale(spec: ScaleSpec, work_dir: Path, profile_dir: Path | None = 
                     result.waves.append(await scenario.swap_wave())
                     await _summary(profile, DUAL_PODS, result)
                 result.controllers = await scenario.controller_figures()
+                result.pod_bytes = scenario.pod_bytes()
                 result.queue_work_p50, result.queue_work_p99, result.queue_items = await scenario.queue_work()
             finally:
                 await scenario.pods.stop()
