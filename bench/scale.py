@@ -86,6 +86,9 @@ def report(result: ScaleResult) -> list[str]:
     for component, figures in result.controllers.items():
         lines.append(f"{component}: RSS {figures.rss_mib:.0f} MiB (peak {figures.peak_rss_mib:.0f} MiB), "
                      f"CPU {figures.cpu_seconds:.1f} s")  # fmt: skip
+    lines.append("processes at the end, RSS and open descriptors: " + ", ".join(
+        f"{name} {result.rss_mib[name]:.0f} MiB / {count}" for name, count in sorted(result.descriptors.items())
+    ))  # fmt: skip
     for kind, (size, trimmable) in result.pod_bytes.items():
         lines.append(f"a {kind} Pod as cached: {size / 1024:.1f} KiB of JSON, {trimmable / 1024:.1f} KiB of it "
                      "managedFields and last-applied")  # fmt: skip

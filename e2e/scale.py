@@ -143,6 +143,9 @@ class ScaleResult:
     # Mean JSON size of a Pod as the API server sends it (what an informer caches), and the part of it
     # that is managedFields and the last-applied annotation, by kind of Pod, at the end.
     pod_bytes: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # Open file descriptors and RSS (MiB) of every process at the end: the machine's limits at this size.
+    descriptors: dict[str, int] = field(default_factory=dict)
+    rss_mib: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -404,6 +407,14 @@ class Scenario:
         )
         wave.shared_gpus = sum(1 for count in awake.values() if count > 1)
 
+    def footprint(self) -> tuple[dict[str, int], dict[str, float]]:
+        descriptors, rss = {}, {}
+        for name, process in self.processes.find().items():
+            with contextlib.suppress(psutil.Error):
+                descriptors[name] = process.num_fds()
+                rss[name] = round(process.memory_info().rss / 2**20, 1)
+        return descriptors, rss
+
     def pod_bytes(self) -> dict[str, tuple[float, float]]:
         sizes: dict[str, list[tuple[int, int]]] = {"launcher": [], "requester": []}
         for pod in self.pods.pods():
@@ -507,6 +518,7 @@ async def run_scale(spec: ScaleSpec, work_dir: Path, profile_dir: Path | None = 
                 result = ScaleResult(spec, up_seconds, created, ready, phase)
                 await _summary(profile, POPULATOR, result)
                 result.idle_phase = await scenario.idle()
+                result.descriptors, result.rss_mib = scenario.footprint()
                 if spec.requesters:
                     profile = await _profiled(profile_dir, controllers.get(DUAL_PODS), DUAL_PODS)
                     result.waves.append(await scenario.first_wave())
@@ -514,6 +526,7 @@ async def run_scale(spec: ScaleSpec, work_dir: Path, profile_dir: Path | None = 
                     await _summary(profile, DUAL_PODS, result)
                 result.controllers = await scenario.controller_figures()
                 result.pod_bytes = scenario.pod_bytes()
+                result.descriptors, result.rss_mib = scenario.footprint()
                 result.queue_work_p50, result.queue_work_p99, result.queue_items = await scenario.queue_work()
             finally:
                 await scenario.pods.stop()
