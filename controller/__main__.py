@@ -8,6 +8,7 @@ it as a follower.
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -34,17 +35,20 @@ Run = Callable[[], Awaitable[None]]
 def build_dual_pods(
     api: client.ApiClient, args: argparse.Namespace, registry: CollectorRegistry
 ) -> Callable[[], Awaitable[None]]:
-    from controller.dualpods.controller import DualPodsController, DualPodsOptions
+    from controller.dualpods.controller import DualPodsOptions, run_dual_pods
 
-    token = Path(args.launcher_token_file).read_text().strip() if args.launcher_token_file else None
     options = DualPodsOptions(
         workers=args.num_workers,
-        launcher_token=token,
+        launcher_token=_token(args.launcher_token_file),
         launcher_token_secret=args.launcher_token_secret,
         sleeper_limit=args.sleeper_limit,
         requester_tokens=requester_tokens(api, args),
     )
-    return DualPodsController(api, args.namespace, options, registry).run
+    return functools.partial(run_dual_pods, api, args.namespace, options, registry)
+
+
+def _token(path: str | None) -> str | None:
+    return Path(path).read_text().strip() if path else None
 
 
 def requester_tokens(api: client.ApiClient, args: argparse.Namespace) -> "RequesterTokens | None":
@@ -64,7 +68,7 @@ def requester_tokens(api: client.ApiClient, args: argparse.Namespace) -> "Reques
 def build_populator(
     api: client.ApiClient, args: argparse.Namespace, registry: CollectorRegistry
 ) -> Callable[[], Awaitable[None]]:
-    from controller.populator import Populator, PopulatorOptions
+    from controller.populator import PopulatorOptions, run_populator
 
     options = PopulatorOptions(
         workers=args.num_workers,
@@ -72,8 +76,9 @@ def build_populator(
         stuck_scheduling_threshold=args.stuck_scheduling_threshold,
         stuck_starting_threshold=args.stuck_starting_threshold,
         launcher_token_secret=args.launcher_token_secret,
+        launcher_token=_token(args.launcher_token_file),
     )
-    return Populator(api, args.namespace, options, registry).run
+    return functools.partial(run_populator, api, args.namespace, options, registry)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -91,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         command.add_argument("--num-workers", type=int, default=default_workers)
         command.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
         command.add_argument("--launcher-token-secret", help="Secret with the launchers' bearer token (E9)")
-    dual_pods.add_argument("--launcher-token-file", help="file holding the launchers' bearer token (E9)")
+        command.add_argument("--launcher-token-file", help="file holding the launchers' bearer token (E9)")
     dual_pods.add_argument(
         "--requester-token-service-account",
         help="E15: the ServiceAccount (in --namespace; the controller's own) whose short-lived tokens, one per "

@@ -2,12 +2,19 @@
 
 import logging
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
+import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
+
+
+class EventSink(Protocol):
+    """Where Events go (EventRecorder, or a test's fake)."""
+
+    async def record(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None: ...
 
 
 class EventRecorder:
@@ -39,5 +46,5 @@ class EventRecorder:
         )
         try:
             await self._core.create_namespaced_event(meta["namespace"], event)
-        except (ApiException, OSError) as err:
+        except (ApiException, aiohttp.ClientError, OSError, TimeoutError) as err:
             log.warning("could not record event %s on %s: %s", reason, meta["name"], err)

@@ -1,8 +1,11 @@
 """An informer: a local cache of one kind of object, kept current by list + watch, with indexes.
 
-Objects are the API server's JSON (dicts). The cache lists once, then watches from the list's
-resourceVersion; when the watch expires (410 Gone) or fails it lists again and emits the differences,
-so handlers see every change as (old, new) pairs exactly once per observed version.
+Objects are the API server's JSON (dicts), never mutated in place: a change replaces the object. The
+cache is fed by the controllers' one list/watch loop (controller.listwatch): lists are paged
+(`limit`/`continue`), the watch resumes from the last resourceVersion it saw, and when that is gone
+(410 Gone, "resourceVersion too old") it lists again and emits the differences, so handlers see every
+change as (old, new) pairs exactly once per observed version. `upsert` and `remove` load the cache by
+hand (tests, and a controller that learns of a change before its watch does).
 """
 
 import asyncio
@@ -14,14 +17,20 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from controller.listwatch import Backoff, Expired, lines, list_and_watch
+
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 Handler = Callable[[Obj | None, Obj | None], None]
 IndexFunc = Callable[[Obj], Iterable[str]]
 
-WATCH_TIMEOUT_S = 290
-RETRY_MAX_S = 30.0
+WATCH_TIMEOUT_S = 290  # the API server ends each watch after this; the informer resumes it
+# No byte for this long (not even a bookmark) on a watch: taken for a half-open connection and resumed.
+WATCH_SILENCE_S = WATCH_TIMEOUT_S + 30
+LIST_PAGE_SIZE = 500
+LIST_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=10)
+STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10)
 
 
 class ListWatchFunction(Protocol):
@@ -29,10 +38,6 @@ class ListWatchFunction(Protocol):
     `functools.partial(CoreV1Api(api).list_namespaced_pod, "ns")`."""
 
     def __call__(self, **kwargs: Any) -> Awaitable[aiohttp.ClientResponse]: ...
-
-
-class WatchExpired(Exception):
-    """The watch's resourceVersion is too old (410 Gone): list again."""
 
 
 def object_key(obj: Obj) -> str:
@@ -50,6 +55,8 @@ class Informer:
         self._indexers: dict[str, IndexFunc] = {}
         self._indexes: dict[str, defaultdict[str, set[str]]] = {}
         self._handlers: list[Handler] = []
+        self._resource_version = ""
+        self._backoff = Backoff()
         self.synced = asyncio.Event()
 
     # ----- reading the cache
@@ -74,78 +81,86 @@ class Informer:
     def subscribe(self, handler: Handler) -> None:
         self._handlers.append(handler)
 
+    # ----- loading it
+
+    def upsert(self, obj: Obj) -> None:
+        """Put `obj` in the cache (handlers are told), unless the cached copy has its resourceVersion."""
+        self._apply(object_key(obj), obj)
+
+    def remove(self, key: str) -> None:
+        """Drop the object at `key` (handlers are told)."""
+        self._apply(key, None)
+
     # ----- keeping it current
 
     async def run(self) -> None:
-        delay = 0.5
-        while True:
-            try:
-                resource_version = await self._list()
-                delay = 0.5
-                await self._watch(resource_version)
-            except asyncio.CancelledError:
-                raise
-            except WatchExpired:
-                log.debug("%s: watch expired; listing again", self.name)
-            except Exception as err:
-                log.warning("%s: list/watch failed (%s); retrying in %.1f s", self.name, err, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_MAX_S)
+        """List, then watch, until cancelled."""
+        await list_and_watch(self, self._backoff)
 
-    async def _list(self) -> str:
-        response = await self._list_watch(_preload_content=False, **self._selector)
-        async with response:
-            body = json.loads(await response.read())
-        if response.status != 200:
-            raise RuntimeError(f"list answered {response.status}: {body}")
-        items: list[Obj] = body.get("items") or []
-        kind = body.get("kind", "").removesuffix("List")
-        api_version = body.get("apiVersion")
-        fresh = {}
-        for item in items:
-            # List items lack kind/apiVersion; fill them so cached objects look like watched ones.
-            item.setdefault("kind", kind)
-            item.setdefault("apiVersion", api_version)
-            fresh[object_key(item)] = item
+    async def list(self) -> None:
+        """All objects, page by page, replacing the cache; the watch resumes from the list's version."""
+        fresh: dict[str, Obj] = {}
+        token: str | None = None
+        while True:
+            page = await self._call(limit=LIST_PAGE_SIZE, _continue=token, _request_timeout=LIST_TIMEOUT)
+            kind = str(page.get("kind", "")).removesuffix("List")
+            for item in page.get("items") or []:
+                # List items lack kind/apiVersion; fill them so cached objects look like watched ones.
+                item.setdefault("kind", kind)
+                item.setdefault("apiVersion", page.get("apiVersion"))
+                fresh[object_key(item)] = item
+            token = page["metadata"].get("continue") or None
+            if token is None:
+                break
         for key in [k for k in self._store if k not in fresh]:
             self._apply(key, None)
         for key, obj in fresh.items():
             self._apply(key, obj)
+        self._resource_version = str(page["metadata"]["resourceVersion"])
         self.synced.set()
-        return str(body["metadata"]["resourceVersion"])
 
-    async def _watch(self, resource_version: str) -> None:
-        while True:
-            response = await self._list_watch(
-                watch=True,
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=WATCH_TIMEOUT_S,
-                _preload_content=False,
-                _request_timeout=WATCH_TIMEOUT_S + 30,
-                **self._selector,
-            )
-            async with response:
-                if response.status == 410:
-                    raise WatchExpired()
-                if response.status != 200:
-                    raise RuntimeError(f"watch answered {response.status}: {await response.text()}")
-                async for line in response.content:
-                    if line.strip():
-                        resource_version = self._on_event(json.loads(line)) or resource_version
+    async def watch(self) -> None:
+        """Follow the changes until the API server ends the watch; Expired once its version is gone."""
+        response = await self._list_watch(
+            watch=True,
+            resource_version=self._resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_TIMEOUT_S,
+            _preload_content=False,
+            _request_timeout=STREAM_TIMEOUT,
+            **self._selector,
+        )
+        async with response:
+            if response.status == 410:
+                raise Expired("410 Gone")
+            if response.status != 200:
+                raise RuntimeError(f"watch answered {response.status}: {(await response.text())[:500]}")
+            self._backoff.reset()
+            async for line in lines(response.content, WATCH_SILENCE_S):
+                if line.strip():
+                    self._on_event(json.loads(line))
 
-    def _on_event(self, event: Obj) -> str | None:
+    async def _call(self, **kwargs: Any) -> Obj:
+        response = await self._list_watch(_preload_content=False, **self._selector, **kwargs)
+        async with response:
+            body: Obj = json.loads(await response.read())
+        if response.status == 410:  # a list's continue token expired: start over
+            raise Expired(f"list: {body.get('message')}")
+        if response.status != 200:
+            raise RuntimeError(f"list answered {response.status}: {body}")
+        return body
+
+    def _on_event(self, event: Obj) -> None:
         kind, obj = event["type"], event["object"]
         if kind == "ERROR":
             if obj.get("code") == 410:
-                raise WatchExpired()
+                raise Expired(str(obj.get("message")))
             raise RuntimeError(f"watch error: {obj.get('message')}")
-        version = _version(obj)
         if kind in ("ADDED", "MODIFIED"):
             self._apply(object_key(obj), obj)
         elif kind == "DELETED":
             self._apply(object_key(obj), None)
-        return version
+        self._resource_version = _version(obj) or self._resource_version
 
     def _apply(self, key: str, new: Obj | None) -> None:
         old = self._store.get(key)

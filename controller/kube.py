@@ -1,9 +1,11 @@
 """Connecting to the API server: in-cluster credentials in a Pod, else a kubeconfig."""
 
 import functools
+import json
 from typing import Any
 
 from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from api.crds import GROUP, VERSION, CustomResource
 from controller.informer import ListWatchFunction
@@ -28,3 +30,14 @@ def custom_objects(api: client.ApiClient, namespace: str, kind: type[CustomResou
         objects.list_namespaced_custom_object, GROUP, VERSION, namespace, kind.RESOURCE.plural
     )
     return bound  # type: ignore[no-any-return]
+
+
+def refusal(err: ApiException) -> tuple[str, str]:
+    """The API server's Status answer of a refused call: its machine-readable `reason` (e.g. Invalid,
+    Forbidden, Conflict) and its message. PodWriter puts an answer it read itself in `reason`."""
+    text = err.body or err.reason or ""
+    try:
+        status = json.loads(text)
+        return str(status.get("reason") or ""), str(status.get("message") or text)
+    except (ValueError, TypeError, AttributeError):
+        return "", str(text)

@@ -86,9 +86,56 @@ def restart_count(pod: Pod) -> int:
     return int(container_status(pod).get("restartCount") or 0)
 
 
-def in_trouble(pod: Pod) -> bool:
-    """Restarted and not Ready: FMA deletes such a provider at unbind rather than reusing it."""
-    return restart_count(pod) > 0 and not is_ready(pod)
+# Container waiting reasons that no wait will fix: the kubelet cannot run the container as it is.
+_BROKEN = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+                     "CreateContainerError", "RunContainerError"})  # fmt: skip
+CRASH_LOOP_RESTARTS = 3  # restarts in a row after which a container in CrashLoopBackOff counts as failing
+
+
+def container_failing(pod: Pod) -> bool:
+    """The container cannot run or keeps crashing (not one restart: a past restart is no failure)."""
+    status = container_status(pod)
+    reason = ((status.get("state") or {}).get("waiting") or {}).get("reason")
+    crash_looping = reason == "CrashLoopBackOff" and restart_count(pod) >= CRASH_LOOP_RESTARTS
+    return reason in _BROKEN or crash_looping
+
+
+def is_lost(pod: Pod, node: dict[str, Any] | None) -> bool:
+    """Really gone as a server: its node is gone or going, the Pod failed, or its container is failing.
+    A NotReady spell (of the Pod or of its node) or a past restart is not loss."""
+    return node is None or is_deleting(node) or is_failed(pod) or container_failing(pod)
+
+
+def timestamp(value: str | None) -> float | None:
+    """Epoch seconds of an RFC 3339 time from the API server."""
+    return datetime.fromisoformat(value).timestamp() if value else None
+
+
+def deletion_time(pod: Pod) -> float | None:
+    """When the Pod's deletion is due (its deletionTimestamp: the request plus its grace period)."""
+    return timestamp(meta(pod).get("deletionTimestamp"))
+
+
+def not_ready_since(pod: Pod) -> float | None:
+    """When its Ready condition last turned false; None while it is Ready (or never said)."""
+    for condition in pod.get("status", {}).get("conditions") or []:
+        if condition.get("type") == "Ready" and condition.get("status") != "True":
+            return timestamp(condition.get("lastTransitionTime"))
+    return None
+
+
+DUAL_PODS_FIELD_MANAGER = "dual-pods-controller"  # FMA's controller name, the field manager of its writes
+
+
+def last_used(pod: Pod) -> str:
+    """When the dual-pods controller last changed the Pod (its managedFields entry, FMA's measure), else its
+    creation. RFC 3339 UTC times compare as strings."""
+    written = [
+        str(entry["time"])
+        for entry in meta(pod).get("managedFields") or []
+        if entry.get("manager") == DUAL_PODS_FIELD_MANAGER and entry.get("time")
+    ]
+    return max(written, default=str(meta(pod).get("creationTimestamp") or ""))
 
 
 def is_requester(pod: Pod) -> bool:

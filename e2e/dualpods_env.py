@@ -122,10 +122,13 @@ class DualPodsEnv:
 
     # ----- objects a model-variant deployer creates
 
-    async def create_launcher_config(self, name: str, max_instances: int, launcher_args: list[str]) -> None:
+    async def create_launcher_config(
+        self, name: str, max_instances: int, launcher_args: list[str], image: str | None = None
+    ) -> None:
+        """`image`: another than the launcher's (a broken or foreign one, for fault tests)."""
         container: Obj = {
             "name": keys.INFERENCE_SERVER_CONTAINER,
-            "image": self.images.launcher,
+            "image": image or self.images.launcher,
             "args": ["--mock-gpus", "--stop-grace-seconds", "3", *launcher_args],
             "ports": [{"containerPort": LAUNCHER_PORT}],
         }

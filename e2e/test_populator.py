@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from api import keys
 from api.crds import GROUP, VERSION, LauncherConfig, LauncherPopulationPolicy
 from controller.launcher_template import launcher_config_hash
-from controller.populator import Populator, PopulatorOptions
+from controller.populator import PopulatorOptions, run_populator
 from controller.serving import serve_metrics
 from e2e.cluster.cluster import pod_is_ready
 from e2e.cluster.ports import free_port
@@ -114,7 +114,7 @@ def _plural(kind: str) -> str:
 async def populator(api: client.ApiClient, namespace: str, **options: Any) -> AsyncIterator[CollectorRegistry]:
     """A Populator running in this event loop; fails the test if it stopped by itself."""
     registry = CollectorRegistry()
-    running = asyncio.ensure_future(Populator(api, namespace, PopulatorOptions(**options), registry).run())
+    running = asyncio.ensure_future(run_populator(api, namespace, PopulatorOptions(**options), registry))
     try:
         yield registry
         assert not running.done(), f"the populator stopped: {running.exception()!r}"

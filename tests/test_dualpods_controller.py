@@ -1,19 +1,21 @@
 """Which inference servers the dual-pods controller looks at after each change (controller.py's handlers).
 
-The handlers are called as the informers would call them, with (old, new) objects, on a controller
-whose caches are filled by hand; the test reads the keys they put in the work queue.
+Each change reaches the controller as it would in production: through its informer caches (loaded by
+hand with their public `upsert` and `remove`) and its launcher views (the fake's `changed` and `listed`);
+the test reads the keys the controller put in its work queue after the change.
 """
 
+import copy
 from collections.abc import AsyncIterator
 
 import pytest
 
 from api import keys
 from controller.dualpods.controller import ISC as ISC_KEY
-from controller.dualpods.controller import REQUESTER, DualPodsController, Key
+from controller.dualpods.controller import REQUESTER
 from controller.dualpods.direct import GPU, NOMINAL
-from controller.dualpods.launcher_views import LauncherView
 from controller.informer import Obj
+from controller.launcher_views import LauncherView
 from tests.test_dualpods_fakes import (
     GPU0,
     GPU1,
@@ -40,19 +42,21 @@ from tests.test_dualpods_fakes import (
 @pytest.fixture
 async def h() -> AsyncIterator[Harness]:
     async with harness() as made:
-        made.controller.views = made.views
         yield made
 
 
-async def queued(controller: DualPodsController) -> set[Key]:
-    """Empty the work queue; what was in it."""
-    found: set[Key] = set()
-    while len(controller.queue):
-        key = await controller.queue.get()
-        assert key is not None
-        controller.queue.done(key)
-        found.add(key)
-    return found
+async def change(h: Harness, old: Obj | None, new: Obj | None) -> set[tuple[str, str]]:
+    """`old` in the cache (what that queued is dropped), then the change to `new` (None: deleted); the keys
+    the change queued."""
+    if old is not None:
+        h.put(old)
+    await h.queued()
+    if new is None:
+        assert old is not None
+        h.remove(old)
+    else:
+        h.informer(new).upsert(copy.deepcopy(new))
+    return await h.queued()
 
 
 def elsewhere(pod: Obj) -> Obj:
@@ -73,68 +77,62 @@ def requesters(h: Harness) -> None:
 
 async def test_a_requester_change_queues_that_requester(h: Harness) -> None:
     old, new = requester_obj(), with_rv(requester_obj(ready=True), "2")
-    h.controller._pod_changed(old, new)
-    assert await queued(h.controller) == {(REQUESTER, REQ)}
+    assert await change(h, old, new) == {(REQUESTER, REQ)}
 
 
 @pytest.mark.usefixtures("requesters")
 async def test_a_bound_launcher_change_queues_only_its_requester(h: Harness) -> None:
     launcher = bound(launcher_obj(), requester_obj())
-    h.controller._pod_changed(launcher, with_rv(bound(launcher_obj(ready=False), requester_obj()), "2"))
-    assert await queued(h.controller) == {(REQUESTER, REQ)}
+    queued = await change(h, launcher, with_rv(bound(launcher_obj(ready=False), requester_obj()), "2"))
+    assert queued == {(REQUESTER, REQ)}
 
 
 @pytest.mark.usefixtures("requesters")
 async def test_a_spare_launcher_change_queues_the_requesters_on_its_node(h: Harness) -> None:
-    h.controller._pod_changed(None, launcher_obj())
-    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "b")}
+    assert await change(h, None, launcher_obj()) == {(REQUESTER, "a"), (REQUESTER, "b")}
 
 
 @pytest.mark.usefixtures("requesters")
 async def test_a_launcher_getting_bound_queues_both_its_requester_and_its_node(h: Harness) -> None:
-    h.controller._pod_changed(launcher_obj(), with_rv(bound(launcher_obj(), requester_obj()), "2"))
-    assert await queued(h.controller) == {(REQUESTER, REQ), (REQUESTER, "a"), (REQUESTER, "b")}
+    queued = await change(h, launcher_obj(), with_rv(bound(launcher_obj(), requester_obj()), "2"))
+    assert queued == {(REQUESTER, REQ), (REQUESTER, "a"), (REQUESTER, "b")}
 
 
 @pytest.mark.usefixtures("requesters")
 async def test_an_unrelated_pod_queues_nothing(h: Harness) -> None:
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "ns", "uid": "w"},
            "spec": {"nodeName": NODE}, "status": {}}  # fmt: skip
-    h.controller._pod_changed(None, pod)
-    assert await queued(h.controller) == set()
+    assert await change(h, None, pod) == set()
     assert h.views.tracked == []
 
 
 @pytest.mark.usefixtures("requesters")
 async def test_a_node_change_queues_the_requesters_on_it(h: Harness) -> None:
-    h.controller._node_changed(node_obj(), node_obj(unschedulable=True))
-    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "b")}
+    queued = await change(h, node_obj(), with_rv(node_obj(unschedulable=True), "2"))
+    assert queued == {(REQUESTER, "a"), (REQUESTER, "b")}
 
 
 @pytest.mark.usefixtures("requesters")
 async def test_an_isc_spec_change_queues_its_requesters_and_its_instance_gc(h: Harness) -> None:
-    h.controller._isc_changed(isc_obj(), isc_obj(options="--model /models/b", rv="2"))
-    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "c"), (ISC_KEY, ISC)}
+    queued = await change(h, isc_obj(), isc_obj(options="--model /models/b", rv="2"))
+    assert queued == {(REQUESTER, "a"), (REQUESTER, "c"), (ISC_KEY, ISC)}
 
 
 @pytest.mark.usefixtures("requesters")
 async def test_an_isc_metadata_change_queues_only_its_requesters(h: Harness) -> None:
     changed = isc_obj(rv="2")
     changed["metadata"]["labels"] = {"team": "x"}
-    h.controller._isc_changed(isc_obj(), changed)
-    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "c")}
+    assert await change(h, isc_obj(), changed) == {(REQUESTER, "a"), (REQUESTER, "c")}
 
 
 @pytest.mark.usefixtures("requesters")
 async def test_a_new_isc_queues_its_requesters(h: Harness) -> None:
-    h.controller._isc_changed(None, isc_obj())
-    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "c")}
+    assert await change(h, None, isc_obj()) == {(REQUESTER, "a"), (REQUESTER, "c")}
 
 
 @pytest.mark.usefixtures("requesters")
 async def test_a_deleted_isc_queues_its_requesters_and_its_instance_gc(h: Harness) -> None:
-    h.controller._isc_changed(isc_obj(), None)
-    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "c"), (ISC_KEY, ISC)}
+    assert await change(h, isc_obj(), None) == {(REQUESTER, "a"), (REQUESTER, "c"), (ISC_KEY, ISC)}
 
 
 @pytest.mark.usefixtures("requesters")
@@ -142,19 +140,19 @@ async def test_a_launcher_config_change_queues_the_requesters_of_its_iscs(h: Har
     other = isc_obj("isc2")
     other["spec"]["launcherConfigName"] = "another-lc"
     h.put(isc_obj(), other)
-    h.controller._lc_changed(lc_obj(), with_rv(lc_obj(max_instances=3), "2"))
-    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "c")}
+    assert await change(h, lc_obj(), with_rv(lc_obj(max_instances=3), "2")) == {(REQUESTER, "a"), (REQUESTER, "c")}
 
 
 @pytest.mark.usefixtures("requesters")
 async def test_a_launchers_instances_changing_queues_its_requester_or_its_node(h: Harness) -> None:
     h.put(launcher_obj(), bound(launcher_obj("launcher-bound"), requester_obj()))
-    h.controller._launcher_changed("launcher-bound")
-    assert await queued(h.controller) == {(REQUESTER, REQ)}
-    h.controller._launcher_changed(LAUNCHER)
-    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "b")}
-    h.controller._launcher_changed("launcher-gone")
-    assert await queued(h.controller) == set()
+    await h.queued()
+    h.views.changed("launcher-bound")
+    assert await h.queued() == {(REQUESTER, REQ)}
+    h.views.changed(LAUNCHER)
+    assert await h.queued() == {(REQUESTER, "a"), (REQUESTER, "b")}
+    h.views.changed("launcher-gone")
+    assert await h.queued() == set()
 
 
 @pytest.mark.parametrize(
@@ -170,12 +168,12 @@ async def test_a_launchers_instances_changing_queues_its_requester_or_its_node(h
 async def test_launchers_watch_streams_are_followed_while_they_run(
     h: Harness, launcher: Obj, address: str | None
 ) -> None:
-    h.controller._pod_changed(None, launcher)
+    await change(h, None, launcher)
     assert h.views.tracked == [(LAUNCHER, address)]
 
 
 async def test_a_deleted_launchers_watch_stream_is_dropped(h: Harness) -> None:
-    h.controller._pod_changed(launcher_obj(), None)
+    await change(h, launcher_obj(), None)
     assert h.views.forgotten == [LAUNCHER]
 
 
@@ -185,8 +183,8 @@ async def test_a_launcher_listed_in_full_has_its_iscs_checked_for_obsolete_insta
     view = LauncherView(pod_ip="127.0.1.1")
     for instance, isc in (("I1i", "isc-x"), ("I2i", "isc-y"), ("I3i", "isc-x")):
         view.instances[instance] = inst(instance, isc=isc)
-    h.controller._launcher_listed(view)
-    assert await queued(h.controller) == {(ISC_KEY, "isc-x"), (ISC_KEY, "isc-y")}
+    h.views.listed(LAUNCHER, view)
+    assert await h.queued() == {(ISC_KEY, "isc-x"), (ISC_KEY, "isc-y")}
 
 
 # ----- direct mode
@@ -195,15 +193,14 @@ async def test_a_launcher_listed_in_full_has_its_iscs_checked_for_obsolete_insta
 @pytest.mark.usefixtures("requesters")
 async def test_a_spare_direct_provider_change_queues_the_requesters_on_its_node(h: Harness) -> None:
     # e.g. a sleeper deleted for the sleeper limit: the requester waiting for its GPU memory carries on
-    h.controller._pod_changed(provider_obj(), with_rv(provider_obj(deleting=True), "2"))
-    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "b")}
+    queued = await change(h, provider_obj(), with_rv(provider_obj(deleting=True), "2"))
+    assert queued == {(REQUESTER, "a"), (REQUESTER, "b")}
 
 
 async def test_a_gpu_map_change_queues_every_direct_requester(h: Harness) -> None:
     h.put(requester_obj("launcher-mode", "l-uid"), direct_requester_obj("a", "a-uid"))
     h.put(elsewhere(direct_requester_obj("c", "c-uid")))
-    h.controller._gpu_map_changed(None, gpu_map_obj())
-    assert await queued(h.controller) == {(REQUESTER, "a"), (REQUESTER, "c")}
+    assert await change(h, None, gpu_map_obj()) == {(REQUESTER, "a"), (REQUESTER, "c")}
 
 
 async def test_direct_providers_are_indexed_by_nominal_hash_and_gpu(h: Harness) -> None:
@@ -233,5 +230,4 @@ async def test_fma_object_counts_follow_the_caches(h: Harness) -> None:
 async def test_a_node_heartbeat_queues_nothing(h: Harness) -> None:
     beat = with_rv(node_obj(), "2")
     beat["status"] = {"conditions": [{"type": "Ready", "status": "True", "lastHeartbeatTime": "2099-01-01T00:00:00Z"}]}
-    h.controller._node_changed(node_obj(), beat)
-    assert await queued(h.controller) == set()
+    assert await change(h, node_obj(), beat) == set()

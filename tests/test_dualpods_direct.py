@@ -13,9 +13,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
 from controller.dualpods.gpu_map import GpuMapError, gpu_indices
-from controller.dualpods.http import HttpError, Reply
 from controller.dualpods.nominal import NominalError, gpu_keys, nominal_provider, server_port
-from controller.dualpods.reconcile import Options
+from controller.dualpods.passes import Options
+from controller.http import HttpError, Reply
 from controller.informer import Obj
 from tests.test_dualpods_fakes import (
     GPU0,

@@ -1,18 +1,20 @@
 """Builders and in-memory fakes shared by the dual-pods controller's unit tests (this module holds no tests).
 
-The Reconciler is driven with the real informer caches (filled through `Informer._apply`, no API
-server) and the real metrics, and with fakes for everything that talks to the outside: the Pod writer
-(the API server), the launcher and requester HTTP clients, the launchers' watch streams and the Event
-recorder. Every fake call lands in one journal, so a test can assert what was written, deleted and
-called, and in which order. e2e/test_dualpods_launcher.py runs the same logic against a real cluster.
+The controller and its Reconciler are driven with the real informer caches (loaded through their public
+`upsert` and `remove`, no API server) and the real metrics, and with fakes, each implementing the Protocol
+of what they stand for, for everything that talks to the outside: the Pod writer (the API server), the
+launcher, requester and model-server HTTP clients, the launchers' views and the Event recorder. Every fake
+call lands in one journal, so a test can assert what was written, deleted and called, and in which order.
+e2e/test_dualpods_launcher.py runs the same logic against a real cluster.
 """
 
 import copy
 import itertools
 import json
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -21,19 +23,17 @@ from prometheus_client import CollectorRegistry
 from api import keys
 from api.crds import API_VERSION, InferenceServerConfig, LauncherConfig
 from api.launcher import AllInstancesState, InstanceState, InstanceStatus, ProcessStats, VllmConfig
-from controller.dualpods.controller import DualPodsController, DualPodsOptions
+from controller.dualpods.collaborators import Clients
+from controller.dualpods.controller import DualPodsController, DualPodsOptions, kube_caches
 from controller.dualpods.identity import instance_id, vllm_config
-from controller.dualpods.launcher_client import LauncherClient
-from controller.dualpods.launcher_views import LauncherView, LauncherViews
+from controller.dualpods.metrics import DualPodsMetrics
 from controller.dualpods.nominal import nominal_provider
-from controller.dualpods.provider_client import ProviderClient
-from controller.dualpods.reconcile import Options, Reconciler
-from controller.dualpods.requester_client import RequesterClient
+from controller.dualpods.passes import Options
 from controller.dualpods.routing import from_isc
-from controller.dualpods.writer import FIELD_MANAGER, PodWriter, set_binding
-from controller.events import EventRecorder
+from controller.dualpods.writer import FIELD_MANAGER, set_binding
 from controller.informer import Informer, Obj, object_key
 from controller.launcher_template import node_independent_pod, pod_for_node
+from controller.launcher_views import ChangeListener, LauncherView, ListedListener
 
 NS = "ns"
 NODE = "node-a"
@@ -157,8 +157,8 @@ def requester_obj(
         "annotations": annotations,
         "finalizers": [keys.REQUESTER_FINALIZER] if finalizer else [],
     }
-    if deleting:
-        metadata["deletionTimestamp"] = STARTED_AT
+    if deleting:  # just now: its finalizer's patience has not run out
+        metadata["deletionTimestamp"] = datetime.now(UTC).isoformat()
     status: dict[str, Any] = {
         "phase": "Running",
         "containerStatuses": [
@@ -207,6 +207,12 @@ def launcher_obj(
     if deleting:
         metadata["deletionTimestamp"] = STARTED_AT
     return on_node(pod, ip=ip, ready=ready, running=running, restarts=restarts, failed=failed)
+
+
+def crash_looping(pod: Obj) -> Obj:
+    """`pod` with its container failing: restarted again and again, now waiting to be restarted."""
+    pod["status"]["containerStatuses"][0].update(restartCount=5, state={"waiting": {"reason": "CrashLoopBackOff"}})
+    return pod
 
 
 def bound(
@@ -389,8 +395,8 @@ class Journal(list[Call]):
         return last
 
 
-class FakeWriter(PodWriter):
-    """A fake PodWriter: the real one needs an API server. Each write goes into the journal and into the
+class FakeWriter:
+    """A fake PodWrites (the real one, PodWriter, needs an API server). Each write goes into the journal and into the
     pod cache the way the API server and the informer would show it (a new resourceVersion; a delete of
     a Pod with finalizers only marks it; a deleting Pod goes once its last finalizer is removed), so a
     test can run several passes in a row."""
@@ -406,7 +412,10 @@ class FakeWriter(PodWriter):
         pod = copy.deepcopy(pod)
         pod["metadata"]["resourceVersion"] = str(next(self._versions))
         gone = pod["metadata"].get("deletionTimestamp") and not pod["metadata"].get("finalizers")
-        self.cache._apply(object_key(pod), None if gone else pod)
+        if gone:
+            self.cache.remove(object_key(pod))
+        else:
+            self.cache.upsert(pod)
 
     async def update(self, pod: Obj, mutate: Callable[[Obj], None], why: str) -> bool:
         changed = copy.deepcopy(pod)
@@ -438,14 +447,32 @@ class FakeWriter(PodWriter):
             self._store(current)
 
 
-class FakeViews(LauncherViews):
-    """A fake LauncherViews: the real one follows each launcher's watch stream over HTTP. A test puts in
-    what each launcher reports, and FakeLauncherClient changes it as the launcher's events would."""
+class FakeViews:
+    """A fake ViewSource (the real one, LauncherViews, follows each launcher's watch stream over HTTP). A
+    test puts in what each launcher reports, FakeLauncherClient changes it as the launcher's events would,
+    and `changed` / `listed` tell the listeners as the real views do."""
 
     def __init__(self) -> None:
         self.views: dict[str, LauncherView] = {}
         self.tracked: list[tuple[str, str | None]] = []
         self.forgotten: list[str] = []
+        self._on_change: list[ChangeListener] = []
+        self._on_listed: list[ListedListener] = []
+
+    def subscribe(self, on_change: ChangeListener, on_listed: ListedListener | None = None) -> None:
+        self._on_change.append(on_change)
+        if on_listed is not None:
+            self._on_listed.append(on_listed)
+
+    def changed(self, launcher: str) -> None:
+        """As after a watch event of `launcher`."""
+        for listener in self._on_change:
+            listener(launcher)
+
+    def listed(self, launcher: str, view: LauncherView) -> None:
+        """As after a list of `launcher` that found something new."""
+        for listener in self._on_listed:
+            listener(launcher, view)
 
     def get(self, launcher: str) -> LauncherView | None:
         return self.views.get(launcher)
@@ -464,15 +491,15 @@ class FakeViews(LauncherViews):
         return next(v for v in self.views.values() if v.pod_ip == pod_ip)
 
     # What the controller's event handlers call.
-    def track(self, launcher: str, pod_ip: str | None) -> None:
+    def track(self, launcher: str, pod_ip: str | None, incarnation: Hashable = None) -> None:
         self.tracked.append((launcher, pod_ip))
 
     def forget(self, launcher: str) -> None:
         self.forgotten.append(launcher)
 
 
-class FakeLauncherClient(LauncherClient):
-    """A fake LauncherClient: the real one calls launcher Pods over HTTP (covered by the launcher's own
+class FakeLauncherClient:
+    """A fake Launchers (the real one, LauncherClient, calls launcher Pods over HTTP (covered by the launcher's own
     tests and e2e). Calls go into the journal and change the FakeViews as the launcher would: a created
     instance appears starting, a deleted one disappears, sleep and wake flip `sleeping`. `refusal`, when
     set, is what the next instance creations raise."""
@@ -523,10 +550,10 @@ class FakeLauncherClient(LauncherClient):
         self._change(pod_ip, instance_id, sleeping=False)
 
 
-class FakeProviderClient(ProviderClient):
-    """A fake ProviderClient: the real one calls vLLM on a direct provider over HTTP. Calls go into the journal
-    (target: the provider's address, detail: the port); `asleep` is what each address reports, and sleep and wake
-    change it; `refusal`, when set, is what the next sleeps raise."""
+class FakeProviderClient:
+    """A fake ModelServers (the real one, ProviderClient, calls vLLM on a direct provider over HTTP). Calls go
+    into the journal (target: the provider's address, detail: the port); `asleep` is what each address reports,
+    and sleep and wake change it; `refusal`, when set, is what the next sleeps raise."""
 
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
@@ -560,8 +587,8 @@ class FakeProviderClient(ProviderClient):
         self.adapters.setdefault(pod_ip, set()).discard(name)
 
 
-class FakeRequesterClient(RequesterClient):
-    """A fake RequesterClient: the real one calls the requester's SPI over HTTP (covered by
+class FakeRequesterClient:
+    """A fake Requesters (the real one, RequesterClient, calls the requester's SPI over HTTP (covered by
     tests/test_requester.py and e2e). `gpus` is what the accelerator query answers (or raises);
     `relay_error`, when set, is what relaying readiness raises."""
 
@@ -591,8 +618,8 @@ class FakeRequesterClient(RequesterClient):
             raise self.relay_error
 
 
-class FakeEvents(EventRecorder):
-    """A fake EventRecorder: the real one creates Event objects through the API server."""
+class FakeEvents:
+    """A fake EventSink (the real one, EventRecorder, creates Event objects through the API server)."""
 
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
@@ -602,24 +629,28 @@ class FakeEvents(EventRecorder):
 
 
 class Harness:
-    """A Reconciler over the controller's own caches and indexes, filled by hand, with the fakes above."""
+    """The controller and its Reconciler over the controller's own caches and indexes, filled by hand, with the
+    fakes above."""
 
-    def __init__(self, controller: DualPodsController, registry: CollectorRegistry, options: Options) -> None:
-        self.controller = controller
-        self.caches = controller.caches
-        self.registry = registry
+    def __init__(self, api: client.ApiClient, options: Options) -> None:
+        self.registry = CollectorRegistry()
+        self.caches = kube_caches(api, NS)
         self.journal = Journal()
         self.views = FakeViews()
         self.writer = FakeWriter(self.journal, self.caches.pods)
         self.launchers = FakeLauncherClient(self.journal, self.views)
         self.requesters = FakeRequesterClient(self.journal)
         self.providers = FakeProviderClient(self.journal)
-        self.reconciler = Reconciler(
-            NS, self.caches, self.views, self.writer, self.launchers, self.requesters, self.providers,
-            FakeEvents(self.journal), controller.metrics, options,
-        )  # fmt: skip
+        self.events = FakeEvents(self.journal)
+        clients = Clients(self.writer, self.launchers, self.requesters, self.providers, self.events)
+        settings = DualPodsOptions(
+            launcher_token_secret=options.launcher_token_secret, sleeper_limit=options.sleeper_limit
+        )
+        self.controller = DualPodsController(NS, self.caches, self.views, clients, DualPodsMetrics(self.registry),
+                                             settings)  # fmt: skip
+        self.reconciler = self.controller.reconciler
 
-    def _informer(self, obj: Obj) -> Informer:
+    def informer(self, obj: Obj) -> Informer:
         return {
             "Pod": self.caches.pods,
             "Node": self.caches.nodes,
@@ -632,11 +663,11 @@ class Harness:
         """Objects as the informers would show them once the API server has them (replacing any
         cached version, whatever its resourceVersion)."""
         for obj in objs:
-            self._informer(obj)._apply(object_key(obj), None)
-            self._informer(obj)._apply(object_key(obj), copy.deepcopy(obj))
+            self.informer(obj).remove(object_key(obj))
+            self.informer(obj).upsert(copy.deepcopy(obj))
 
     def remove(self, obj: Obj) -> None:
-        self._informer(obj)._apply(object_key(obj), None)
+        self.informer(obj).remove(object_key(obj))
 
     def pod(self, name: str) -> Obj:
         pod = self.caches.pods.get(f"{NS}/{name}")
@@ -663,10 +694,19 @@ class Harness:
         value: float | None = self.registry.get_sample_value(name, labels)
         return value
 
+    async def queued(self) -> set[tuple[str, str]]:
+        """Empty the controller's work queue; what was in it."""
+        found: set[tuple[str, str]] = set()
+        while len(self.controller.queue):
+            key = await self.controller.queue.get()
+            assert key is not None
+            self.controller.queue.done(key)
+            found.add(key)
+        return found
+
 
 @asynccontextmanager
 async def harness(options: Options | None = None) -> AsyncIterator[Harness]:
-    """A Harness; the controller only lends its caches and metrics, and its API client never connects."""
-    registry = CollectorRegistry()
+    """A Harness; its API client only binds the informers, and never connects."""
     async with client.ApiClient() as api:
-        yield Harness(DualPodsController(api, NS, DualPodsOptions(), registry), registry, options or Options())
+        yield Harness(api, options or Options())

@@ -7,9 +7,9 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 
-from controller.dualpods.http import HttpCaller
 from controller.dualpods.metrics import DualPodsMetrics, Purpose
 from controller.dualpods.provider_client import ProviderClient
+from controller.http import HttpCaller
 from controller.workqueue import WorkQueue
 from tests.test_requester_proxy import HOST, serving
 
@@ -65,7 +65,7 @@ async def test_the_sleep_query_is_timed_as_query_sleeping() -> None:
     app.router.add_get("/is_sleeping", _sleeping)
     registry = CollectorRegistry()
     async with serving(app) as port, aiohttp.ClientSession() as session:
-        client = ProviderClient(HttpCaller(session, DualPodsMetrics(registry), "ns"))
+        client = ProviderClient(HttpCaller(session, DualPodsMetrics(registry).http_latency_seconds, "ns"))
         assert await client.is_sleeping(HOST, port, "req-1")
     labels = {"purpose": "query_sleeping", "method": "GET", "exported_namespace": "ns", "isc_name": "",
               "status_code": "200"}  # fmt: skip

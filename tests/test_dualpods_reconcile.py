@@ -14,10 +14,11 @@ import pytest
 
 from api import keys
 from api.launcher import VllmConfig
-from controller.dualpods.http import HttpError, Reply
-from controller.dualpods.reconcile import RELAY_RECHECK_S, SPI_STARTUP_RETRY_S
+from controller.dualpods.passes import RELAY_RECHECK_S
+from controller.dualpods.reconcile import SPI_STARTUP_RETRY_S
 from controller.dualpods.requester_client import RequesterError
 from controller.dualpods.status import RequesterProblem
+from controller.http import HttpError, Reply
 from controller.informer import Obj
 from controller.pods import annotations, labels
 from tests.test_dualpods_fakes import (
@@ -37,6 +38,7 @@ from tests.test_dualpods_fakes import (
     WANTED,
     Harness,
     bound,
+    crash_looping,
     finalizers,
     harness,
     inst,
@@ -111,12 +113,11 @@ async def test_the_memory_of_a_requester_is_dropped_once_both_pods_are_gone(h: H
     for uid in (REQ_UID, "other-uid"):
         memory.paths[uid] = "warm"
         memory.victims[uid] = 1
-        memory.relayed[uid] = (True, 0.0)
+        memory.relayed[uid] = (True, 0, 0.0)
         memory.actuated.add(uid)
-        memory.errors[uid] = ["x"]
     await h.reconcile()
     assert h.journal == []
-    for table in (memory.paths, memory.victims, memory.relayed, memory.errors, memory.actuated):
+    for table in (memory.paths, memory.victims, memory.relayed, memory.actuated):
         assert set(table) == {"other-uid"}
 
 
@@ -255,12 +256,39 @@ async def test_unbind_when_the_requester_is_already_gone(h: Harness) -> None:
 
 
 async def test_unbind_deletes_a_provider_in_trouble_instead(h: Harness) -> None:
-    """Restarted and not Ready: FMA's courtesy deletion rather than reuse."""
+    """Its container keeps failing: the provider is lost, deleted rather than reused."""
     requester = requester_obj(finalizer=True, deleting=True)
-    h.put(requester, bound(launcher_obj(ready=False, restarts=2), requester))
+    h.put(requester, bound(crash_looping(launcher_obj(ready=False, restarts=2)), requester))
     await h.reconcile()
     assert h.journal.kinds() == [("delete", LAUNCHER)]
     assert h.journal[0].detail == {"uid": f"{LAUNCHER}-uid", "rv": "1"}
+
+
+@pytest.mark.parametrize("lost", ["node gone", "node going", "pod failed"])
+async def test_unbind_deletes_a_provider_whose_node_or_pod_is_gone(h: Harness, lost: str) -> None:
+    requester = requester_obj(finalizer=True, deleting=True)
+    launcher = bound(launcher_obj(failed=lost == "pod failed"), requester)
+    launcher["spec"]["nodeName"] = "node-b"
+    h.put(requester, launcher)
+    if lost == "node going":
+        h.put(node_obj("node-b", deleting=True))
+    elif lost == "pod failed":
+        h.put(node_obj("node-b"))
+    await h.reconcile()
+    assert h.journal.kinds() == [("delete", LAUNCHER)]
+
+
+async def test_unbind_keeps_a_launcher_that_restarted_and_is_not_ready_and_its_sleepers(h: Harness) -> None:
+    """A NotReady spell (its node's heartbeats paused) after a past restart is no loss: the launcher and
+    its sleepers stay, and it is unbound once it answers again."""
+    requester = requester_obj(finalizer=True, deleting=True)
+    requester["metadata"]["deletionTimestamp"] = datetime.now(UTC).isoformat()
+    launcher = bound(launcher_obj(ready=False, restarts=1), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, sleeping=False), inst("Isleeperi", port=8006))
+    await h.reconcile()
+    assert h.journal.kinds() == [("sleep", WANTED), ("update", LAUNCHER), ("update", REQ)]
+    assert h.views.views[LAUNCHER].instances["Isleeperi"].sleeping
 
 
 async def test_unbind_waits_while_the_launchers_instances_are_unknown(h: Harness) -> None:
@@ -276,8 +304,7 @@ async def test_unbind_waits_while_the_launchers_instances_are_unknown(h: Harness
 async def test_a_provider_bound_to_an_earlier_requester_of_the_same_name_is_released(h: Harness) -> None:
     earlier = requester_obj(uid="earlier-uid")
     launcher = bound(launcher_obj(), earlier)
-    h.put(launcher, requester_obj(uid="later-uid"))
-    h.remove(node_obj())  # so that the later requester's own pass stops right after
+    h.put(launcher, requester_obj(uid="later-uid"))  # the pass releasing the stale binding does only that
     h.views.put(launcher, inst(WANTED))
     await h.reconcile()
     assert h.journal.kinds() == [("update", LAUNCHER)]
@@ -626,6 +653,41 @@ async def test_a_persistent_problem_does_not_make_the_status_flap(h: Harness) ->
             await h.reconcile()
     assert [c.kind for c in h.journal] == ["create_instance"] * 3  # no write, no Event
     assert status_errors(h.pod(REQ))
+
+
+async def standing_problem(h: Harness, kind: str) -> None:
+    """A problem that stays: the requester's ISC is missing, or its launcher refuses its instance."""
+    h.put(node_obj(), lc_obj())
+    if kind == "unbound":
+        h.put(requester_obj())
+        return
+    h.put(isc_obj())
+    requester = settled(requester_obj())
+    del requester["metadata"]["labels"][keys.INSTANCE_LABEL]  # its instance never ran
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher)
+    h.launchers.refusal = refused(400)
+
+
+@pytest.mark.parametrize("kind", ["unbound", "bound"])
+async def test_a_restarted_controller_neither_rewrites_a_standing_problem_nor_records_it_again(kind: str) -> None:
+    async with harness() as before:
+        await standing_problem(before, kind)
+        with pytest.raises(RequesterProblem):
+            await before.reconcile()
+        assert [c.kind for c in before.journal if c.kind != "create_instance"] == ["event", "update"]
+        reported = before.pod(REQ)
+        shown = status_errors(reported)
+        assert shown
+    async with harness() as after:  # a new controller process: its memory empty, its caches listed afresh
+        await standing_problem(after, kind)
+        after.put(reported)
+        for _ in range(3):
+            with pytest.raises(RequesterProblem):
+                await after.reconcile()
+        assert [c.kind for c in after.journal if c.kind != "create_instance"] == []  # no write, no second Event
+        assert status_errors(after.pod(REQ)) == shown
 
 
 async def test_a_cleared_problem_clears_the_status(h: Harness) -> None:

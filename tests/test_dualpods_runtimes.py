@@ -144,3 +144,16 @@ async def test_an_instance_of_another_runtime_is_not_taken_for_obsolete(h: Harne
     h.views.put(launcher_obj(), hf)
     await h.reconciler.reconcile_isc(isc.metadata.name)
     assert h.journal.of("delete_instance") == []
+
+
+async def test_a_ready_requesters_proxy_is_pointed_again_when_its_server_moves(h: Harness) -> None:
+    """Readiness unchanged, but the serving server is another (a controller restart, a recreated instance):
+    the proxy is re-pointed without a readiness relay."""
+    requester = settled(requester_obj(ready=True))
+    launcher = bound(launcher_obj(), requester, serving=True)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, sleeping=False))
+    h.requesters.proxied[REQ] = ("127.0.9.9", 1)  # where it pointed before
+    await h.reconcile()
+    assert h.requesters.proxied[REQ] == ("127.0.1.1", PORT)
+    assert h.journal.of("relay") == []

@@ -24,6 +24,7 @@ from controller.populator.metrics import LauncherPodCount
 from controller.populator.nodes import NodeFacts
 from controller.populator.phases import Thresholds
 from controller.populator.reconcile import KeyReconciler
+from controller.populator.warmth import Warmth
 
 NOW = datetime(2026, 6, 21, 12, 0, tzinfo=UTC)
 NODE = "node-a"
@@ -90,6 +91,7 @@ def launcher(
     deleting: bool = False,
     stuck_label: bool = False,
     key: LauncherKey = KEY,
+    used: datetime | None = None,
 ) -> dict[str, Any]:
     """A launcher Pod of `key` as the API server would show it."""
     conditions = []
@@ -118,6 +120,8 @@ def launcher(
     }
     if deleting:
         metadata["deletionTimestamp"] = stamp(NOW)
+    if used is not None:  # when the dual-pods controller last wrote it (bound or unbound it)
+        metadata["managedFields"] = [{"manager": "dual-pods-controller", "operation": "Update", "time": stamp(used)}]
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "status": {"conditions": conditions}}
 
 
@@ -134,7 +138,9 @@ class FakeCluster:
         self.pods = {pod["metadata"]["name"]: copy.deepcopy(pod) for pod in pods}
         self.cache = copy.deepcopy(self.pods)
         self.nodes = set(nodes)
-        self.events: list[tuple[str, str, str]] = []  # (pod, reason, message)
+        self.events: list[tuple[str, str, str]] = []  # Warning Events: (pod, reason, message)
+        self.notes: list[tuple[str, str, str]] = []  # Normal Events
+        self.warm: dict[str, Warmth] = {}  # what each launcher's view reports asleep (none when absent)
         self.conflicting: set[str] = set()
         self.patch_error: ApiException | None = None
         self.graceful = False
@@ -169,6 +175,9 @@ class FakeCluster:
 
     def has_node(self, name: str) -> bool:
         return name in self.nodes
+
+    def warmth(self, pod: Pod) -> Warmth:
+        return self.warm.get(pod["metadata"]["name"], Warmth())
 
     # ----- LauncherApi
 
@@ -216,6 +225,9 @@ class FakeCluster:
 
     async def warn(self, pod: Pod, reason: str, message: str) -> None:
         self.events.append((pod["metadata"]["name"], reason, message))
+
+    async def note(self, pod: Pod, reason: str, message: str) -> None:
+        self.notes.append((pod["metadata"]["name"], reason, message))
 
 
 class FakeMonotonic:

@@ -9,6 +9,7 @@ from api import keys
 from controller.launcher_template import launcher_config_hash
 from controller.populator.digest import Digest, digest_config, digest_policy
 from controller.populator.metrics import NAME
+from controller.populator.warmth import Warmth
 from tests.test_populator_fakes import (
     CONFIG,
     EXPECTATION_TIMEOUT,
@@ -124,6 +125,37 @@ async def test_the_surplus_goes_not_ready_and_newest_first() -> None:
     cluster.sync()
     await reconcile(KEY)
     assert cluster.names() == {"ready-old"}
+
+
+async def test_the_surplus_goes_in_order_of_least_warm_state_lost_and_says_why() -> None:
+    """E13: no sleepers first, then the fewest sleeper bytes, then the least recently used; readiness and age
+    only break ties."""
+    cluster = FakeCluster(
+        launcher("two-sleepers", CURRENT, created=OLDER, ready=True, used=OLDER),
+        launcher("one-big-sleeper", CURRENT, created=OLDER, ready=True),
+        launcher("one-small-sleeper-used-late", CURRENT, ready=True, used=NOW),
+        launcher("one-small-sleeper-used-early", CURRENT, ready=True, used=OLDER),
+        launcher("empty-old-ready", CURRENT, created=OLDER, ready=True),
+    )
+    cluster.warm = {
+        "two-sleepers": Warmth(2, 600),
+        "one-big-sleeper": Warmth(1, 500),
+        "one-small-sleeper-used-late": Warmth(1, 100),
+        "one-small-sleeper-used-early": Warmth(1, 100),
+    }
+    expected = ["empty-old-ready", "one-small-sleeper-used-early", "one-small-sleeper-used-late", "one-big-sleeper"]
+    for target, gone in zip(range(4, 0, -1), expected, strict=True):
+        reconcile, _, _ = reconciler(cluster, digest_for(target))
+        cluster.sync()
+        await reconcile(KEY)
+        assert gone not in cluster.names()
+        assert len(cluster.names()) == target
+    assert cluster.names() == {"two-sleepers"}
+    name, reason, message = cluster.notes[0]
+    assert (name, reason) == ("empty-old-ready", "LauncherScaledDown")
+    assert "more launchers than the target 4" in message
+    assert "0 sleeping instance(s)" in message
+    assert cluster.events == []
 
 
 async def test_nothing_is_created_while_a_launcher_is_being_deleted() -> None:

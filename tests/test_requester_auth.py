@@ -19,10 +19,10 @@ import yaml
 from kubernetes_asyncio import client
 
 from api.requester import requester_audience
-from controller.dualpods.http import HttpCaller
 from controller.dualpods.metrics import DualPodsMetrics
 from controller.dualpods.requester_client import RequesterClient, RequesterError, admin_port
 from controller.dualpods.requester_tokens import RequesterTokens
+from controller.http import HttpCaller
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.cluster.ports import free_port
 from requester.spi_auth import CannotVerify, InClusterApi
@@ -222,7 +222,7 @@ async def http_caller() -> AsyncIterator[HttpCaller]:
     from prometheus_client import CollectorRegistry
 
     async with aiohttp.ClientSession() as session:
-        yield HttpCaller(session, DualPodsMetrics(CollectorRegistry()), "test")
+        yield HttpCaller(session, DualPodsMetrics(CollectorRegistry()).http_latency_seconds, "test")
 
 
 async def test_the_controllers_client_gets_tokens_and_reports_refusals(

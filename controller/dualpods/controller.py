@@ -1,11 +1,15 @@
-"""The dual-pods controller: informers, the launchers' watch streams, and the work queue, wired to
-the reconciler. This module only decides *which* inference servers to look at after each change."""
+"""The dual-pods controller: informers, the launchers' views, and the work queue, wired to the reconciler.
+This module only decides *which* inference servers to look at after each change; `run_dual_pods` builds
+the real collaborators (API server, launchers, requesters, model servers) and runs it all in one TaskGroup.
+"""
 
 import asyncio
 import functools
 import logging
 import time
 from dataclasses import dataclass
+from enum import StrEnum
+from typing import NamedTuple
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -15,38 +19,48 @@ from api import keys
 from api.crds import InferenceServerConfig, LauncherConfig
 from api.keys import GPU_MAP_CONFIGMAP
 from controller import pods
+from controller.dualpods.binding import LAUNCHERS_BY_CONFIG_HASH
+from controller.dualpods.collaborators import Clients
+from controller.dualpods.direct import GPU, NOMINAL
+from controller.dualpods.memory import Memory
+from controller.dualpods.metrics import DualPodsMetrics
+from controller.dualpods.nominal import gpu_keys
+from controller.dualpods.passes import Options, World
+from controller.dualpods.provider_client import ProviderClient
+from controller.dualpods.reconcile import LAUNCHERS, Reconciler
+from controller.dualpods.requester_client import RequesterClient
+from controller.dualpods.requester_tokens import RequesterTokens
+from controller.dualpods.snapshot import BOUND_TO, Caches
+from controller.dualpods.writer import PodWriter
 from controller.events import EventRecorder
+from controller.http import HttpCaller
 from controller.informer import Informer, Obj
 from controller.kube import custom_objects
+from controller.launcher_client import LauncherClient
+from controller.launcher_views import LauncherView, LauncherViews, ViewSource
 from controller.workqueue import WorkQueue, run_workers
-
-from .direct import GPU, NOMINAL
-from .http import HttpCaller
-from .launcher_client import LauncherClient
-from .launcher_views import LauncherView, LauncherViews
-from .metrics import DualPodsMetrics
-from .nominal import gpu_keys
-from .provider_client import ProviderClient
-from .reconcile import (
-    BOUND_TO,
-    LAUNCHERS,
-    LAUNCHERS_BY_CONFIG_HASH,
-    REQUESTERS_BY_ISC,
-    REQUESTERS_ON_NODE,
-    Caches,
-    Options,
-    Reconciler,
-)
-from .requester_client import RequesterClient
-from .requester_tokens import RequesterTokens
-from .writer import PodWriter
 
 log = logging.getLogger(__name__)
 
-REQUESTER = "requester"
-ISC = "isc"
-Key = tuple[str, str]  # (REQUESTER, requester name) or (ISC, ISC name)
+REQUESTERS_ON_NODE = "requesters-on-node"
+REQUESTERS_BY_ISC = "requesters-by-isc"
 DIRECT_REQUESTERS = "direct-requesters"
+
+
+class KeyKind(StrEnum):
+    REQUESTER = "requester"
+    ISC = "isc"
+
+
+REQUESTER = KeyKind.REQUESTER
+ISC = KeyKind.ISC
+
+
+class Key(NamedTuple):
+    """A work item: one inference server (by requester name), or one ISC's instances."""
+
+    kind: KeyKind
+    name: str
 
 
 @dataclass
@@ -58,85 +72,83 @@ class DualPodsOptions:
     requester_tokens: RequesterTokens | None = None  # E15: the credential of calls that change requesters
 
 
+def kube_caches(api: client.ApiClient, namespace: str) -> Caches:
+    """The informers the controller reads, over the API server (they list and watch once run)."""
+    core = client.CoreV1Api(api)
+    return Caches(
+        pods=Informer("pods", functools.partial(core.list_namespaced_pod, namespace)),
+        nodes=Informer("nodes", core.list_node),
+        iscs=Informer("inferenceserverconfigs", custom_objects(api, namespace, InferenceServerConfig)),
+        lcs=Informer("launcherconfigs", custom_objects(api, namespace, LauncherConfig)),
+        configmaps=Informer(
+            "configmaps",
+            functools.partial(
+                core.list_namespaced_config_map, namespace, field_selector=f"metadata.name={GPU_MAP_CONFIGMAP}"
+            ),
+        ),
+    )
+
+
 class DualPodsController:
     def __init__(
-        self, api: client.ApiClient, namespace: str, options: DualPodsOptions, registry: CollectorRegistry
+        self,
+        namespace: str,
+        caches: Caches,
+        views: ViewSource,
+        clients: Clients,
+        metrics: DualPodsMetrics,
+        options: DualPodsOptions,
     ) -> None:
         self.namespace = namespace
         self.options = options
-        core = client.CoreV1Api(api)
-        self.caches = Caches(
-            pods=Informer("pods", functools.partial(core.list_namespaced_pod, namespace)),
-            nodes=Informer("nodes", core.list_node),
-            iscs=Informer("inferenceserverconfigs", custom_objects(api, namespace, InferenceServerConfig)),
-            lcs=Informer("launcherconfigs", custom_objects(api, namespace, LauncherConfig)),
-            configmaps=Informer(
-                "configmaps",
-                functools.partial(
-                    core.list_namespaced_config_map, namespace, field_selector=f"metadata.name={GPU_MAP_CONFIGMAP}"
-                ),
-            ),
-        )
-        self.caches.pods.add_index(BOUND_TO, _bound_to)
-        self.caches.pods.add_index(REQUESTERS_ON_NODE, _requester_node)
-        self.caches.pods.add_index(LAUNCHERS_BY_CONFIG_HASH, _launcher_config_hash)
-        self.caches.pods.add_index(REQUESTERS_BY_ISC, _requester_isc)
-        self.caches.pods.add_index(LAUNCHERS, lambda p: ["true"] if pods.is_launcher(p) else [])
-        self.caches.pods.add_index(NOMINAL, _nominal_hash)
-        self.caches.pods.add_index(GPU, gpu_keys)
-        self.caches.pods.add_index(DIRECT_REQUESTERS, _direct_requester)
-        self.metrics = DualPodsMetrics(registry)
-        self.caches.pods.subscribe(self._count_requesters)
-        self.caches.iscs.subscribe(self._count_iscs)
+        self.caches = caches
+        self.views = views
+        self.metrics = metrics
         self.queue: WorkQueue[Key] = WorkQueue("dual-pods", observe_wait=self._observe_queue_wait)
-        self._api = api
-        self._session: aiohttp.ClientSession | None = None
+        index = caches.pods.add_index
+        index(BOUND_TO, _bound_to)
+        index(REQUESTERS_ON_NODE, _requester_node)
+        index(LAUNCHERS_BY_CONFIG_HASH, _launcher_config_hash)
+        index(REQUESTERS_BY_ISC, _requester_isc)
+        index(LAUNCHERS, lambda p: ["true"] if pods.is_launcher(p) else [])
+        index(NOMINAL, _nominal_hash)
+        index(GPU, gpu_keys)
+        index(DIRECT_REQUESTERS, _direct_requester)
+        options_ = Options(launcher_token_secret=options.launcher_token_secret, sleeper_limit=options.sleeper_limit)
+        self.reconciler = Reconciler(World(namespace, caches, views, clients, Memory(), metrics, options_))
+        caches.pods.subscribe(self._count_requesters)
+        caches.iscs.subscribe(self._count_iscs)
+        caches.pods.subscribe(self._pod_changed)
+        caches.nodes.subscribe(self._node_changed)
+        caches.iscs.subscribe(self._isc_changed)
+        caches.lcs.subscribe(self._lc_changed)
+        caches.configmaps.subscribe(self._gpu_map_changed)
+        views.subscribe(self._launcher_changed, self._launcher_listed)
+
+    def _informers(self) -> list[Informer]:
+        c = self.caches
+        return [c.pods, c.nodes, c.iscs, c.lcs, c.configmaps]
 
     async def run(self) -> None:
-        self._session = aiohttp.ClientSession()
-        http = HttpCaller(self._session, self.metrics, self.namespace)
-        launchers = LauncherClient(http, self.options.launcher_token)
-        self.views = LauncherViews(self._session, launchers, self._launcher_changed, self._launcher_listed)
-        self.reconciler = Reconciler(
-            self.namespace,
-            self.caches,
-            self.views,
-            PodWriter(self._api, self.namespace),
-            launchers,
-            RequesterClient(http, self.options.requester_tokens),
-            ProviderClient(http),
-            EventRecorder(self._api, "dual-pods-controller"),
-            self.metrics,
-            Options(launcher_token_secret=self.options.launcher_token_secret, sleeper_limit=self.options.sleeper_limit),
-        )
-        self.caches.pods.subscribe(self._pod_changed)
-        self.caches.nodes.subscribe(self._node_changed)
-        self.caches.iscs.subscribe(self._isc_changed)
-        self.caches.lcs.subscribe(self._lc_changed)
-        self.caches.configmaps.subscribe(self._gpu_map_changed)
-        informers = [self.caches.pods, self.caches.nodes, self.caches.iscs, self.caches.lcs, self.caches.configmaps]
-        tasks = [asyncio.ensure_future(i.run()) for i in informers]
+        """The informers, and once they have synced the workers, until cancelled."""
         try:
-            await asyncio.gather(*(i.synced.wait() for i in informers))
-            log.info("caches synced; %d pods, %d nodes", len(self.caches.pods.items()), len(self.caches.nodes.items()))
-            tasks.append(asyncio.ensure_future(run_workers(self.queue, self._process, self.options.workers)))
-            await asyncio.gather(*tasks)
+            async with asyncio.TaskGroup() as tasks:
+                for informer in self._informers():
+                    tasks.create_task(informer.run())
+                await asyncio.gather(*(i.synced.wait() for i in self._informers()))
+                log.info("caches synced; %d pods, %d nodes", len(self.caches.pods.items()),
+                         len(self.caches.nodes.items()))  # fmt: skip
+                tasks.create_task(run_workers(self.queue, self._process, self.options.workers))
         finally:
             self.queue.shutdown()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            await self.views.close()
-            await self._session.close()
 
     async def _process(self, key: Key) -> float | None:
-        kind, name = key
         started = time.monotonic()
         node = self._node_of(key)
         try:
-            if kind == REQUESTER:
-                return await self.reconciler.reconcile_requester(name)
-            return await self.reconciler.reconcile_isc(name)
+            if key.kind is KeyKind.REQUESTER:
+                return await self.reconciler.reconcile_requester(key.name)
+            return await self.reconciler.reconcile_isc(key.name)
         except Exception:
             self.metrics.queue_retries.labels(node).inc()
             raise
@@ -148,31 +160,35 @@ class DualPodsController:
         self.metrics.queue_wait_seconds.labels(self._node_of(key)).observe(seconds)
 
     def _node_of(self, key: Key) -> str:
-        pod = self.caches.pods.get(f"{self.namespace}/{key[1]}") if key[0] == REQUESTER else None
+        pod = self.caches.pods.get(f"{self.namespace}/{key.name}") if key.kind is KeyKind.REQUESTER else None
         return (pods.node_name(pod) if pod else None) or ""
 
     def _enqueue(self, key: Key) -> None:
         self.metrics.queue_adds.labels(self._node_of(key)).inc()
         self.queue.add(key)
 
+    def _enqueue_requester(self, name: str) -> None:
+        self._enqueue(Key(KeyKind.REQUESTER, name))
+
     def _enqueue_requesters_on(self, node: str | None) -> None:
         for requester in self.caches.pods.by_index(REQUESTERS_ON_NODE, node or ""):
-            self._enqueue((REQUESTER, pods.name(requester)))
+            self._enqueue_requester(pods.name(requester))
 
     # ----- which inference servers a change concerns
 
     def _pod_changed(self, old: Obj | None, new: Obj | None) -> None:
         for pod in (p for p in (old, new) if p is not None):
             if pods.is_requester(pod):
-                self._enqueue((REQUESTER, pods.name(pod)))
+                self._enqueue_requester(pods.name(pod))
             binding = pods.binding(pod)
             if binding is not None:
-                self._enqueue((REQUESTER, binding.requester_name))
+                self._enqueue_requester(binding.requester_name)
             elif pods.is_launcher(pod) or pods.is_direct_provider(pod):
                 self._enqueue_requesters_on(pods.node_name(pod))  # a spare provider came, went or changed
         if new is not None and pods.is_launcher(new):
             running = pods.container_running(new) and not pods.is_failed(new)
-            self.views.track(pods.name(new), pods.pod_ip(new) if running else None)
+            # A restarted container is a new launcher process: its view starts afresh.
+            self.views.track(pods.name(new), pods.pod_ip(new) if running else None, _incarnation(new))
         elif old is not None and new is None and pods.is_launcher(old):
             self.views.forget(pods.name(old))
 
@@ -182,15 +198,15 @@ class DualPodsController:
             return
         binding = pods.binding(pod)
         if binding is not None:
-            self._enqueue((REQUESTER, binding.requester_name))
+            self._enqueue_requester(binding.requester_name)
         else:
             self._enqueue_requesters_on(pods.node_name(pod))
 
-    def _launcher_listed(self, view: LauncherView) -> None:
+    def _launcher_listed(self, launcher: str, view: LauncherView) -> None:
         """A launcher's instances seen in full: check those of each ISC for obsolescence (an ISC may
         have changed while this controller was not watching)."""
         for isc in {(s.annotations or {}).get(keys.INSTANCE_ISC_NAME) for s in view.instances.values()} - {None}:
-            self._enqueue((ISC, str(isc)))
+            self._enqueue(Key(KeyKind.ISC, str(isc)))
 
     def _node_changed(self, old: Obj | None, new: Obj | None) -> None:
         if old is not None and new is not None and _node_facts(old) == _node_facts(new):
@@ -200,14 +216,14 @@ class DualPodsController:
     def _isc_changed(self, old: Obj | None, new: Obj | None) -> None:
         name = pods.name(new or old or {"metadata": {"name": ""}})
         for requester in self.caches.pods.by_index(REQUESTERS_BY_ISC, name):
-            self._enqueue((REQUESTER, pods.name(requester)))
+            self._enqueue_requester(pods.name(requester))
         if old is not None and (new is None or old.get("spec") != new.get("spec")):
-            self._enqueue((ISC, name))
+            self._enqueue(Key(KeyKind.ISC, name))
 
     def _gpu_map_changed(self, old: Obj | None, new: Obj | None) -> None:
         """Direct requesters wait for their GPUs to be in the map (FMA re-enqueues all requesters)."""
         for requester in self.caches.pods.by_index(DIRECT_REQUESTERS, "true"):
-            self._enqueue((REQUESTER, pods.name(requester)))
+            self._enqueue_requester(pods.name(requester))
 
     def _lc_changed(self, old: Obj | None, new: Obj | None) -> None:
         name = pods.name(new or old or {"metadata": {"name": ""}})
@@ -227,6 +243,33 @@ class DualPodsController:
         for lc in {_launcher_config_name(isc) for isc in (old, new) if isc is not None}:
             count = sum(_launcher_config_name(isc) == lc for isc in self.caches.iscs.items())
             self.metrics.isc_count.labels(lc).set(count)
+
+
+async def run_dual_pods(
+    api: client.ApiClient, namespace: str, options: DualPodsOptions, registry: CollectorRegistry
+) -> None:
+    """The controller with its real collaborators, until cancelled."""
+    metrics = DualPodsMetrics(registry)
+    async with aiohttp.ClientSession() as session:
+        http = HttpCaller(session, metrics.http_latency_seconds, namespace)
+        launchers = LauncherClient(http, options.launcher_token)
+        views = LauncherViews(launchers)
+        clients = Clients(
+            pods=PodWriter(api, namespace),
+            launchers=launchers,
+            requesters=RequesterClient(http, options.requester_tokens),
+            servers=ProviderClient(http),
+            events=EventRecorder(api, "dual-pods-controller"),
+        )
+        controller = DualPodsController(namespace, kube_caches(api, namespace), views, clients, metrics, options)
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(views.run())
+            tasks.create_task(controller.run())
+
+
+def _incarnation(pod: Obj) -> tuple[str, int]:
+    """Which run of the launcher's container this is: its Pod and its restart count."""
+    return pods.uid(pod), pods.restart_count(pod)
 
 
 def _node_facts(node: Obj) -> tuple[bool, bool]:

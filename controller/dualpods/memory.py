@@ -1,5 +1,6 @@
 """What the dual-pods controller keeps only in memory: losing it on restart costs at most a metric label, a
-re-sent POST, or one question to a provider whether it sleeps."""
+re-sent readiness, or one question to a provider whether it sleeps. Nothing about what a requester's status
+shows lives here: that is read from the requester itself (status.py)."""
 
 from dataclasses import dataclass, field
 from typing import Any
@@ -9,16 +10,18 @@ from typing import Any
 class Memory:
     paths: dict[str, str] = field(default_factory=dict)  # requester UID -> cold / warm / hot
     victims: dict[str, int] = field(default_factory=dict)  # requester UID -> instances deleted for it
-    relayed: dict[str, tuple[bool, float]] = field(default_factory=dict)  # requester UID -> (ready, when)
+    # requester UID -> (readiness relayed, the requester container's restart count then, when)
+    relayed: dict[str, tuple[bool, int, float]] = field(default_factory=dict)
     actuated: set[str] = field(default_factory=set)  # requester UIDs whose actuation was measured
-    errors: dict[str, list[str]] = field(default_factory=dict)  # requester UID -> errors last reported
+    # requester UID -> (its container's restart count, the server its proxy was pointed at)
+    proxied: dict[str, tuple[int, tuple[str, int]]] = field(default_factory=dict)
     # Direct provider UID -> (its container's restart count, asleep) as last seen or made: a restarted
     # container starts awake, so the knowledge holds only for the same count.
     asleep: dict[str, tuple[int, bool]] = field(default_factory=dict)
 
     def keep_only(self, uids: set[str]) -> None:
         """Forget the Pods not among `uids` (FMA drops an inference server's state once both Pods are gone)."""
-        tables: list[dict[str, Any]] = [self.paths, self.victims, self.relayed, self.errors, self.asleep]
+        tables: list[dict[str, Any]] = [self.paths, self.victims, self.relayed, self.proxied, self.asleep]
         for table in tables:
             for uid in [u for u in table if u not in uids]:
                 del table[uid]

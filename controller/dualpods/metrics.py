@@ -1,35 +1,10 @@
 """FMA's dual-pods controller metrics (E10: same names and labels, so dashboards carry over)."""
 
-from enum import StrEnum
-
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from controller.http import Purpose
 
-class Purpose(StrEnum):
-    """The `purpose` label of fma_http_latency_seconds: FMA's names (pkg/controller/dual-pods, 0.6) for the calls
-    FMA makes, our own for our extensions' calls."""
-
-    RELAY_READY = "relay_ready"
-    RELAY_UNREADY = "relay_unready"
-    GET_GPU_UUIDS = "get_gpu_uuids"
-    GET_ACCEL_MEMORY_USAGE = "get_accel_memory_usage"
-    QUERY_SLEEPING = "query_sleeping"
-    SLEEP = "sleep"
-    WAKE = "wake"
-    LIST_INSTANCES = "list_instances"
-    CREATE_INSTANCE = "create_instance"
-    DELETE_INSTANCE = "delete_instance"
-    # FMA's launcher client names these too; our controller follows watch streams instead of making these calls
-    # (FMA itself only ever makes the first), so they appear only from a controller that does.
-    GET_INSTANCE_STATE = "get_instance_state"
-    LIST_INSTANCE_IDS = "list_instance_ids"
-    DELETE_ALL_INSTANCES = "delete_all_instances"
-    GET_HEALTH = "get_health"
-    # Ours.
-    LIST_MODELS = "list_models"
-    LOAD_LORA_ADAPTER = "load_lora_adapter"
-    UNLOAD_LORA_ADAPTER = "unload_lora_adapter"
-    CONFIGURE_PROXY = "configure_proxy"
+__all__ = ["DualPodsMetrics", "Purpose"]
 
 
 ACTUATION_BUCKETS = (0, 1, 3, 5, 7.5, 10, 15, 30, 60, 120, 240, 480, 960, 1920)

@@ -5,8 +5,7 @@ The sleep routes are vLLM's development-mode endpoints, so a direct provider run
 `VLLM_SERVER_DEV_MODE=1`; runtime LoRA updates need `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`.
 """
 
-from .http import HttpCaller, HttpError
-from .metrics import Purpose
+from controller.http import HttpCaller, HttpError, Purpose
 
 
 class ProviderClient:

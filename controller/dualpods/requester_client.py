@@ -16,10 +16,8 @@ from api.requester import (
     PROXY_CONFIG_PATH,
 )
 from controller import pods
-
-from .http import HttpCaller, HttpError, Reply
-from .metrics import Purpose
-from .requester_tokens import RequesterTokens, TokenUnavailable
+from controller.dualpods.requester_tokens import RequesterTokens, TokenUnavailable
+from controller.http import HttpCaller, HttpError, Purpose, Reply
 
 
 class RequesterError(Exception):

@@ -55,3 +55,12 @@ def problems(routing: RoutingMetadata, pod_labels: dict[str, str], pod_annotatio
             if kind == "label":
                 found += [f"label {key!r} value {value!r}: {e}" for e in label_value_errors(value)]
     return found
+
+
+def outdated_routing(provider: Pod) -> list[str]:
+    """Why the routing metadata committed at the provider's binding no longer fits it (the rules changed, or
+    the Pod came to carry one of its keys on its own)."""
+    routing = committed_routing(provider)
+    other_labels = {k: v for k, v in pods.labels(provider).items() if k not in routing.labels}
+    other_annotations = {k: v for k, v in pods.annotations(provider).items() if k not in routing.annotations}
+    return problems(routing, other_labels, other_annotations)

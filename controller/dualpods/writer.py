@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -18,7 +19,8 @@ from controller import pods
 
 log = logging.getLogger(__name__)
 
-FIELD_MANAGER = "dual-pods-controller"  # FMA's controller name
+FIELD_MANAGER = pods.DUAL_PODS_FIELD_MANAGER
+API_TIMEOUT = aiohttp.ClientTimeout(total=30, connect=5)  # no write waits longer on the API server
 
 
 class PodWriter:
@@ -33,13 +35,15 @@ class PodWriter:
         if changed == pod:
             return False
         log.info("k8s call start: update pod %s (%s)", pods.name(pod), why)
-        await self._core.replace_namespaced_pod(pods.name(pod), self.namespace, changed, field_manager=FIELD_MANAGER)
+        await self._core.replace_namespaced_pod(
+            pods.name(pod), self.namespace, changed, field_manager=FIELD_MANAGER, _request_timeout=API_TIMEOUT
+        )
         return True
 
     async def create(self, pod: pods.Pod) -> pods.Pod:
         log.info("k8s call start: create pod %s", pod["metadata"].get("generateName") or pods.name(pod))
         response = await self._core.create_namespaced_pod(
-            self.namespace, pod, field_manager=FIELD_MANAGER, _preload_content=False
+            self.namespace, pod, field_manager=FIELD_MANAGER, _preload_content=False, _request_timeout=API_TIMEOUT
         )
         async with response:
             if response.status >= 300:
@@ -55,31 +59,38 @@ class PodWriter:
             "propagationPolicy": "Background",
         }
         try:
-            await self._core.delete_namespaced_pod(pods.name(pod), self.namespace, body=body)
+            await self._core.delete_namespaced_pod(
+                pods.name(pod), self.namespace, body=body, _request_timeout=API_TIMEOUT
+            )
         except ApiException as err:
             if err.status != 404:
                 raise
 
 
-def set_annotation(pod: pods.Pod, key: str, value: str | None) -> None:
-    annotations = pod["metadata"].setdefault("annotations", {})
+def _set_entry(pod: pods.Pod, field: str, key: str, value: str | None) -> None:
+    """Set or remove one entry of a metadata map, creating the map only to add to it (the API server
+    drops empty maps, so an empty one would count as a change at every pass)."""
+    entries = pod["metadata"].get(field)
     if value is None:
-        annotations.pop(key, None)
-    else:
-        annotations[key] = value
+        if entries and key in entries:
+            del entries[key]
+        return
+    pod["metadata"].setdefault(field, {})[key] = value
+
+
+def set_annotation(pod: pods.Pod, key: str, value: str | None) -> None:
+    _set_entry(pod, "annotations", key, value)
 
 
 def set_label(pod: pods.Pod, key: str, value: str | None) -> None:
-    labels = pod["metadata"].setdefault("labels", {})
-    if value is None:
-        labels.pop(key, None)
-    else:
-        labels[key] = value
+    _set_entry(pod, "labels", key, value)
 
 
 def set_finalizer(pod: pods.Pod, finalizer: str, present: bool) -> None:
-    current = [f for f in pod["metadata"].get("finalizers") or [] if f != finalizer]
-    pod["metadata"]["finalizers"] = [*current, finalizer] if present else current
+    current = list(pod["metadata"].get("finalizers") or [])
+    if (finalizer in current) == present:
+        return
+    pod["metadata"]["finalizers"] = [*current, finalizer] if present else [f for f in current if f != finalizer]
 
 
 def set_binding(provider: pods.Pod, requester: pods.Pod) -> None:

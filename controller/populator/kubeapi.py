@@ -15,6 +15,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
 from api.crds import GROUP, VERSION, CustomResource, Status
+from controller.events import EventSink
 from controller.launcher_template import Pod
 from controller.populator.key import LauncherKey, selector
 
@@ -47,11 +48,8 @@ class LauncherApi(Protocol):
     async def warn(self, pod: Pod, reason: str, message: str) -> None:
         """Record a Warning Event about the Pod (best effort)."""
 
-
-class EventSink(Protocol):
-    """Where Events go: `controller.events.EventRecorder`."""
-
-    async def record(self, obj: Pod, type_: str, reason: str, message: str) -> None: ...
+    async def note(self, pod: Pod, reason: str, message: str) -> None:
+        """Record a Normal Event about the Pod (best effort)."""
 
 
 class KubeLauncherApi:
@@ -114,8 +112,14 @@ class KubeLauncherApi:
         return True
 
     async def warn(self, pod: Pod, reason: str, message: str) -> None:
-        log.info("recording Event %s on launcher Pod %s: %s", reason, pod["metadata"]["name"], message)
-        await self._events.record(pod, "Warning", reason, message)
+        await self._record(pod, "Warning", reason, message)
+
+    async def note(self, pod: Pod, reason: str, message: str) -> None:
+        await self._record(pod, "Normal", reason, message)
+
+    async def _record(self, pod: Pod, type_: str, reason: str, message: str) -> None:
+        log.info("recording %s Event %s on launcher Pod %s: %s", type_, reason, pod["metadata"]["name"], message)
+        await self._events.record(pod, type_, reason, message)
 
 
 class StatusWriter:

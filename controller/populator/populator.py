@@ -14,15 +14,19 @@ import logging
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
+import aiohttp
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from api.crds import LauncherConfig, LauncherPopulationPolicy
 from controller import pods
 from controller.events import EventRecorder
+from controller.http import HttpCaller
 from controller.informer import Informer, Obj
 from controller.kube import custom_objects
+from controller.launcher_client import LauncherClient
 from controller.launcher_template import Pod
+from controller.launcher_views import LauncherViews, ViewSource
 from controller.populator.digest import Digest, digest_config, digest_policy
 from controller.populator.expectations import PendingExpectations
 from controller.populator.key import LauncherKey, launcher_key, selector
@@ -31,6 +35,7 @@ from controller.populator.metrics import LauncherPodCount
 from controller.populator.nodes import NodeFacts
 from controller.populator.phases import Thresholds
 from controller.populator.reconcile import KeyReconciler
+from controller.populator.warmth import Warmth
 from controller.workqueue import WorkQueue, run_workers
 
 log = logging.getLogger(__name__)
@@ -51,6 +56,8 @@ class PopulatorOptions:
     """Seconds a scheduled launcher may take to become Ready before it is stuck_starting."""
     launcher_token_secret: str | None = None
     """Secret holding the launchers' API token, mounted into every launcher Pod (E9)."""
+    launcher_token: str | None = None
+    """The launchers' API token, to read their instances (which launcher holds the least warm state)."""
 
 
 class DigestItem(NamedTuple):
@@ -62,9 +69,15 @@ class Populator:
     """The controller; it also serves the reconcile as its `LauncherCache`."""
 
     def __init__(
-        self, api: client.ApiClient, namespace: str, options: PopulatorOptions, registry: CollectorRegistry
+        self,
+        api: client.ApiClient,
+        namespace: str,
+        options: PopulatorOptions,
+        registry: CollectorRegistry,
+        views: ViewSource,
     ) -> None:
         core = client.CoreV1Api(api)
+        self._views = views
         self._namespace = namespace
         self._options = options
         self._pods = Informer(
@@ -128,6 +141,9 @@ class Populator:
     def has_node(self, name: str) -> bool:
         return self._nodes.get(name) is not None
 
+    def warmth(self, pod: Pod) -> Warmth:
+        return Warmth.of(self._views.get(pod["metadata"]["name"]))
+
     # ----- informer events
 
     def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
@@ -140,6 +156,12 @@ class Populator:
         for pod in (old, new):
             if pod is not None and (key := launcher_key(pod)) is not None:
                 self._key_queue.add(key)
+        if new is not None:
+            running = pods.container_running(new) and not pods.is_failed(new)
+            incarnation = (new["metadata"]["uid"], pods.restart_count(new))
+            self._views.track(new["metadata"]["name"], pods.pod_ip(new) if running else None, incarnation)
+        elif old is not None:
+            self._views.forget(old["metadata"]["name"])
 
     def _on_node(self, old: Obj | None, new: Obj | None) -> None:
         if old is None or new is None or NodeFacts.from_k8s(old) != NodeFacts.from_k8s(new):
@@ -192,3 +214,15 @@ class Populator:
         node = self._nodes.get(name)
         for key in self._digest.set_node(name, NodeFacts.from_k8s(node) if node is not None else None):
             self._key_queue.add(key)
+
+
+async def run_populator(
+    api: client.ApiClient, namespace: str, options: PopulatorOptions, registry: CollectorRegistry
+) -> None:
+    """The populator with the launchers' views it reads their sleepers from, until cancelled."""
+    async with aiohttp.ClientSession() as session:
+        views = LauncherViews(LauncherClient(HttpCaller(session, None, namespace), options.launcher_token))
+        populator = Populator(api, namespace, options, registry, views)
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(views.run())
+            tasks.create_task(populator.run())

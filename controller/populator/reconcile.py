@@ -3,10 +3,11 @@ number to the digest's target.
 
 Bound launchers are never deleted and count toward the target. Unbound launchers made from an older
 template are deleted (with UID and resourceVersion preconditions, so a launcher bound meanwhile
-survives: such a conflict counts as present). Surplus unbound launchers are deleted not-Ready and
-newest first. New launchers are created only once nothing of the key is being deleted, so a node
-never holds old and new launchers at once, and every create and delete is remembered until the
-cache shows it, so a lagging cache never causes a second create.
+survives: such a conflict counts as present). Surplus unbound launchers are deleted in order of least
+loss (warmth.py: no sleeping instances first, then the fewest sleeper bytes, the least recently used,
+not-Ready, newest), each with an Event that says why it was the one. New launchers are created only
+once nothing of the key is being deleted, so a node never holds old and new launchers at once, and every
+create and delete is remembered until the cache shows it, so a lagging cache never causes a second create.
 """
 
 import logging
@@ -23,6 +24,7 @@ from controller.populator.kubeapi import DeleteOutcome, LauncherApi
 from controller.populator.metrics import LauncherPodCount
 from controller.populator.phases import Thresholds, phase_of, tally, template_hash
 from controller.populator.stuck import report_stuck
+from controller.populator.warmth import Warmth, loss
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,9 @@ class LauncherCache(Protocol):
 
     def launchers(self, key: LauncherKey) -> list[Pod]: ...
     def has_node(self, name: str) -> bool: ...
+    def warmth(self, pod: Pod) -> Warmth:
+        """The launcher's sleeping instances, from its view."""
+        ...
 
 
 def _utc_now() -> datetime:
@@ -40,12 +45,6 @@ def _utc_now() -> datetime:
 
 def _sooner(*delays: float | None) -> float | None:
     return min((d for d in delays if d is not None), default=None)
-
-
-def _keep_order(pod: Pod) -> tuple[bool, str, str]:
-    """Ready launchers first, then the oldest: surplus ones are deleted from the end."""
-    meta = pod["metadata"]
-    return not pods.is_ready(pod), meta.get("creationTimestamp", ""), meta["name"]
 
 
 class KeyReconciler:
@@ -101,7 +100,13 @@ class KeyReconciler:
         live = [pod for pod in launchers if not pods.is_deleting(pod)]
         bound = [pod for pod in live if pods.binding(pod) is not None]
         unbound = [pod for pod in live if pods.binding(pod) is None]
-        current = sorted((p for p in unbound if template_hash(p) == target.template_hash), key=_keep_order)
+        # Costliest to lose first: surplus ones are deleted from the end.
+        warmth = {pod["metadata"]["name"]: self._cache.warmth(pod) for pod in unbound}
+        current = sorted(
+            (p for p in unbound if template_hash(p) == target.template_hash),
+            key=lambda pod: loss(pod, warmth[pod["metadata"]["name"]]),
+            reverse=True,
+        )
         stale = [p for p in unbound if template_hash(p) != target.template_hash]
 
         outcomes = [await self._delete(key, pod, "its template is outdated") for pod in stale]
@@ -111,7 +116,15 @@ class KeyReconciler:
         while surplus > 0 and kept:
             # A launcher picked here is not reported as stuck even if its delete conflicts: the next
             # reconcile decides again whether it stays.
-            outcome = await self._delete(key, kept.pop(), f"more launchers than the target {target.count}")
+            victim = kept.pop()
+            name = victim["metadata"]["name"]
+            why = (
+                f"more launchers than the target {target.count}; of the {len(current)} unbound ones it holds the "
+                f"least warm state ({warmth[name]})"
+            )
+            outcome = await self._delete(key, victim, why)
+            if outcome is DeleteOutcome.DELETED:
+                await self._api.note(victim, "LauncherScaledDown", f"deleting launcher {name}: {why}")
             outcomes.append(outcome)
             surplus -= outcome is not DeleteOutcome.CONFLICT
 

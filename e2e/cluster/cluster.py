@@ -6,6 +6,7 @@ time) and removes the directory. The same class serves `make cluster-up` and the
 
 import asyncio
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from pydantic import BaseModel
 from e2e.cluster import processes
 from e2e.cluster.binaries import Binaries
 from e2e.cluster.control_plane import LOOPBACK, MANY_NODES, ControlPlane, Ports, Tuning
-from e2e.cluster.readiness import StartupError, log_tail
+from e2e.cluster.readiness import StartupError, log_tail, wait_http_ok
 from e2e.kubelet.config import KubeletConfig, NodeConfig, SimulationConfig
 from e2e.kubelet.control_client import KubeletControl
 from e2e.kubelet.logs import read_container_log
@@ -29,6 +30,7 @@ from e2e.simulation.protocol import Role
 # Every process gets this long to exit on SIGTERM before SIGKILL (the kubelet stops its containers first).
 _STOP_GRACE_SECONDS = 10.0
 _KUBELET = "kubelet"
+APISERVER = "kube-apiserver"
 
 
 class ClusterState(BaseModel):
@@ -163,6 +165,20 @@ class LoopbackCluster:
     def simulation(self, role: Role, session: aiohttp.ClientSession) -> SimulationClient:
         """The control API of the kubelet's simulation process of `role` (simulated clusters only)."""
         return SimulationClient(url_file(self.kubelet_dir, role).read_text().strip(), session)
+
+    def stop_apiserver(self) -> None:
+        """An API-server outage begins: the kube-apiserver process stops (its connections are refused)."""
+        processes.stop([processes.by_name(self.records_dir, APISERVER)], _STOP_GRACE_SECONDS)
+
+    async def start_apiserver(self) -> float:
+        """The outage ends: the kube-apiserver starts again as it was; returns seconds until it is ready."""
+        process = processes.start_again(self.records_dir, APISERVER)
+        tls = ssl.create_default_context(cafile=str(self.state_dir / "pki" / "ca.crt"))
+        tls.load_cert_chain(self.state_dir / "pki" / "admin.crt", self.state_dir / "pki" / "admin.key")
+        log = Path(processes.by_name(self.records_dir, APISERVER).log)
+        return await wait_http_ok(
+            APISERVER, f"{self.state().apiserver_url}/readyz", process, log, ssl_context=tls, limit=90
+        )
 
     async def api_client(self) -> client.ApiClient:
         """A new admin client; close it (or use `async with`)."""

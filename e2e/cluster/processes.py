@@ -45,16 +45,37 @@ def spawn(
         process = subprocess.Popen(
             command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env
         )
-    record = ProcessRecord(
-        name=name,
-        pid=process.pid,
-        create_time=psutil.Process(process.pid).create_time(),
-        argv=command,
-        log=str(log),
-    )
-    sequence = len(list(record_dir.glob("*.json")))
-    (record_dir / f"{sequence:02d}-{name}.json").write_text(record.model_dump_json())
+    _record(process, name, command, log, record_dir / f"{len(list(record_dir.glob('*.json'))):02d}-{name}.json")
     return process
+
+
+def _record(process: "subprocess.Popen[bytes]", name: str, argv: list[str], log: Path, path: Path) -> None:
+    record = ProcessRecord(
+        name=name, pid=process.pid, create_time=psutil.Process(process.pid).create_time(), argv=argv, log=str(log)
+    )
+    path.write_text(record.model_dump_json())
+
+
+def start_again(record_dir: Path, name: str) -> "subprocess.Popen[bytes]":
+    """Start the recorded process `name` again (after it was stopped), as it was started; its record is
+    replaced, so `down` stops the new one."""
+    path = next(
+        p for p in sorted(record_dir.glob("*.json")) if ProcessRecord.model_validate_json(p.read_text()).name == name
+    )
+    old = ProcessRecord.model_validate_json(path.read_text())
+    if is_running(old):
+        raise RuntimeError(f"{name} is still running")
+    log = Path(old.log)
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            old.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    _record(process, name, old.argv, log, path)
+    return process
+
+
+def by_name(record_dir: Path, name: str) -> ProcessRecord:
+    return next(r for r in records(record_dir) if r.name == name)
 
 
 def _process(record: ProcessRecord) -> psutil.Process | None:

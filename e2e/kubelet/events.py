@@ -4,8 +4,8 @@ import logging
 import uuid
 
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
+from e2e.kubelet.apierrors import API_ERRORS, describe
 from e2e.kubelet.status import now, timestamp
 
 log = logging.getLogger(__name__)
@@ -46,5 +46,5 @@ class EventRecorder:
         }
         try:
             await self._core.create_namespaced_event(meta.namespace, body)
-        except ApiException as error:
-            log.warning("could not record event %s on %s/%s: %s", reason, meta.namespace, meta.name, error.reason)
+        except API_ERRORS as error:
+            log.warning("could not record event %s on %s/%s: %s", reason, meta.namespace, meta.name, describe(error))

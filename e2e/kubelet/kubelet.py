@@ -12,6 +12,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from e2e.kubelet import oci
 from e2e.kubelet.addresses import AddressBlock, SubnetCarver
 from e2e.kubelet.agent import NodeAgent
+from e2e.kubelet.apierrors import UNREACHABLE
 from e2e.kubelet.config import KubeletConfig, NodeConfig
 from e2e.kubelet.control import ConflictError, NodeInfo, NotFoundError, control_app
 from e2e.kubelet.gpumap import publish_gpu_map
@@ -89,6 +90,9 @@ class Kubelet:
         mapping = {n.name: n.gpus for n in self.nodes()}
         try:
             await publish_gpu_map(client.CoreV1Api(self.api), namespace, mapping)
+        except UNREACHABLE as error:
+            log.warning("gpu-map not published in %s: %r", namespace, error)
+            return
         except ApiException as error:
             if error.status not in (403, 404):
                 log.warning("gpu-map not published in %s: %s", namespace, error.reason)

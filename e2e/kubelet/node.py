@@ -9,6 +9,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from e2e.kubelet.apierrors import API_ERRORS, describe
 from e2e.kubelet.config import NodeConfig
 from e2e.kubelet.gpus import RESOURCE
 from e2e.kubelet.status import now, timestamp
@@ -117,18 +118,21 @@ class NodeRegistration:
         log.info("registered node %s at %s with %d GPUs", name, self.host_ip, self.config.gpus)
 
     async def heartbeat(self) -> None:
-        """Forever: renew the Lease every few seconds and re-post Ready conditions now and then."""
-        last_status = asyncio.get_running_loop().time()
+        """Forever: renew the Lease every few seconds and re-post Ready conditions now and then, and at once
+        after the API server was unreachable (so the Node turns Ready again without waiting)."""
+        loop = asyncio.get_running_loop()
+        last_status = loop.time()
         while True:
             try:
                 await self._renew_lease()
-                if asyncio.get_running_loop().time() - last_status > self._status_every:
+                if loop.time() - last_status > self._status_every:
                     await self._core.patch_node_status(
                         self.config.name, {"status": {"conditions": _conditions(timestamp(now()))}}
                     )
-                    last_status = asyncio.get_running_loop().time()
-            except ApiException as error:
-                log.warning("heartbeat of %s failed: %s", self.config.name, error.reason)
+                    last_status = loop.time()
+            except API_ERRORS as error:
+                log.warning("heartbeat of %s failed: %s", self.config.name, describe(error))
+                last_status = float("-inf")  # post the Ready conditions again as soon as the API server answers
             await asyncio.sleep(self._renew)
 
     async def _renew_lease(self) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from e2e.kubelet.apierrors import API_ERRORS, describe
 from e2e.kubelet.env import ContainerConfigError, PodFields
 from e2e.kubelet.gpus import RESOURCE, InsufficientGpusError
 from e2e.kubelet.runtime import NodeRuntime
@@ -24,6 +25,8 @@ from e2e.kubelet.supervisor import ContainerSupervisor, PodEnvironment
 from e2e.kubelet.volumes import VolumeError, materialize
 
 log = logging.getLogger(__name__)
+# Failures to configure a container that a later try may not meet (a Secret may appear, the API server return).
+_RETRIED: tuple[type[BaseException], ...] = (ContainerConfigError, VolumeError, *API_ERRORS)
 
 _TERMINAL = ("Succeeded", "Failed")
 
@@ -57,8 +60,12 @@ class PodWorker:
         return f"{self.pod.metadata.namespace}/{self.pod.metadata.name}"
 
     def update(self, pod: client.V1Pod) -> None:
-        """A newer version of the Pod object."""
+        """A newer version of the Pod object. When its status says other than this kubelet last sent (the
+        node lifecycle controller marks the Pods of a Node it lost NotReady), the status is sent again."""
         self.pod = pod
+        if self._last_sent is not None and _readiness(pod) != _readiness_sent(self._last_sent):
+            self._last_sent = None
+            self._notify()
         if self._env is not None:
             self._env.pod = pod
         if pod.metadata.deletion_timestamp is not None:
@@ -188,8 +195,8 @@ class PodWorker:
             try:
                 fields = PodFields(self.pod, self._env.pod_ip, self._runtime.host_ip)
                 return await materialize(self.pod, self._pod_dir, fields, self._runtime.fetch)
-            except (VolumeError, ContainerConfigError, ApiException, OSError) as error:
-                message = str(error) if not isinstance(error, ApiException) else f"API error {error.status}"
+            except _RETRIED as error:
+                message = describe(error) if isinstance(error, API_ERRORS) else str(error)
                 await self._runtime.events.record(self.pod, "Warning", "FailedMount", message)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 30.0)
@@ -211,10 +218,10 @@ class PodWorker:
         try:
             await self._runtime.core.patch_namespaced_pod_status(meta.name, meta.namespace, body)
             self._last_sent = body
-        except ApiException as error:
-            if error.status in (404, 409):  # gone, or a new Pod of the same name (UID precondition)
+        except API_ERRORS as error:
+            if isinstance(error, ApiException) and error.status in (404, 409):  # gone, or a new Pod of the name
                 return
-            log.warning("status of %s not patched (%s); retrying", self.name, error.reason)
+            log.warning("status of %s not patched (%s); retrying", self.name, describe(error))
             asyncio.get_running_loop().call_later(1.0, self._notify)
 
     async def _delete(self) -> None:
@@ -224,8 +231,19 @@ class PodWorker:
             try:
                 await self._runtime.core.delete_namespaced_pod(meta.name, meta.namespace, body=options)
                 return
-            except ApiException as error:
-                if error.status in (404, 409):
+            except API_ERRORS as error:
+                if isinstance(error, ApiException) and error.status in (404, 409):
                     return
-                log.warning("could not delete %s (%s); retrying", self.name, error.reason)
+                log.warning("could not delete %s (%s); retrying", self.name, describe(error))
             await asyncio.sleep(1.0)
+
+
+def _readiness(pod: client.V1Pod) -> str | None:
+    conditions = (pod.status.conditions if pod.status else None) or []
+    return next((c.status for c in conditions if c.type == "Ready"), None)
+
+
+def _readiness_sent(body: dict[str, object]) -> str | None:
+    status = body.get("status")
+    conditions = status.get("conditions", []) if isinstance(status, dict) else []
+    return next((c["status"] for c in conditions if c.get("type") == "Ready"), None)

@@ -11,9 +11,9 @@ from typing import Protocol
 
 import aiohttp
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from e2e.kubelet import oci, probes
+from e2e.kubelet.apierrors import API_ERRORS, describe
 from e2e.kubelet.container import ContainerProcess
 from e2e.kubelet.env import ContainerConfigError, PodFields, expand, resolve_env
 from e2e.kubelet.gpus import VISIBLE_DEVICES_ENV
@@ -25,6 +25,8 @@ from e2e.kubelet.volumes import VolumeError, container_mounts
 from e2e.simulation.protocol import ContainerSpec, Mount
 
 log = logging.getLogger(__name__)
+# Failures to configure a container that a later try may not meet (a Secret may appear, the API server return).
+_RETRIED: tuple[type[BaseException], ...] = (ContainerConfigError, VolumeError, *API_ERRORS)
 
 # A container that ran this long before exiting starts its back-off afresh (a real kubelet: 10 min).
 _BACKOFF_RESET_SECONDS = 60.0
@@ -209,8 +211,8 @@ class ContainerSupervisor:
         while not self._stopping:
             try:
                 start = await self._configure()
-            except (ContainerConfigError, VolumeError, ApiException) as error:
-                message = str(error) if not isinstance(error, ApiException) else f"API error {error.status}"
+            except _RETRIED as error:
+                message = describe(error) if isinstance(error, API_ERRORS) else str(error)
                 self._set_waiting("CreateContainerConfigError", message)
                 await self._record("Warning", "Failed", f"Error: {message}")
                 await asyncio.sleep(max(backoff.next(), 1.0))

@@ -3,10 +3,10 @@
 import asyncio
 import logging
 
-import aiohttp
 from kubernetes_asyncio import client, watch
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from e2e.kubelet.apierrors import UNREACHABLE
 from e2e.kubelet.pod_worker import PodWorker
 from e2e.kubelet.runtime import NodeRuntime
 
@@ -44,7 +44,7 @@ class PodSync:
                 if error.status != 410:
                     log.warning("pod watch of %s failed: %s; relisting", self._runtime.node, error.reason)
                     await asyncio.sleep(1.0)
-            except (aiohttp.ClientError, TimeoutError) as error:
+            except UNREACHABLE as error:
                 log.warning("pod watch of %s broke: %r; relisting", self._runtime.node, error)
                 await asyncio.sleep(1.0)
 

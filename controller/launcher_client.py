@@ -1,16 +1,44 @@
-"""The launcher REST API as the dual-pods controller uses it (FMA's launcher client, plus E1)."""
+"""The launcher REST API as both controllers use it (FMA's launcher client, plus E1 and E14).
 
+Errors are told apart by the launcher's machine-readable `reason` (api.launcher.ErrorReason); a
+launcher that sends none (FMA's) is understood from its status code and message instead.
+"""
+
+from collections.abc import AsyncIterator
 from typing import Any
 
 from api.keys import LAUNCHER_PORT
-from api.launcher import INSTANCES_PATH, AllInstancesState, InstanceState, VllmConfig
-
-from .http import HttpCaller, HttpError
-from .metrics import Purpose
+from api.launcher import (
+    INSTANCES_PATH,
+    WATCH_SILENCE_TIMEOUT_S,
+    AllInstancesState,
+    ErrorReason,
+    InstanceState,
+    VllmConfig,
+    WatchEvent,
+)
+from controller.http import HttpCaller, HttpError, Purpose, Reply
+from controller.listwatch import Expired, lines
 
 
 def launcher_url(pod_ip: str) -> str:
     return f"http://{pod_ip}:{LAUNCHER_PORT}"
+
+
+def error_reason(err: HttpError) -> ErrorReason | None:
+    """Why the launcher refused: its `reason`, or for a launcher without reasons what its answer implies."""
+    reply = err.reply
+    if reply is None:
+        return None
+    if reply.reason is not None:
+        try:
+            return ErrorReason(reply.reason)
+        except ValueError:
+            return None
+    text = str(reply.body).lower()
+    if reply.status == 409 and "already exists" in text:
+        return ErrorReason.ALREADY_EXISTS
+    return {404: ErrorReason.NOT_FOUND, 410: ErrorReason.REVISION_GONE}.get(reply.status)
 
 
 class LauncherClient:
@@ -24,13 +52,29 @@ class LauncherClient:
     async def _call(self, purpose: Purpose, method: str, url: str, **kwargs: Any) -> Any:
         return await self._http.expect_ok(purpose, method, url, headers=self._headers, **kwargs)
 
-    @property
-    def headers(self) -> dict[str, str] | None:
-        return self._headers
-
     async def list_instances(self, pod_ip: str, isc_name: str = "") -> AllInstancesState:
         body = await self._call(Purpose.LIST_INSTANCES, "GET", self._url(pod_ip), isc_name=isc_name)
         return AllInstancesState.model_validate(body)
+
+    async def events(self, pod_ip: str, since: int) -> AsyncIterator[WatchEvent]:
+        """The watch stream from revision `since`; Expired when the launcher answers 410 or the stream is
+        silent (no event, no heartbeat) for WATCH_SILENCE_TIMEOUT_S."""
+        url = self._url(pod_ip, f"/watch?since={since}")
+        async with self._http.stream("watch", url, self._headers) as response:
+            if response.status == 410:
+                raise Expired(f"the launcher does not hold revision {since}")
+            if response.status != 200:
+                raise HttpError("watch", url, Reply(response.status, (await response.text())[:300]))
+            seen = False
+            try:
+                async for line in lines(response.content, WATCH_SILENCE_TIMEOUT_S):
+                    seen = True
+                    if line.strip():
+                        yield WatchEvent.model_validate_json(line)
+            except TimeoutError:
+                raise Expired(f"the watch stream was silent for {WATCH_SILENCE_TIMEOUT_S:.0f} s") from None
+        if not seen:
+            raise ConnectionError("the launcher ended the watch stream at once")
 
     async def create_instance(
         self, pod_ip: str, instance_id: str, config: VllmConfig, isc_name: str, requester: str
@@ -56,7 +100,7 @@ class LauncherClient:
                 requester=requester,
             )
         except HttpError as err:
-            if err.reply is None or err.reply.status != 404:
+            if error_reason(err) is not ErrorReason.NOT_FOUND:
                 raise
 
     async def sleep(self, pod_ip: str, instance_id: str, isc_name: str, requester: str) -> None:

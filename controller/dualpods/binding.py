@@ -1,0 +1,121 @@
+"""The UNBOUND step: bind a requester to a launcher, or create one bound from birth (fma.md §2.7).
+
+The requester's ISC and LauncherConfig (parsed in the snapshot) give the launcher Pod it needs and the
+instance it wants; the unbound launchers of that (LauncherConfig, node) whose instances are known are the
+candidates, tidied first (a stopped or portless instance goes; an awake one that nobody serves is put to
+sleep, so an unbound launcher never holds its GPU awake); selection.py picks P1/P2/P3. The bind write is
+the claim: optimistic, so of two requesters choosing one launcher only one wins. Room for the instance is
+made afterwards, by the winner alone (serving.py).
+"""
+
+import logging
+import time
+
+from api import keys
+from api.launcher import InstanceStatus, VllmConfig
+from controller import pods
+from controller.dualpods.budget import gpu_sleeper_reserve
+from controller.dualpods.identity import instance_id, runtime_of, vllm_config
+from controller.dualpods.passes import Pass
+from controller.dualpods.routing import RoutingMetadata, from_isc, problems
+from controller.dualpods.selection import Candidate, choose, instance_port
+from controller.dualpods.status import RequesterProblem
+from controller.dualpods.writer import set_annotation, set_binding
+from controller.launcher_template import TemplateError, launcher_config_hash, node_independent_pod, pod_for_node
+
+log = logging.getLogger(__name__)
+
+LAUNCHERS_BY_CONFIG_HASH = "launchers-by-config-hash"  # pod index: launcher config hash -> launchers
+
+
+async def bind(p: Pass) -> float | None:
+    """Bind the best unbound launcher, or create one: one write, whose event brings the next pass."""
+    s, requester = p.s, p.requester
+    if s.isc.value is None or s.launcher_config.value is None:
+        raise RequesterProblem(str(s.isc.problem or s.launcher_config.problem))
+    isc, lc = s.isc.value, s.launcher_config.value
+    try:
+        template, template_hash = node_independent_pod(lc, p.world.options.launcher_token_secret)
+    except TemplateError as err:
+        raise RequesterProblem(str(err)) from None
+    routing = from_isc(isc)
+    if found := problems(routing, template["metadata"]["labels"], template["metadata"]["annotations"]):
+        raise RequesterProblem(f"InferenceServerConfig {s.isc_name}: " + "; ".join(found))
+    try:
+        runtime = runtime_of(pods.annotations(requester), isc.metadata.annotations)
+    except ValueError as err:
+        raise RequesterProblem(str(err)) from None
+    gpus, node = s.gpus or [], str(pods.node_name(requester))
+    budget = lc.spec.sleeper_budget.gpu_memory_bytes
+    reserve = gpu_sleeper_reserve(int(budget) if budget is not None else None, lc.spec.max_instances)
+    wanted = instance_id(isc, gpus, runtime)
+    config = vllm_config(isc, gpus, runtime, reserve)
+    candidates, waiting = await _candidates(p, launcher_config_hash(template_hash, node), wanted)
+    plan = choose(candidates, wanted, isc.spec.model_server_config.port, lc.spec.max_instances)
+    uid = pods.uid(requester)
+    if plan is None:
+        if waiting:
+            return None  # a launcher is starting; its readiness or watch brings us back
+        p.memory.paths[uid] = "cold"
+        new = pod_for_node(template, template_hash, node)
+        bind_metadata(new, requester, wanted, config, routing)  # bound from birth: never taken for a spare
+        await _create_launcher(p, new, lc.metadata.name)
+        return None
+    launcher = p.world.caches.pods.get(f"{s.namespace}/{plan.launcher}")
+    assert launcher is not None
+    if found := problems(routing, pods.labels(launcher), pods.annotations(launcher)):
+        raise RequesterProblem(f"InferenceServerConfig {s.isc_name} on launcher {plan.launcher}: " + "; ".join(found))
+    p.memory.paths.setdefault(uid, "hot" if plan.priority == "P1" else "warm")
+    log.info("binding requester %s to launcher %s (%s)", pods.name(requester), plan.launcher, plan.priority)
+    await p.update(launcher, lambda pod: bind_metadata(pod, requester, wanted, config, routing), "bind")
+    return None
+
+
+async def _candidates(p: Pass, config_hash: str, wanted: str) -> tuple[list[Candidate], bool]:
+    """Unbound launchers for this (LauncherConfig, node) whose instances are known, tidied, and whether
+    some others are still starting."""
+    candidates: list[Candidate] = []
+    waiting = False
+    for launcher in p.world.caches.pods.by_index(LAUNCHERS_BY_CONFIG_HASH, config_hash):
+        if pods.is_failed(launcher) or pods.is_deleting(launcher) or pods.binding(launcher) is not None:
+            continue
+        view = p.world.views.get(pods.name(launcher))
+        pod_ip = pods.pod_ip(launcher)
+        if pod_ip is None or not pods.is_ready(launcher) or view is None or not view.synced:
+            waiting = True
+            continue
+        gone: set[str] = set()
+        for state in list(view.instances.values()):
+            if state.status is InstanceStatus.STOPPED or instance_port(state) is None:
+                await p.clients.launchers.delete_instance(pod_ip, state.instance_id, p.s.isc_name)
+                gone.add(state.instance_id)
+            elif not state.sleeping and state.instance_id != wanted:
+                # Left awake by an unbind that could not reach it: nobody is served by it.
+                log.info("launcher %s: putting unbound instance %s to sleep", pods.name(launcher), state.instance_id)
+                await p.clients.launchers.sleep(pod_ip, state.instance_id, p.s.isc_name, pods.name(launcher))
+        running = [s for s in view.instances.values() if s.instance_id not in gone]
+        candidates.append(Candidate(pods.name(launcher), running))
+    return candidates, waiting
+
+
+async def _create_launcher(p: Pass, launcher: pods.Pod, lc_name: str) -> None:
+    started = time.monotonic()
+    success = "false"
+    try:
+        created = await p.create(launcher)
+        success = "true"
+    finally:
+        p.world.metrics.launcher_create_seconds.labels(p.world.namespace, lc_name, success).observe(
+            time.monotonic() - started
+        )
+    log.info("created launcher %s bound to requester %s", pods.name(created), pods.name(p.requester))
+
+
+def bind_metadata(
+    launcher: pods.Pod, requester: pods.Pod, wanted: str, config: VllmConfig, routing: RoutingMetadata
+) -> None:
+    set_binding(launcher, requester)
+    set_annotation(launcher, keys.INSTANCE_ID_ANNOTATION, wanted)
+    set_annotation(launcher, keys.SERVER_PORT_ANNOTATION, str((config.annotations or {})[keys.INSTANCE_INFERENCE_PORT]))
+    set_annotation(launcher, keys.VLLM_CONFIG_ANNOTATION, config.model_dump_json(exclude_none=True))
+    set_annotation(launcher, keys.ISC_ROUTING_METADATA_ANNOTATION, routing.model_dump_json())

@@ -1,0 +1,150 @@
+"""One reconcile pass's context, shared by its steps: the frozen snapshot, the clients (with every Pod
+write recorded, so the pass's outcome says what it changed), what is kept in memory, and the helpers that
+several steps use (relaying readiness, deleting a requester whose instance is lost, fma_duality).
+"""
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from api import keys
+from controller import pods
+from controller.dualpods.collaborators import Clients
+from controller.dualpods.memory import Memory
+from controller.dualpods.metrics import DualPodsMetrics
+from controller.dualpods.snapshot import Caches, Snapshot
+from controller.launcher_views import ViewSource
+
+log = logging.getLogger(__name__)
+
+RELAY_RECHECK_S = 10.0  # how long a relayed readiness is given to show on the requester before it is re-sent
+
+
+@dataclass
+class Options:
+    launcher_token_secret: str | None = None
+    sleeper_limit: int = 1  # direct providers that may sleep on one GPU (FMA's --sleeper-limit)
+
+
+@dataclass(frozen=True)
+class World:
+    """What every pass works with: the caches, the launcher views, the clients, the memory, the metrics."""
+
+    namespace: str
+    caches: Caches
+    views: ViewSource
+    clients: Clients
+    memory: Memory
+    metrics: DualPodsMetrics
+    options: Options
+
+
+@dataclass
+class Pass:
+    world: World
+    s: Snapshot
+    changed: list[str] = field(default_factory=list)  # what this pass wrote, in words
+    written: set[str] = field(default_factory=set)  # the Pods it wrote (their cached copies are stale now)
+
+    @property
+    def requester(self) -> pods.Pod:
+        """The requester (steps that run only with one)."""
+        assert self.s.requester is not None
+        return self.s.requester
+
+    @property
+    def provider(self) -> pods.Pod:
+        """The provider (steps that run only with one)."""
+        assert self.s.provider is not None
+        return self.s.provider
+
+    @property
+    def memory(self) -> Memory:
+        return self.world.memory
+
+    @property
+    def clients(self) -> Clients:
+        return self.world.clients
+
+    # ----- writes, recorded
+
+    async def update(self, pod: pods.Pod, mutate: Callable[[pods.Pod], None], why: str) -> bool:
+        written = await self.world.clients.pods.update(pod, mutate, why)
+        if written:
+            self._note(pod, f"updated {pods.name(pod)}: {why}")
+        return written
+
+    async def create(self, pod: pods.Pod) -> pods.Pod:
+        created = await self.world.clients.pods.create(pod)
+        self._note(created, f"created {pods.name(created)}")
+        return created
+
+    async def delete(self, pod: pods.Pod, why: str) -> None:
+        await self.world.clients.pods.delete(pod, why)
+        self._note(pod, f"deleted {pods.name(pod)}: {why}")
+
+    async def event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        await self.world.clients.events.record(obj, type_, reason, message)
+
+    def _note(self, pod: pods.Pod, what: str) -> None:
+        self.changed.append(what)
+        self.written.add(pods.name(pod))
+
+    # ----- helpers of several steps
+
+    async def lose(self, why: str) -> None:
+        """The bound instance is gone: delete the requester so its set makes a fresh one."""
+        await self.event(self.requester, "Warning", "InstanceLost", f"{why} {pods.name(self.provider)}")
+        await self.delete(self.requester, why)
+
+    async def relay(self, ready: bool, target: tuple[str, int] | None = None) -> float | None:
+        """Tell the requester whether it is ready (its kubelet's readiness probe then marks the Pod so),
+        after pointing its request proxy (E7) at `target`, the serving model server. Re-sent whenever the
+        requester's readiness differs from `ready` (after RELAY_RECHECK_S, or at once when its container
+        restarted and so forgot it)."""
+        requester = self.requester
+        uid = pods.uid(requester)
+        incarnation = pods.restart_count(requester)
+        if ready and target is not None and self.memory.proxied.get(uid) != (incarnation, target):
+            # Pointed again whenever the server moved (or is not known to have been pointed at since the
+            # requester's container started), even for a requester that is Ready already.
+            await self.clients.requesters.configure_proxy(requester, *target, self.s.isc_name)
+            self.memory.proxied[uid] = (incarnation, target)
+        if pods.container_ready(requester) == ready:
+            self.memory.relayed[uid] = (ready, incarnation, time.monotonic())
+            return None
+        last = self.memory.relayed.get(uid)
+        if last is not None and last[:2] == (ready, incarnation) and time.monotonic() - last[2] < RELAY_RECHECK_S:
+            return RELAY_RECHECK_S - (time.monotonic() - last[2])
+        await self.clients.requesters.relay_readiness(requester, ready, self.s.isc_name)
+        self.memory.relayed[uid] = (ready, incarnation, time.monotonic())
+        log.info("Successfully relayed the readiness requesterName=%s ready=%s", pods.name(requester), ready)
+        if ready and uid not in self.memory.actuated:
+            self.memory.actuated.add(uid)
+            elapsed = pods.container_age_s(requester)
+            if elapsed is not None:
+                path, victims = self.memory.paths.get(uid, "hot"), str(self.memory.victims.get(uid, 0))
+                self.world.metrics.actuation_seconds.labels(
+                    self.world.namespace, path, victims, self.s.isc_name
+                ).observe(max(0.0, elapsed))
+        return RELAY_RECHECK_S
+
+    def set_duality(self, provider: pods.Pod, value: float) -> None:
+        """fma_duality for each GPU of the provider's binding (1 bound, 0 after)."""
+        binding = pods.binding(provider)
+        config = pods.json_annotation(provider, keys.VLLM_CONFIG_ANNOTATION) or {}
+        direct_gpus = pods.annotations(provider).get(keys.ACCELERATORS_ANNOTATION)
+        if binding is None:
+            return
+        for gpu in config.get("gpu_uuids") or (direct_gpus.split(",") if direct_gpus else []):
+            self.world.metrics.duality.labels(
+                self.world.namespace,
+                binding.requester_name,
+                pods.name(provider),
+                keys.INFERENCE_SERVER_CONTAINER,
+                pods.annotations(provider).get(keys.INSTANCE_ID_ANNOTATION, ""),
+                gpu,
+                str(pods.node_name(provider)),
+            ).set(value)

@@ -1,0 +1,150 @@
+"""The steps of a requester bound to a launcher, from an absent instance to a serving one.
+
+RECREATING deletes an instance that stopped before it served; CREATING makes room (FMA's reclaim) and
+creates the instance from the config committed at the bind; ASLEEP wakes it, first deleting a sleeper
+when its GPUs hold more than the sleeper budget (E3); SERVING makes the launcher an inference endpoint,
+keeps LoRA adapters in step (E8), and relays readiness after pointing the requester's proxy at the
+server (E7).
+"""
+
+import logging
+
+from api import keys
+from api.crds import InferenceServerConfig
+from api.launcher import ErrorReason, InstanceState, VllmConfig
+from controller import pods
+from controller.dualpods.budget import gpu_victim, gpus_over_budget
+from controller.dualpods.passes import Pass
+from controller.dualpods.routing import RoutingMetadata, committed_routing, outdated_routing
+from controller.dualpods.selection import Candidate, plan_for
+from controller.dualpods.sleepers import note_budget, sleepers
+from controller.dualpods.status import RequesterProblem
+from controller.dualpods.writer import set_annotation, set_label
+from controller.http import HttpError
+from controller.launcher_client import error_reason
+
+log = logging.getLogger(__name__)
+
+
+def launcher_ip(p: Pass) -> str:
+    ip = pods.pod_ip(p.provider)
+    assert ip is not None  # the launcher is reachable in these steps
+    return ip
+
+
+def server_port(launcher: pods.Pod) -> int:
+    """The port of the instance bound on this launcher (0 before a binding)."""
+    return int(pods.annotations(launcher).get(keys.SERVER_PORT_ANNOTATION, "0"))
+
+
+async def recreate(p: Pass) -> float | None:
+    """It stopped before it ever served this requester (e.g. on a spare launcher): nothing was lost."""
+    await p.clients.launchers.delete_instance(launcher_ip(p), p.s.wanted, p.s.isc_name, pods.name(p.requester))
+    return None
+
+
+async def create(p: Pass) -> float | None:
+    """Make room, then create the instance from the config committed at the bind (two or more launcher
+    calls: the deletions of the reclaim, then the creation)."""
+    s, launcher = p.s, p.provider
+    await _make_room(p)
+    config = VllmConfig.model_validate_json(pods.annotations(launcher)[keys.VLLM_CONFIG_ANNOTATION])
+    p.memory.paths.setdefault(pods.uid(p.requester), "warm")
+    try:
+        await p.clients.launchers.create_instance(launcher_ip(p), s.wanted, config, s.isc_name, pods.name(p.requester))
+    except HttpError as err:
+        if error_reason(err) is ErrorReason.ALREADY_EXISTS:
+            return None  # created by an earlier pass; its events have not arrived yet
+        if err.reply is not None and err.reply.status < 500:
+            raise RequesterProblem(f"launcher {pods.name(launcher)} refused the instance: {err}") from None
+        raise
+    return None
+
+
+async def _make_room(p: Pass) -> None:
+    """Delete the instances on the wanted port and the least recently used others beyond the
+    LauncherConfig's maxInstances (FMA's reclaim)."""
+    s, launcher = p.s, p.provider
+    assert s.view is not None
+    lc = s.provider_config.value
+    others = [state for state in s.view.instances.values() if state.instance_id != s.wanted]
+    max_instances = lc.spec.max_instances if lc is not None else len(others) + 1
+    plan = plan_for(Candidate(pods.name(launcher), others), s.wanted, server_port(launcher), max_instances)
+    uid = pods.uid(p.requester)
+    for victim in plan.victims:
+        log.info("deleting instance %s on launcher %s to make room for %s", victim, pods.name(launcher), s.wanted)
+        await p.clients.launchers.delete_instance(launcher_ip(p), victim, s.isc_name, pods.name(p.requester))
+    if plan.victims:
+        p.memory.victims[uid] = p.memory.victims.get(uid, 0) + len(plan.victims)
+
+
+async def wake(p: Pass) -> float | None:
+    """Wake the instance; or, when its GPUs hold more than the sleeper budget, delete the least recently
+    used sleeper there first (its DELETED event brings the wake), or refuse with a reason."""
+    s, launcher, requester = p.s, p.provider, p.requester
+    budget = s.provider_config.value.spec.sleeper_budget if s.provider_config.value is not None else None
+    if budget is not None and budget.gpu_memory_bytes is not None:
+        usage = await p.clients.requesters.memory_usage(requester, s.isc_name)
+        over = gpus_over_budget(usage, s.gpus or [], int(budget.gpu_memory_bytes))
+        if over:
+            listing = await p.clients.launchers.list_instances(launcher_ip(p), s.isc_name)
+            victim = gpu_victim(sleepers(listing.instances, exclude=s.wanted), over)
+            if victim is None:
+                used = ", ".join(f"{gpu}: {mib} MiB" for gpu, mib in over.items())
+                raise RequesterProblem(
+                    f"not waking instance {s.wanted}: its GPUs already hold more than the sleeper budget "
+                    f"{budget.gpu_memory_bytes} bytes ({used}) and no sleeping instance of this launcher can go"
+                )
+            await note_budget(p, launcher, f"deleting sleeping instance {victim} to free GPU memory for {s.wanted}")
+            await p.clients.launchers.delete_instance(launcher_ip(p), victim, s.isc_name, pods.name(requester))
+            return None
+    await p.clients.launchers.wake(launcher_ip(p), s.wanted, s.isc_name, pods.name(requester))
+    return None  # its AWAKE event brings us back
+
+
+async def misrouted(p: Pass) -> float | None:
+    """The routing metadata committed at the bind no longer fits the launcher: a fresh requester rebinds."""
+    message = "; ".join(outdated_routing(p.provider))
+    await p.event(p.requester, "Warning", "OutdatedRoutingMetadata", message)
+    await p.delete(p.requester, f"outdated routing metadata: {message}")
+    return None
+
+
+async def serve(p: Pass) -> float | None:
+    """The instance serves: make the launcher an endpoint (one write), keep its LoRA adapters in step,
+    and relay readiness (two requester calls). Each part is idempotent, so a pass that fails part-way
+    is simply run again."""
+    launcher, s = p.provider, p.s
+    assert s.instance is not None
+    routing = committed_routing(launcher)
+    await p.update(launcher, lambda pod: _serving_metadata(pod, routing), "instance serving")
+    p.set_duality(launcher, 1)
+    port = server_port(launcher)
+    await _sync_lora(p, port, s.instance)
+    return await p.relay(True, target=(launcher_ip(p), port))
+
+
+async def _sync_lora(p: Pass, port: int, state: InstanceState) -> None:
+    """Keep the serving instance's LoRA adapters in step with its ISC's current list (E8), without
+    restarting it. A failing adapter is reported (Event) and does not stop the serving."""
+    isc: InferenceServerConfig | None = p.s.instance_isc.value
+    if isc is None or ("--enable-lora" not in state.options.split() and not isc.spec.lora_adapters):
+        return
+    wanted = {a.name: a.path for a in isc.spec.lora_adapters}
+    name, ip, servers = pods.name(p.requester), launcher_ip(p), p.clients.servers
+    loaded = await servers.lora_adapters(ip, port, name)
+    try:
+        for adapter in sorted(loaded - wanted.keys()):
+            await servers.unload_lora(ip, port, adapter, name)
+        for adapter in sorted(wanted.keys() - loaded):
+            await servers.load_lora(ip, port, adapter, wanted[adapter], name)
+    except HttpError as err:
+        await p.event(p.requester, "Warning", "LoraAdapter", str(err))
+
+
+def _serving_metadata(launcher: pods.Pod, routing: RoutingMetadata) -> None:
+    set_label(launcher, keys.SLEEPING_LABEL, "false")
+    for key, value in routing.labels.items():
+        set_label(launcher, key, value)
+    for key, value in routing.annotations.items():
+        set_annotation(launcher, key, value)

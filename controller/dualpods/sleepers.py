@@ -1,0 +1,24 @@
+"""The sleeping instances of a launcher as the memory budgets (E3, budget.py) count them, and the Event
+that says which one a budget made go."""
+
+import logging
+
+from api.launcher import InstanceState, InstanceStatus
+from controller import pods
+from controller.dualpods.budget import Sleeper
+from controller.dualpods.passes import Pass
+
+log = logging.getLogger(__name__)
+
+
+def sleepers(states: list[InstanceState], exclude: str) -> list[Sleeper]:
+    return [
+        Sleeper(s.instance_id, s.revision, s.process.rss_bytes if s.process else 0, frozenset(s.gpu_uuids or []))
+        for s in states
+        if s.sleeping and s.status is InstanceStatus.RUNNING and s.instance_id != exclude
+    ]
+
+
+async def note_budget(p: Pass, launcher: pods.Pod, message: str) -> None:
+    log.info("launcher %s: %s", pods.name(launcher), message)
+    await p.event(launcher, "Normal", "SleeperBudget", message)
