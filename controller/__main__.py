@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
-from controller.kube import api_client
+from controller.kube import DEFAULT_BURST, DEFAULT_QPS, ApiLimits, api_client
 from controller.leader import LeaderElection, LostLeadership
 from controller.serving import serve_metrics
 
@@ -93,7 +93,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         command.add_argument("--leader-election-id", help="the Lease's name (default: dualpods-<command>)")
         command.add_argument("--metrics-host", default=os.environ.get("POD_IP", "0.0.0.0"))
         command.add_argument("--metrics-port", type=int, default=8002)
-        command.add_argument("--num-workers", type=int, default=default_workers)
+        command.add_argument("--num-workers", type=int, default=default_workers, help="reconciles run at once")
+        command.add_argument(
+            "--kube-api-qps",
+            type=float,
+            default=DEFAULT_QPS,
+            help=f"requests per second to the API server, at most, on average (0: no limit; default {DEFAULT_QPS:g})",
+        )
+        command.add_argument(
+            "--kube-api-burst",
+            type=int,
+            default=DEFAULT_BURST,
+            help=f"requests to the API server at once beyond --kube-api-qps (default {DEFAULT_BURST})",
+        )
         command.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
         command.add_argument("--launcher-token-secret", help="Secret with the launchers' bearer token (E9)")
         command.add_argument("--launcher-token-file", help="file holding the launchers' bearer token (E9)")
@@ -115,8 +127,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> None:
-    api = await api_client(args.kubeconfig)
     registry = CollectorRegistry()
+    api = await api_client(args.kubeconfig, ApiLimits(args.kube_api_qps, args.kube_api_burst), registry)
     metrics = await serve_metrics(registry, args.metrics_host, args.metrics_port)
     controller = args.build(api, args, registry)
     try:

@@ -1,26 +1,98 @@
-"""Connecting to the API server: in-cluster credentials in a Pod, else a kubeconfig."""
+"""Connecting to the API server: in-cluster credentials in a Pod, else a kubeconfig; with client-go's
+client-side rate limit (QPS and burst, `--kube-api-qps`/`--kube-api-burst`), every request counted, and
+each one's time charged to the reconcile pass that makes it (controller.passclock).
+
+kubernetes-asyncio has no rate limit of its own: without one, a wave of work (a thousand requesters
+scheduled at once) would reach the API server as fast as the workers can send it.
+"""
 
 import functools
 import json
+from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from api.crds import GROUP, VERSION, CustomResource
 from controller.informer import ListWatchFunction
+from controller.passclock import waiting
+from controller.ratelimit import TokenBucket
+
+# client-go's own defaults (5 requests/s, burst 10) suit a controller of a few objects; these carry 1,000
+# requesters on 250 nodes (docs/benchmarks.md: about 9 requests per requester bound).
+DEFAULT_QPS = 100.0
+DEFAULT_BURST = 200
+WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
-async def api_client(kubeconfig: str | None) -> client.ApiClient:
+@dataclass(frozen=True)
+class ApiLimits:
+    qps: float = DEFAULT_QPS  # <= 0: no limit
+    burst: int = DEFAULT_BURST
+
+
+class ApiMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "dualpods_kube_api_requests",
+            "Requests this controller made to the API server, by HTTP method and status code (0: no answer).",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.throttled = Histogram(
+            "dualpods_kube_api_rate_limit_wait_seconds",
+            "How long each request waited for the client-side rate limit (--kube-api-qps, --kube-api-burst).",
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+
+
+class LimitedApiClient(client.ApiClient):  # type: ignore[misc]
+    """kubernetes-asyncio's client, rate-limited and counted."""
+
+    def __init__(self, configuration: client.Configuration, limits: ApiLimits, metrics: ApiMetrics | None) -> None:
+        super().__init__(configuration)
+        self.limits = limits
+        self._bucket = TokenBucket(limits.qps, limits.burst)
+        self._metrics = metrics
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        return self._send(method, super().request(method, url, *args, **kwargs))
+
+    async def _send(self, method: str, sending: Awaitable[Any]) -> Any:
+        with waiting():
+            waited = await self._bucket.acquire()
+            code = 0
+            try:
+                response = await sending
+                code = int(getattr(response, "status", 0) or 0)
+                return response
+            except ApiException as err:
+                code = int(err.status or 0)
+                raise
+            finally:
+                if self._metrics is not None:
+                    self._metrics.throttled.observe(waited)
+                    self._metrics.requests.labels(method, str(code)).inc()
+
+
+async def api_client(
+    kubeconfig: str | None, limits: ApiLimits = ApiLimits(), registry: CollectorRegistry | None = None
+) -> LimitedApiClient:
+    """In a Pod its ServiceAccount (unless a kubeconfig is given), else the kubeconfig."""
+    metrics = ApiMetrics(registry) if registry is not None else None
+    configuration = client.Configuration()
     if kubeconfig is None:
         try:
-            config.load_incluster_config()
-            return client.ApiClient()
+            config.load_incluster_config(client_configuration=configuration)
+            return LimitedApiClient(configuration, limits, metrics)
         except config.ConfigException:
             pass
-    configuration = client.Configuration()
     await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    return client.ApiClient(configuration)
+    return LimitedApiClient(configuration, limits, metrics)
 
 
 def custom_objects(api: client.ApiClient, namespace: str, kind: type[CustomResource]) -> ListWatchFunction:
