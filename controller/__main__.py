@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from controller.dualpods.requester_tokens import RequesterTokens
 
 log = logging.getLogger("controller")
+# Reconciles at once: they mostly wait on the API server and on launchers (docs/benchmarks.md, Scale).
+DEFAULT_WORKERS = 16
 Run = Callable[[], Awaitable[None]]
 
 
@@ -86,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     commands = parser.add_subparsers(dest="command", required=True)
     dual_pods = commands.add_parser("dual-pods", help="bind server-requesting Pods to server-providing Pods")
     populator = commands.add_parser("populator", help="keep launcher Pods populated per LauncherPopulationPolicy")
-    for command, default_workers in ((dual_pods, 4), (populator, 4)):
+    for command, default_workers in ((dual_pods, DEFAULT_WORKERS), (populator, DEFAULT_WORKERS)):
         command.add_argument("-n", "--namespace", required=True, help="the namespace the controller works in")
         command.add_argument("--kubeconfig", help="default: in-cluster credentials, else ~/.kube/config")
         command.add_argument("--leader-elect", action="store_true", help="hold a Lease; run several replicas")
