@@ -129,6 +129,7 @@ async def test_pod_writes_patch_only_their_change(api: client.ApiClient, namespa
 async def test_the_api_client_is_rate_limited_and_counted(cluster: LoopbackCluster) -> None:
     registry = CollectorRegistry()
     limited = await api_client(str(cluster.kubeconfig), ApiLimits(qps=20, burst=2), registry)
+    assert not limited.rest_client.pool_manager.trust_env, "no ~/.netrc read in a thread for every request"
     try:
         core = client.CoreV1Api(limited)
         started = time.monotonic()
