@@ -92,9 +92,18 @@ def report(result: ScaleResult) -> list[str]:
     for kind, (size, trimmable) in result.pod_bytes.items():
         lines.append(f"a {kind} Pod as cached: {size / 1024:.1f} KiB of JSON, {trimmable / 1024:.1f} KiB of it "
                      "managedFields and last-applied")  # fmt: skip
-    if result.queue_items:
-        lines.append(f"dual-pods work items: {result.queue_items}, duration p50 <= {result.queue_work_p50:g} s, "
-                     f"p99 <= {result.queue_work_p99:g} s (bucket bounds; API calls included)")  # fmt: skip
+    for component, metrics in result.controller_metrics.items():
+        parts = []
+        if metrics.own is not None:
+            parts.append(f"reconcile own time (less its calls) p50 <= {metrics.own.p50 * 1000:g} ms, "
+                         f"p99 <= {metrics.own.p99 * 1000:g} ms over {metrics.own.count} passes")  # fmt: skip
+        if metrics.work is not None:
+            parts.append(f"with calls p50 <= {metrics.work.p50:g} s, p99 <= {metrics.work.p99:g} s")
+        requests = sum(metrics.api_requests.values())
+        per = f", {requests / spec.requesters:.1f} per requester" if spec.requesters else ""
+        parts.append(f"its API requests {requests}{per} ("
+                     + ", ".join(f"{m} {n}" for m, n in metrics.api_requests.items()) + ")")  # fmt: skip
+        lines.append(f"{component}: " + "; ".join(parts) + " (histogram bucket bounds)")
     for component, summary in result.profiles.items():
         lines.append(f"{component} profile ({summary.samples / RATE:.1f} s running Python), running in: "
                      + ", ".join(f"{name} {share:.0%}" for name, share in summary.libraries))  # fmt: skip

@@ -121,6 +121,48 @@ class ProcessFigures:
     cpu_seconds: float  # over the whole measurement
 
 
+@dataclass(frozen=True)
+class Quantiles:
+    """Of a Prometheus histogram: p50 and p99 as bucket upper bounds, and the count."""
+
+    p50: float
+    p99: float
+    count: int
+
+    @classmethod
+    def of(cls, buckets: dict[float, float]) -> "Quantiles | None":
+        total = buckets.get(float("inf"), 0)
+        if not total:
+            return None
+
+        def bound(q: float) -> float:
+            return next(le for le in sorted(buckets) if buckets[le] >= q * total)
+
+        return cls(bound(0.5), bound(0.99), int(total))
+
+
+@dataclass
+class ControllerMetrics:
+    own: Quantiles | None  # dualpods_reconcile_own_seconds: a pass less its calls
+    work: Quantiles | None  # fma_dpc_innerqueue_work_duration_seconds: a pass, calls included (dual-pods)
+    api_requests: dict[str, int]  # dualpods_kube_api_requests_total by HTTP method
+
+    @classmethod
+    def parse(cls, text: str) -> "ControllerMetrics":
+        own: dict[float, float] = collections.defaultdict(float)
+        work: dict[float, float] = collections.defaultdict(float)
+        requests: collections.Counter[str] = collections.Counter()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "dualpods_reconcile_own_seconds_bucket":
+                    own[float(sample.labels["le"])] += sample.value
+                elif sample.name == "fma_dpc_innerqueue_work_duration_seconds_bucket":
+                    work[float(sample.labels["le"])] += sample.value
+                elif sample.name == "dualpods_kube_api_requests_total":
+                    requests[sample.labels["method"]] += int(sample.value)
+        return cls(Quantiles.of(own), Quantiles.of(work), dict(requests.most_common()))
+
+
 @dataclass
 class ScaleResult:
     spec: ScaleSpec
@@ -130,10 +172,8 @@ class ScaleResult:
     populator_phase: Phase
     waves: list[Wave] = field(default_factory=list)
     controllers: dict[str, ProcessFigures] = field(default_factory=dict)
-    # From the controllers' own /metrics: the work queue's item duration, bucket upper bounds.
-    queue_work_p50: float | None = None
-    queue_work_p99: float | None = None
-    queue_items: int = 0
+    # From the controllers' own /metrics at the end.
+    controller_metrics: dict[str, "ControllerMetrics"] = field(default_factory=dict)
     # py-spy profiles, when asked for: the populator's while it populates, the dual-pods controller's
     # during both waves.
     profiles: dict[str, Summary] = field(default_factory=dict)
@@ -447,23 +487,9 @@ class Scenario:
                 )
         return figures
 
-    async def queue_work(self) -> tuple[float | None, float | None, int]:
-        """p50 and p99 (bucket upper bounds) of the dual-pods controller's work-queue item durations."""
-        text = await self.env.controllers.metrics(DUAL_PODS)
-        buckets: collections.Counter[float] = collections.Counter()
-        for family in text_string_to_metric_families(text):
-            if family.name == "fma_dpc_innerqueue_work_duration_seconds":
-                for sample in family.samples:
-                    if sample.name.endswith("_bucket"):
-                        buckets[float(sample.labels["le"])] += int(sample.value)
-        total = buckets.get(float("inf"), 0)
-        if not total:
-            return None, None, 0
-
-        def bound(q: float) -> float:
-            return next(le for le in sorted(buckets) if buckets[le] >= q * total)
-
-        return bound(0.5), bound(0.99), int(total)
+    async def controller_metrics(self) -> dict[str, ControllerMetrics]:
+        return {component: ControllerMetrics.parse(await self.env.controllers.metrics(component))
+                for component in (DUAL_PODS, POPULATOR)}  # fmt: skip
 
 
 def _problem(requester: Obj) -> str:
@@ -527,7 +553,7 @@ async def run_scale(spec: ScaleSpec, work_dir: Path, profile_dir: Path | None = 
                 result.controllers = await scenario.controller_figures()
                 result.pod_bytes = scenario.pod_bytes()
                 result.descriptors, result.rss_mib = scenario.footprint()
-                result.queue_work_p50, result.queue_work_p99, result.queue_items = await scenario.queue_work()
+                result.controller_metrics = await scenario.controller_metrics()
             finally:
                 await scenario.pods.stop()
             return result

@@ -33,4 +33,8 @@ async def test_forty_requesters_on_ten_simulated_nodes(tmp_path: Path) -> None:
         figures = result.controllers[component]
         assert 0 < figures.rss_mib <= figures.peak_rss_mib
         assert figures.cpu_seconds > 0
-    assert result.queue_items > 0
+    dual_pods = result.controller_metrics[DUAL_PODS]
+    assert dual_pods.own is not None
+    assert dual_pods.work is not None
+    assert dual_pods.own.count == dual_pods.work.count > 0, "every pass timed, with and without its calls"
+    assert dual_pods.api_requests.get("PATCH", 0) >= 40, "a bind, at least, per requester"
