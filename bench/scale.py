@@ -99,10 +99,13 @@ def report(result: ScaleResult) -> list[str]:
                          f"p99 <= {metrics.own.p99 * 1000:g} ms over {metrics.own.count} passes")  # fmt: skip
         if metrics.work is not None:
             parts.append(f"with calls p50 <= {metrics.work.p50:g} s, p99 <= {metrics.work.p99:g} s")
+        if metrics.queued is not None:
+            parts.append(f"queued p50 <= {metrics.queued.p50:g} s, p99 <= {metrics.queued.p99:g} s")
         requests = sum(metrics.api_requests.values())
         per = f", {requests / spec.requesters:.1f} per requester" if spec.requesters else ""
         parts.append(f"its API requests {requests}{per} ("
-                     + ", ".join(f"{m} {n}" for m, n in metrics.api_requests.items()) + ")")  # fmt: skip
+                     + ", ".join(f"{m} {n}" for m, n in metrics.api_requests.items())
+                     + f"), {metrics.throttled_seconds:.1f} s waited on the rate limit in all")  # fmt: skip
         lines.append(f"{component}: " + "; ".join(parts) + " (histogram bucket bounds)")
     for component, summary in result.profiles.items():
         lines.append(f"{component} profile ({summary.samples / RATE:.1f} s running Python), running in: "

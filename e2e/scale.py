@@ -145,22 +145,30 @@ class Quantiles:
 class ControllerMetrics:
     own: Quantiles | None  # dualpods_reconcile_own_seconds: a pass less its calls
     work: Quantiles | None  # fma_dpc_innerqueue_work_duration_seconds: a pass, calls included (dual-pods)
+    queued: Quantiles | None  # fma_dpc_innerqueue_queue_duration_seconds: added -> taken by a worker
     api_requests: dict[str, int]  # dualpods_kube_api_requests_total by HTTP method
+    throttled_seconds: float  # the sum of dualpods_kube_api_rate_limit_wait_seconds
 
     @classmethod
     def parse(cls, text: str) -> "ControllerMetrics":
-        own: dict[float, float] = collections.defaultdict(float)
-        work: dict[float, float] = collections.defaultdict(float)
+        buckets: dict[str, dict[float, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
         requests: collections.Counter[str] = collections.Counter()
+        throttled = 0.0
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name == "dualpods_reconcile_own_seconds_bucket":
-                    own[float(sample.labels["le"])] += sample.value
-                elif sample.name == "fma_dpc_innerqueue_work_duration_seconds_bucket":
-                    work[float(sample.labels["le"])] += sample.value
+                if sample.name.endswith("_bucket"):
+                    buckets[sample.name.removesuffix("_bucket")][float(sample.labels["le"])] += sample.value
                 elif sample.name == "dualpods_kube_api_requests_total":
                     requests[sample.labels["method"]] += int(sample.value)
-        return cls(Quantiles.of(own), Quantiles.of(work), dict(requests.most_common()))
+                elif sample.name == "dualpods_kube_api_rate_limit_wait_seconds_sum":
+                    throttled += sample.value
+        return cls(
+            own=Quantiles.of(buckets["dualpods_reconcile_own_seconds"]),
+            work=Quantiles.of(buckets["fma_dpc_innerqueue_work_duration_seconds"]),
+            queued=Quantiles.of(buckets["fma_dpc_innerqueue_queue_duration_seconds"]),
+            api_requests=dict(requests.most_common()),
+            throttled_seconds=throttled,
+        )
 
 
 @dataclass
