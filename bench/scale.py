@@ -107,6 +107,9 @@ def report(result: ScaleResult) -> list[str]:
                      + ", ".join(f"{m} {n}" for m, n in metrics.api_requests.items())
                      + f"), {metrics.throttled_seconds:.1f} s waited on the rate limit in all")  # fmt: skip
         lines.append(f"{component}: " + "; ".join(parts) + " (histogram bucket bounds)")
+        if metrics.calls:
+            lines.append("  its calls, p50/p99 <= s: " + ", ".join(
+                f"{purpose} {q.p50:g}/{q.p99:g} (x{q.count})" for purpose, q in metrics.calls.items()))  # fmt: skip
     for component, summary in result.profiles.items():
         lines.append(f"{component} profile ({summary.samples / RATE:.1f} s running Python), running in: "
                      + ", ".join(f"{name} {share:.0%}" for name, share in summary.libraries))  # fmt: skip

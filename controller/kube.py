@@ -8,6 +8,7 @@ scheduled at once) would reach the API server as fast as the workers can send it
 
 import functools
 import json
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from controller.ratelimit import TokenBucket
 DEFAULT_QPS = 100.0
 DEFAULT_BURST = 200
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,13 @@ class ApiMetrics:
             "dualpods_kube_api_requests",
             "Requests this controller made to the API server, by HTTP method and status code (0: no answer).",
             ["method", "code"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "dualpods_kube_api_request_seconds",
+            "Each request to the API server, from its send (after the rate limit) to its answer, by HTTP method.",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
             registry=registry,
         )
         self.throttled = Histogram(
@@ -69,6 +78,7 @@ class LimitedApiClient(client.ApiClient):  # type: ignore[misc]
     async def _send(self, method: str, sending: Awaitable[Any]) -> Any:
         with waiting():
             waited = await self._bucket.acquire()
+            sent = time.monotonic()
             code = 0
             try:
                 response = await sending
@@ -80,6 +90,7 @@ class LimitedApiClient(client.ApiClient):  # type: ignore[misc]
             finally:
                 if self._metrics is not None:
                     self._metrics.throttled.observe(waited)
+                    self._metrics.latency.labels(method).observe(time.monotonic() - sent)
                     self._metrics.requests.labels(method, str(code)).inc()
 
 

@@ -148,6 +148,8 @@ class ControllerMetrics:
     queued: Quantiles | None  # fma_dpc_innerqueue_queue_duration_seconds: added -> taken by a worker
     api_requests: dict[str, int]  # dualpods_kube_api_requests_total by HTTP method
     throttled_seconds: float  # the sum of dualpods_kube_api_rate_limit_wait_seconds
+    # fma_http_latency_seconds by purpose: the controller's calls to launchers and requesters.
+    calls: dict[str, Quantiles] = field(default_factory=dict)
 
     @classmethod
     def parse(cls, text: str) -> "ControllerMetrics":
@@ -156,7 +158,11 @@ class ControllerMetrics:
         throttled = 0.0
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
-                if sample.name.endswith("_bucket"):
+                if sample.name == "fma_http_latency_seconds_bucket":
+                    buckets[f"call {sample.labels['purpose']}"][float(sample.labels["le"])] += sample.value
+                elif sample.name == "dualpods_kube_api_request_seconds_bucket":
+                    buckets[f"call API {sample.labels['method']}"][float(sample.labels["le"])] += sample.value
+                elif sample.name.endswith("_bucket"):
                     buckets[sample.name.removesuffix("_bucket")][float(sample.labels["le"])] += sample.value
                 elif sample.name == "dualpods_kube_api_requests_total":
                     requests[sample.labels["method"]] += int(sample.value)
@@ -168,6 +174,11 @@ class ControllerMetrics:
             queued=Quantiles.of(buckets["fma_dpc_innerqueue_queue_duration_seconds"]),
             api_requests=dict(requests.most_common()),
             throttled_seconds=throttled,
+            calls={
+                name.removeprefix("call "): quantiles
+                for name, found in sorted(buckets.items())
+                if name.startswith("call ") and (quantiles := Quantiles.of(found)) is not None
+            },
         )
 
 
