@@ -23,9 +23,9 @@ from controller.passclock import waiting
 from controller.ratelimit import TokenBucket
 
 # client-go's own defaults (5 requests/s, burst 10) suit a controller of a few objects; these carry 1,000
-# requesters on 250 nodes (docs/benchmarks.md: about 9 requests per requester bound).
-DEFAULT_QPS = 100.0
-DEFAULT_BURST = 200
+# requesters on 250 nodes in a minute (docs/benchmarks.md: about 11 requests per requester bound).
+DEFAULT_QPS = 200.0
+DEFAULT_BURST = 400
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
