@@ -110,6 +110,8 @@ def report(result: ScaleResult) -> list[str]:
         if metrics.calls:
             lines.append("  its calls, p50/p99 <= s: " + ", ".join(
                 f"{purpose} {q.p50:g}/{q.p99:g} (x{q.count})" for purpose, q in metrics.calls.items()))  # fmt: skip
+    for component, lines_about in result.restarts.items():
+        lines.append(f"{component} RESTARTED: " + "; ".join(lines_about))
     for component, summary in result.profiles.items():
         lines.append(f"{component} profile ({summary.samples / RATE:.1f} s running Python), running in: "
                      + ", ".join(f"{name} {share:.0%}" for name, share in summary.libraries))  # fmt: skip
@@ -142,7 +144,8 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--idle-seconds", type=float, default=20.0, help="the cluster at rest, before the waves")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a chart value (repeatable)")
     parser.add_argument("--json", type=Path, help="also write every figure here")
-    parser.add_argument("--profile", type=Path, help="sample the controllers with py-spy; raw profiles go here")
+    parser.add_argument("--profile", type=Path, help="sample the controllers with py-spy; raw profiles go here "
+                        "(and the logs of a controller that restarted)")  # fmt: skip
     return parser.parse_args()
 
 

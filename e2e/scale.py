@@ -193,6 +193,8 @@ class ScaleResult:
     controllers: dict[str, ProcessFigures] = field(default_factory=dict)
     # From the controllers' own /metrics at the end.
     controller_metrics: dict[str, "ControllerMetrics"] = field(default_factory=dict)
+    # Each controller container's restarts: how it last ended, and the Warning Events about its Pod.
+    restarts: dict[str, list[str]] = field(default_factory=dict)
     # py-spy profiles, when asked for: the populator's while it populates, the dual-pods controller's
     # during both waves.
     profiles: dict[str, Summary] = field(default_factory=dict)
@@ -506,6 +508,30 @@ class Scenario:
                 )
         return figures
 
+    async def restarts(self, logs_to: Path | None) -> dict[str, list[str]]:
+        """For each controller that restarted: its restart count, how its last run ended and the Warning Events
+        about its Pod; with `logs_to`, the logs of its ended run and of the current one are kept there."""
+        found: dict[str, list[str]] = {}
+        events = await self.env.core.list_namespaced_event(self.env.namespace)
+        for component in (DUAL_PODS, POPULATOR):
+            for pod in await self.env.controllers.pods(component):
+                status = next(iter(pod.status.container_statuses or []), None)
+                if status is None or not status.restart_count:
+                    continue
+                ended = status.last_state.terminated if status.last_state else None
+                how = f"exit {ended.exit_code} ({ended.reason}) at {ended.finished_at}" if ended else "unknown"
+                warnings = collections.Counter(
+                    f"{e.reason}: {e.message}"[:160]
+                    for e in events.items
+                    if e.involved_object.uid == pod.metadata.uid and e.type == "Warning"
+                )
+                found[component] = [f"{status.restart_count} restarts, the last run ended with {how}"] + [
+                    f"{count} x {what}" for what, count in warnings.most_common(5)
+                ]
+                if logs_to is not None:
+                    _keep_logs(self.cluster, pod, component, logs_to)
+        return found
+
     async def controller_metrics(self) -> dict[str, ControllerMetrics]:
         return {component: ControllerMetrics.parse(await self.env.controllers.metrics(component))
                 for component in (DUAL_PODS, POPULATOR)}  # fmt: skip
@@ -515,6 +541,13 @@ def _problem(requester: Obj) -> str:
     """What the controller says is wrong with a requester (its status annotation), addresses left out."""
     errors = (pods.json_annotation(requester, keys.STATUS_ANNOTATION) or {}).get("Errors") or ["no error reported"]
     return re.sub(r"127(\.\d+){3}", "<pod IP>", str(errors[0]))[:200]
+
+
+def _keep_logs(cluster: LoopbackCluster, pod: client.V1Pod, component: str, logs_to: Path) -> None:
+    logs_to.mkdir(parents=True, exist_ok=True)
+    for previous in (True, False):
+        text = cluster.container_log(pod, "controller", previous=previous)
+        (logs_to / f"{component}{'-previous' if previous else ''}.log").write_text(text)
 
 
 def _peak_rss(pid: int) -> float:
@@ -573,6 +606,7 @@ async def run_scale(spec: ScaleSpec, work_dir: Path, profile_dir: Path | None = 
                 result.pod_bytes = scenario.pod_bytes()
                 result.descriptors, result.rss_mib = scenario.footprint()
                 result.controller_metrics = await scenario.controller_metrics()
+                result.restarts = await scenario.restarts(profile_dir)
             finally:
                 await scenario.pods.stop()
             return result
