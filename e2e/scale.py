@@ -557,17 +557,27 @@ def _peak_rss(pid: int) -> float:
     return 0.0
 
 
-async def _profiled(profile_dir: Path | None, process: psutil.Process | None, name: str) -> Profile | None:
-    if profile_dir is None or process is None:
-        return None
-    profile = Profile(process.pid, profile_dir / f"{name}.txt")
-    await profile.start()
-    return profile
+# Profiled during the waves (with `profile_dir`): the dual-pods controller, and what the simulation costs.
+PROFILED_IN_WAVES = (DUAL_PODS, "kubelet", "simulation-requester", "simulation-launcher")
 
 
-async def _summary(profile: Profile | None, name: str, result: ScaleResult) -> None:
-    if profile is not None and (summary := await profile.stop()) is not None:
-        result.profiles[name] = summary
+async def _profiles(
+    profile_dir: Path | None, processes: dict[str, psutil.Process], names: tuple[str, ...]
+) -> dict[str, Profile]:
+    started: dict[str, Profile] = {}
+    if profile_dir is None:
+        return started
+    for name in names:
+        if (process := processes.get(name)) is not None:
+            started[name] = Profile(process.pid, profile_dir / f"{name}.txt")
+            await started[name].start()
+    return started
+
+
+async def _summaries(profiles: dict[str, Profile], result: ScaleResult) -> None:
+    for name, profile in profiles.items():
+        if (summary := await profile.stop()) is not None:
+            result.profiles[name] = summary
 
 
 async def run_scale(spec: ScaleSpec, work_dir: Path, profile_dir: Path | None = None) -> ScaleResult:
@@ -590,18 +600,17 @@ async def run_scale(spec: ScaleSpec, work_dir: Path, profile_dir: Path | None = 
             await scenario.pods.start()
             try:
                 await scenario.create_models()
-                controllers = scenario.processes.find()
-                profile = await _profiled(profile_dir, controllers.get(POPULATOR), POPULATOR)
+                profiles = await _profiles(profile_dir, scenario.processes.find(), (POPULATOR,))
                 created, ready, phase = await scenario.populate()
                 result = ScaleResult(spec, up_seconds, created, ready, phase)
-                await _summary(profile, POPULATOR, result)
+                await _summaries(profiles, result)
                 result.idle_phase = await scenario.idle()
                 result.descriptors, result.rss_mib = scenario.footprint()
                 if spec.requesters:
-                    profile = await _profiled(profile_dir, controllers.get(DUAL_PODS), DUAL_PODS)
+                    profiles = await _profiles(profile_dir, scenario.processes.find(), PROFILED_IN_WAVES)
                     result.waves.append(await scenario.first_wave())
                     result.waves.append(await scenario.swap_wave())
-                    await _summary(profile, DUAL_PODS, result)
+                    await _summaries(profiles, result)
                 result.controllers = await scenario.controller_figures()
                 result.pod_bytes = scenario.pod_bytes()
                 result.descriptors, result.rss_mib = scenario.footprint()
