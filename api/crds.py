@@ -1,4 +1,4 @@
-"""The three custom resources of group `fma.llm-d.ai/v1alpha1` (FMA 0.6 compatible), plus dualpods' E3 budget.
+"""The three custom resources of group `fma.llm-d.ai/v1alpha1` (FMA 0.6 compatible), plus dualpods' extensions.
 
 Each root class parses the objects kubernetes-asyncio's CustomObjectsApi returns (`from_k8s`) and dumps
 back (`to_k8s`); its `RESOURCE` names the plural etc. for API calls. `config/crd/` is generated from
@@ -9,7 +9,7 @@ operator or key): a controller that cannot parse an object reports the Validatio
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Final, Self
+from typing import Annotated, Any, ClassVar, Final, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
@@ -58,6 +58,39 @@ class ObjectMeta(KubeModel, extra="allow"):
     deletion_timestamp: str | None = None
 
 
+# The condition types of all three kinds (docs/api.md, "Status conditions", says what each means per kind).
+# `Ready` and `Stalled` are the names kstatus reads (Flux, kpt, cli-utils): Stalled=True is a failure that
+# needs a change of the object or of what it names, not more time.
+READY: Final = "Ready"
+STALLED: Final = "Stalled"
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+class Condition(KubeModel):
+    """Condition contains details for one aspect of the current state of this API Resource (the shape of
+    Kubernetes' metav1.Condition, so `kubectl wait --for=condition=Ready` and kstatus read it)."""
+
+    type: Annotated[
+        str,
+        Field(
+            max_length=316,
+            pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+            r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+        ),
+    ]
+    """type of condition in CamelCase: `Ready` or `Stalled`."""
+    status: ConditionStatus
+    """status of the condition, one of True, False, Unknown."""
+    observed_generation: Annotated[Int64, Field(ge=0)] = 0
+    """observedGeneration is the `metadata.generation` that the condition was set based upon."""
+    last_transition_time: Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+    """lastTransitionTime is the last time the condition changed from one status to another (RFC 3339)."""
+    reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")]
+    """reason is a programmatic identifier (CamelCase) of the condition's last transition."""
+    message: Annotated[str, Field(max_length=32768)]
+    """message is a human readable message with details about the transition; may be empty."""
+
+
 class Status(KubeModel):
     """What the controllers observed of this object."""
 
@@ -66,6 +99,16 @@ class Status(KubeModel):
     errors: list[str] = Field(default_factory=list)
     """`errors` reports problems seen in the desired state of this object; in particular, in the version
     reported by `observedGeneration`."""
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    """dualpods extension: `Ready` and `Stalled` (Kubernetes' condition shape, one of each type). Stalled is True
+    exactly when `errors` is not empty, its message those errors joined by "; "."""
+
+    def condition(self, kind: str) -> Condition | None:
+        """The condition of type `kind`, if the controller has set one."""
+        return next((c for c in self.conditions if c.type == kind), None)
 
 
 class CustomResource(KubeModel):
@@ -118,7 +161,7 @@ class ModelServerConfig(KubeModel):
 
 
 class LoraAdapter(KubeModel):
-    """dualpods extension (E8): a LoRA adapter the model server serves under its own model name."""
+    """dualpods extension: a LoRA adapter the model server serves under its own model name."""
 
     name: Annotated[str, Field(min_length=1)]
     """Name is the model name clients use to ask for this adapter."""
@@ -137,9 +180,17 @@ class InferenceServerConfigSpec(KubeModel):
         default_factory=list,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
-    """dualpods extension (E8): LoRA adapters the model server loads at start and keeps in step with this
+    """dualpods extension: LoRA adapters the model server loads at start and keeps in step with this
     list while it runs (loading and unloading through vLLM's /v1/load_lora_adapter and
     /v1/unload_lora_adapter), without restarting it. Adapters are not part of an instance's identity."""
+
+
+class InferenceServerConfigStatus(Status):
+    """What the dual-pods controller observed of this InferenceServerConfig."""
+
+    served_requesters: Annotated[Int32, Field(ge=0)] = 0
+    """dualpods extension: how many server-requesting Pods naming this config are served now: bound to a
+    server-providing Pod whose instance of this config is awake, and told they are ready."""
 
 
 class InferenceServerConfig(CustomResource):
@@ -149,6 +200,7 @@ class InferenceServerConfig(CustomResource):
     RESOURCE: ClassVar[Resource] = Resource("InferenceServerConfig", "inferenceserverconfigs", "isc")
 
     spec: InferenceServerConfigSpec
+    status: InferenceServerConfigStatus = Field(default_factory=InferenceServerConfigStatus)
 
 
 # --- LauncherConfig --------------------------------------------------------------------------------
@@ -174,7 +226,7 @@ class PodTemplate(KubeModel):
 
 
 class SleeperBudget(KubeModel):
-    """dualpods extension (E3): memory that the sleeping instances of one launcher may hold, in bytes.
+    """dualpods extension: memory that the sleeping instances of one launcher may hold, in bytes.
 
     Before an instance is put to sleep, and before one is woken, the dual-pods controller checks these
     budgets and deletes least-recently-used sleepers to stay within them; when that cannot work it
@@ -220,7 +272,7 @@ class CountForLauncher(KubeModel):
 
     launcher_config_name: str
     """LauncherConfigName is the name of the LauncherConfig this policy applies to."""
-    launcher_count: Int32
+    launcher_count: Annotated[Int32, Field(ge=0)]
     """LauncherCount is the total number of launcher pods to maintain."""
 
 

@@ -19,9 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
+from api.token_file import TokenFile
 from controller.kube import DEFAULT_BURST, DEFAULT_QPS, ApiLimits, api_client
+from controller.launcher_token import ensure_launcher_token
 from controller.leader import LeaderElection, LostLeadership
 from controller.serving import serve_metrics
 
@@ -34,23 +37,40 @@ DEFAULT_WORKERS = 16
 Run = Callable[[], Awaitable[None]]
 
 
+async def launcher_token(api: client.ApiClient, args: argparse.Namespace) -> TokenFile | None:
+    """The launchers' bearer token as this controller sends it: the mounted Secret's file, followed as the
+    kubelet updates it; with --create-launcher-token-secret the Secret is made first when it does not exist,
+    and its token serves until the kubelet has filled the (optional) volume."""
+    made = ""
+    if args.create_launcher_token_secret and args.launcher_token_secret:
+        try:
+            made = await ensure_launcher_token(api, args.namespace, args.launcher_token_secret)
+        except ApiException as error:
+            sys.exit(
+                f"cannot read or create the launcher token Secret {args.namespace}/{args.launcher_token_secret}: "
+                f"{error.status} {error.reason} (the controller needs `get` on it and `create` on secrets)"
+            )
+    if not args.launcher_token_file:
+        return None
+    token = TokenFile(Path(args.launcher_token_file), fallback=made)
+    if not token.current():
+        log.error("no launcher token in %s: launchers will refuse every call until it appears", token.path)
+    return token
+
+
 def build_dual_pods(
-    api: client.ApiClient, args: argparse.Namespace, registry: CollectorRegistry
+    api: client.ApiClient, args: argparse.Namespace, registry: CollectorRegistry, token: TokenFile | None
 ) -> Callable[[], Awaitable[None]]:
     from controller.dualpods.controller import DualPodsOptions, run_dual_pods
 
     options = DualPodsOptions(
         workers=args.num_workers,
-        launcher_token=_token(args.launcher_token_file),
+        launcher_token=token,
         launcher_token_secret=args.launcher_token_secret,
         sleeper_limit=args.sleeper_limit,
         requester_tokens=requester_tokens(api, args),
     )
     return functools.partial(run_dual_pods, api, args.namespace, options, registry)
-
-
-def _token(path: str | None) -> str | None:
-    return Path(path).read_text().strip() if path else None
 
 
 def requester_tokens(api: client.ApiClient, args: argparse.Namespace) -> "RequesterTokens | None":
@@ -68,7 +88,7 @@ def requester_tokens(api: client.ApiClient, args: argparse.Namespace) -> "Reques
 
 
 def build_populator(
-    api: client.ApiClient, args: argparse.Namespace, registry: CollectorRegistry
+    api: client.ApiClient, args: argparse.Namespace, registry: CollectorRegistry, token: TokenFile | None
 ) -> Callable[[], Awaitable[None]]:
     from controller.populator import PopulatorOptions, run_populator
 
@@ -78,7 +98,7 @@ def build_populator(
         stuck_scheduling_threshold=args.stuck_scheduling_threshold,
         stuck_starting_threshold=args.stuck_starting_threshold,
         launcher_token_secret=args.launcher_token_secret,
-        launcher_token=_token(args.launcher_token_file),
+        launcher_token=token,
     )
     return functools.partial(run_populator, api, args.namespace, options, registry)
 
@@ -109,8 +129,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             help=f"requests to the API server at once beyond --kube-api-qps (default {DEFAULT_BURST})",
         )
         command.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-        command.add_argument("--launcher-token-secret", help="Secret with the launchers' bearer token (E9)")
-        command.add_argument("--launcher-token-file", help="file holding the launchers' bearer token (E9)")
+        command.add_argument("--launcher-token-secret", help="Secret with the launchers' bearer token (key `token`)")
+        command.add_argument(
+            "--create-launcher-token-secret",
+            action="store_true",
+            help="create --launcher-token-secret with a random token at start-up when it does not exist",
+        )
+        command.add_argument(
+            "--launcher-token-file", help="file holding the launchers' bearer token (re-read when it changes)"
+        )
     dual_pods.add_argument(
         "--requester-token-service-account",
         help="E15: the ServiceAccount (in --namespace; the controller's own) whose short-lived tokens, one per "
@@ -132,8 +159,8 @@ async def run(args: argparse.Namespace) -> None:
     registry = CollectorRegistry()
     api = await api_client(args.kubeconfig, ApiLimits(args.kube_api_qps, args.kube_api_burst), registry)
     metrics = await serve_metrics(registry, args.metrics_host, args.metrics_port)
-    controller = args.build(api, args, registry)
     try:
+        controller = args.build(api, args, registry, await launcher_token(api, args))
         if args.leader_elect:
             identity = os.environ.get("POD_NAME") or socket.gethostname()
             lease = args.leader_election_id or f"dualpods-{args.command}"

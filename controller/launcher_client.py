@@ -17,12 +17,17 @@ from api.launcher import (
     VllmConfig,
     WatchEvent,
 )
+from api.token_file import TokenFile
 from controller.http import HttpCaller, HttpError, Purpose, Reply
 from controller.listwatch import Expired, lines
 
 
 def launcher_url(pod_ip: str) -> str:
     return f"http://{pod_ip}:{LAUNCHER_PORT}"
+
+
+def _bearer(token: str | None) -> dict[str, str] | None:
+    return {"Authorization": f"Bearer {token}"} if token else None
 
 
 def error_reason(err: HttpError) -> ErrorReason | None:
@@ -42,15 +47,26 @@ def error_reason(err: HttpError) -> ErrorReason | None:
 
 
 class LauncherClient:
-    def __init__(self, http: HttpCaller, token: str | None) -> None:
+    def __init__(self, http: HttpCaller, token: TokenFile | None) -> None:
         self._http = http
-        self._headers = {"Authorization": f"Bearer {token}"} if token else None
+        self._token = token  # re-read when its file changes: a rotated Secret needs no restart
 
     def _url(self, pod_ip: str, path: str = "") -> str:
         return f"{launcher_url(pod_ip)}{INSTANCES_PATH}{path}"
 
     async def _call(self, purpose: Purpose, method: str, url: str, **kwargs: Any) -> Any:
-        return await self._http.expect_ok(purpose, method, url, headers=self._headers, **kwargs)
+        try:
+            return await self._http.expect_ok(purpose, method, url, headers=self.headers, **kwargs)
+        except HttpError as err:
+            # Refused before anything was done: a launcher whose kubelet has not yet seen a rotated token.
+            previous = self._token.previous() if self._token else None
+            if err.reply is None or err.reply.status != 401 or previous is None:
+                raise
+            return await self._http.expect_ok(purpose, method, url, headers=_bearer(previous), **kwargs)
+
+    @property
+    def headers(self) -> dict[str, str] | None:
+        return _bearer(self._token.current()) if self._token else None
 
     async def list_instances(self, pod_ip: str, isc_name: str = "") -> AllInstancesState:
         body = await self._call(Purpose.LIST_INSTANCES, "GET", self._url(pod_ip), isc_name=isc_name)
@@ -60,7 +76,7 @@ class LauncherClient:
         """The watch stream from revision `since`; Expired when the launcher answers 410 or the stream is
         silent (no event, no heartbeat) for WATCH_SILENCE_TIMEOUT_S."""
         url = self._url(pod_ip, f"/watch?since={since}")
-        async with self._http.stream("watch", url, self._headers) as response:
+        async with self._http.stream("watch", url, self.headers) as response:
             if response.status == 410:
                 raise Expired(f"the launcher does not hold revision {since}")
             if response.status != 200:

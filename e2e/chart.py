@@ -28,12 +28,13 @@ def helm_env(home: Path) -> dict[str, str]:
             "XDG_CONFIG_HOME": str(home / "config"), "XDG_DATA_HOME": str(home / "data")}  # fmt: skip
 
 
-async def helm(cluster: LoopbackCluster, work_dir: Path, *args: str) -> str:
-    """Run helm against the loopback cluster with its state kept in `work_dir`."""
+async def helm(cluster: LoopbackCluster, work_dir: Path, *args: str, kubeconfig: Path | None = None) -> str:
+    """Run helm against the loopback cluster with its state kept in `work_dir`, as the cluster's admin or as
+    the user of `kubeconfig`."""
     home = work_dir / "helm-home"
     home.mkdir(parents=True, exist_ok=True)
     process = await asyncio.create_subprocess_exec(
-        str(venv_tool("helm")), "--kubeconfig", str(cluster.kubeconfig), *args,
+        str(venv_tool("helm")), "--kubeconfig", str(kubeconfig or cluster.kubeconfig), *args,
         env=helm_env(home), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )  # fmt: skip
     out, err = await process.communicate()
@@ -51,16 +52,21 @@ class InstalledControllers:
     namespace: str
     work_dir: Path
     release: str = "dualpods"
+    kubeconfig: Path | None = None  # whose rights helm uses: the cluster admin's unless set (a tenant's)
+
+    async def helm(self, *args: str) -> str:
+        return await helm(self.cluster, self.work_dir, *args, "-n", self.namespace, kubeconfig=self.kubeconfig)
 
     async def install(self, *settings: str) -> None:
-        args = [f"--set={s}" for s in settings]
-        await helm(self.cluster, self.work_dir, "install", self.release, str(CHART), "-n", self.namespace, *args)
+        await self.helm("install", self.release, str(CHART), *(f"--set={s}" for s in settings))
         for component in (DUAL_PODS, POPULATOR):
-            await self.wait_running(component)
+            try:
+                await self.wait_running(component)
+            except TimeoutError as error:
+                raise TimeoutError(f"{error}\n{await self.log_tail(component)}") from None
 
     async def uninstall(self) -> None:
-        await helm(self.cluster, self.work_dir, "uninstall", self.release, "-n", self.namespace, "--ignore-not-found",
-                   "--wait")  # fmt: skip
+        await self.helm("uninstall", self.release, "--ignore-not-found", "--wait")
 
     async def pods(self, component: str) -> list[Any]:
         core = client.CoreV1Api(self.api)

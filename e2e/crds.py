@@ -1,18 +1,23 @@
-"""Installing the generated CRDs into the loopback cluster, as a user would: `kubectl apply`."""
+"""Installing the generated CRDs into the loopback cluster, as a user would (`kubectl apply`), and the manifests
+of our kinds that tests apply: FMA's e2e objects (e2e/fixture_manifests/) and the GPU deployment users start
+from (config/examples/)."""
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
+import yaml
 from kubernetes_asyncio import client
 
 from api.crdgen import DEFAULT_OUT_DIR as CRD_DIR
-from api.crds import KINDS
+from api.crds import API_VERSION, KINDS
 from e2e.cluster.binaries import venv_tool
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.waiting import wait_for
 
 
-async def kubectl(cluster: LoopbackCluster, *args: str, stdin: str = "") -> str:
+async def kubectl(cluster: LoopbackCluster, *args: str, stdin: str = "", check: bool = True) -> str:
+    """kubectl's output; AssertionError when it fails, unless `check` is False (`auth can-i` says no by failing)."""
     process = await asyncio.create_subprocess_exec(
         str(venv_tool("kubectl")),
         "--kubeconfig",
@@ -23,8 +28,19 @@ async def kubectl(cluster: LoopbackCluster, *args: str, stdin: str = "") -> str:
         stderr=asyncio.subprocess.PIPE,
     )
     out, err = await process.communicate(stdin.encode())
-    assert process.returncode == 0, f"kubectl {' '.join(args)} failed: {err.decode()}"
+    assert process.returncode == 0 or not check, f"kubectl {' '.join(args)} failed: {err.decode()}"
     return out.decode()
+
+
+REPO = CRD_DIR.parent.parent
+FIXTURES = REPO / "e2e" / "fixture_manifests"
+EXAMPLES = REPO / "config" / "examples"
+
+
+def manifests(directory: Path, *, ours: bool = True) -> list[dict[str, Any]]:
+    """The objects of the YAML files in `directory`: of our three kinds, or (`ours` False) all the others."""
+    docs = (doc for path in sorted(directory.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()))
+    return [doc for doc in docs if doc and (doc["apiVersion"] == API_VERSION) == ours]
 
 
 _INSTALLED: set[Path] = set()  # the clusters (by kubeconfig) this process has installed them in

@@ -25,6 +25,12 @@ from scripts.images import catalogue
 
 Obj = dict[str, Any]
 MODELS_MOUNT = "/models"
+LAUNCHER_HOME = "/home/dualpods"  # the images' HOME
+RESTRICTED_CONTAINER: Obj = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
 
 
 @dataclass(frozen=True)
@@ -134,8 +140,20 @@ class DualPodsEnv:
         }
         pod_spec: Obj = {"terminationGracePeriodSeconds": 5, "containers": [container]}
         if self.images.models_dir is not None:
-            pod_spec["volumes"] = [{"name": "models", "hostPath": {"path": str(self.images.models_dir)}}]
-            container["volumeMounts"] = [{"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True}]
+            # The real launcher image, run as config/examples/ runs it: restricted, its root read-only, writing
+            # only to HOME's and /tmp's emptyDirs (only the models' hostPath is this machine's own).
+            pod_spec["securityContext"] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+            container["securityContext"] = RESTRICTED_CONTAINER
+            pod_spec["volumes"] = [
+                {"name": "models", "hostPath": {"path": str(self.images.models_dir)}},
+                {"name": "home", "emptyDir": {}},
+                {"name": "tmp", "emptyDir": {}},
+            ]
+            container["volumeMounts"] = [
+                {"name": "models", "mountPath": MODELS_MOUNT, "readOnly": True},
+                {"name": "home", "mountPath": LAUNCHER_HOME},
+                {"name": "tmp", "mountPath": "/tmp"},
+            ]
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "LauncherConfig",

@@ -67,10 +67,11 @@ class LauncherProcess:
     token: str | None = None
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
+    host: str = "127.0.0.1"  # another loopback address lets it serve on the launcher's own port, as in a Pod
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -82,7 +83,7 @@ class LauncherProcess:
 
     def start(self) -> "LauncherProcess":
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        flags = ["--host", "127.0.0.1", "--port", str(self.port), *self.flags]
+        flags = ["--host", self.host, "--port", str(self.port), *self.flags]
         if self.token:
             token_file = self.work_dir / "token"
             token_file.write_text(self.token)

@@ -62,6 +62,19 @@ async def fma_crds(cluster: LoopbackCluster, api: client.ApiClient, crds: None) 
     finally:
         await kubectl(cluster, "apply", "-f", str(CRD_DIR))
         await established(api, field_present=True)
+        await published(cluster)
+
+
+async def published(cluster: LoopbackCluster) -> None:
+    """Until the API server's OpenAPI document, which kubectl validates manifests with, has our fields again: it
+    follows a CRD change a few seconds later, and a test applying a LauncherConfig next would be refused."""
+
+    async def explained() -> bool:
+        fields = [f"{kind}.spec.{field}" for kind, field in (("launcherconfig", "sleeperBudget"),
+                                                                ("inferenceserverconfig", "loraAdapters"))]  # fmt: skip
+        return all(["FIELD" in await kubectl(cluster, "explain", path, check=False) for path in fields])
+
+    await wait_for(explained, what="our fields in the published OpenAPI", within=60)
 
 
 async def dry_run_install(cluster: LoopbackCluster, work_dir: Path, namespace: str, *settings: str) -> str:
@@ -84,4 +97,4 @@ async def test_installing_over_crds_without_our_fields_is_refused_with_what_to_d
     assert "launcherconfigs.fma.llm-d.ai (spec.sleeperBudget)" in message
     assert "inferenceserverconfigs.fma.llm-d.ai (spec.loraAdapters)" in message
     assert "kubectl apply --server-side" in message
-    assert "kind: Deployment" in await dry_run_install(cluster, tmp_path, namespace, "checkInstalledCRDs=false")
+    assert "kind: Deployment" in await dry_run_install(cluster, tmp_path, namespace, "crds.checkInstalled=false")

@@ -9,7 +9,6 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from api.crdgen import DEFAULT_OUT_DIR as CRD_DIR
 from api.crds import (
     API_VERSION,
     GROUP,
@@ -22,15 +21,12 @@ from api.crds import (
     parse_object,
 )
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.crds import kubectl
-
-EXAMPLES = CRD_DIR.parent / "examples"
+from e2e.crds import EXAMPLES, FIXTURES, kubectl, manifests
 
 
 def examples() -> list[dict[str, Any]]:
-    """The example objects of our kinds (config/examples/ may hold other ones)."""
-    docs = (doc for path in sorted(EXAMPLES.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()))
-    return [doc for doc in docs if doc["apiVersion"] == API_VERSION]
+    """FMA's e2e objects and the GPU deployment's objects of our kinds."""
+    return manifests(FIXTURES) + manifests(EXAMPLES)
 
 
 async def create(api: client.ApiClient, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:

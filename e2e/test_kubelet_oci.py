@@ -40,8 +40,16 @@ class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         token = pathlib.Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
         pathlib.Path("/scratch/written").write_text("yes")
+        try:
+            pathlib.Path("/written").write_text("yes")
+            root_writable = True
+        except OSError:
+            root_writable = False
+        status = {{k: v for k, v in (line.split(":", 1) for line in open("/proc/self/status")) if k.startswith("Cap")}}
         body = json.dumps({{"env": dict(os.environ), "uid": os.getuid(), "token": token.is_file(),
-                           "config": pathlib.Path("/config/greeting").read_text()}}).encode()
+                           "config": pathlib.Path("/config/greeting").read_text(), "root_writable": root_writable,
+                           "no_new_privs": open("/proc/self/status").read().count("NoNewPrivs:\t1"),
+                           "effective_caps": status["CapEff"].strip()}}).encode()
         self.send_response(200); self.end_headers(); self.wfile.write(body)
 print("serving on", os.environ["POD_IP"], flush=True)
 http.server.HTTPServer((os.environ["POD_IP"], {PORT}), Handler).serve_forever()
@@ -155,6 +163,44 @@ async def test_restarts_probes_and_grace_as_the_process_runtime(
     events = await core.list_namespaced_event(namespace)
     assert any(e.reason == "Unhealthy" and "Liveness" in e.message for e in events.items)
     await core.delete_namespaced_pod("restarting", namespace, grace_period_seconds=0)
+
+
+RESTRICTED = {
+    "runAsNonRoot": True,
+    "runAsUser": 65532,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+async def test_the_pods_security_context_is_applied(
+    api: client.ApiClient, namespace: str, cluster: LoopbackCluster, image: str
+) -> None:
+    """Pod Security "restricted", as the chart's Pods ask for it: the user, a read-only root (volumes stay
+    writable), no capabilities, no privilege escalation; runAsNonRoot refuses an image that would run as root."""
+    require_oci(cluster)
+    core = client.CoreV1Api(api)
+    await core.create_namespaced_config_map(namespace, {"metadata": {"name": "settings"}, "data": {"greeting": "hi"}})
+    await core.create_namespaced_pod(namespace, server_pod("restricted", image, securityContext=RESTRICTED))
+    pod = await wait_pod(core, namespace, "restricted", "to be Ready", is_running_and_ready, within=60)
+    answer = await get_json(f"http://{pod.status.pod_ip}:{PORT}/env")
+    assert answer["uid"] == 65532
+    assert answer["root_writable"] is False, "readOnlyRootFilesystem"
+    assert answer["no_new_privs"] == 1, "allowPrivilegeEscalation: false"
+    assert int(answer["effective_caps"], 16) == 0, "capabilities drop ALL"
+
+    as_root = server_pod("as-root", image, securityContext={"runAsNonRoot": True})
+    await core.create_namespaced_pod(namespace, as_root)
+
+    def refused(pod: client.V1Pod) -> bool:
+        waiting = pod.status.container_statuses and pod.status.container_statuses[0].state.waiting
+        return bool(waiting) and waiting.reason == "CreateContainerConfigError" and "root" in waiting.message
+
+    await wait_pod(core, namespace, "as-root", "to be refused: its image runs as root", refused, within=60)
+    for name in ("restricted", "as-root"):
+        await core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
 
 
 def test_containers_never_outlive_their_kubelet(tmp_path: Any, image: str) -> None:

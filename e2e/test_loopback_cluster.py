@@ -513,3 +513,35 @@ async def test_lost_node_pods_are_recreated_elsewhere(
             return node_is_ready(await core.read_node(victim))
 
         await wait_for(back, what=f"{victim} to be back and Ready")
+
+
+async def test_a_read_only_root_leaves_only_volumes_writable(
+    api: client.ApiClient, namespace: str, cluster: LoopbackCluster
+) -> None:
+    """`readOnlyRootFilesystem: true` with /tmp an emptyDir, as the chart's controllers run: writing anywhere but
+    a volume fails (the process runtime remounts the container's file systems read-only), /dev/null still takes
+    output, and a Secret volume whose files the kubelet keeps under /tmp is still there behind the /tmp volume."""
+    core = client.CoreV1Api(api)
+    await core.create_namespaced_secret(namespace, {"metadata": {"name": "creds"}, "stringData": {"token": "t0k"}})
+    code = (
+        "import json, os, pathlib, tempfile\n"
+        "def writable(directory):\n"
+        "    try:\n"
+        "        with tempfile.TemporaryFile(dir=directory): return True\n"
+        "    except OSError: return False\n"
+        "open(os.devnull, 'w').write('x')\n"
+        "places = ('/tmp', os.path.expanduser('~'), os.getcwd())\n"
+        f"secret = pathlib.Path('{MOUNTS}/creds/token').read_text()\n"
+        "print(json.dumps({'writable': {d: writable(d) for d in places}, 'secret': secret}))"
+    )
+    mounts = [{"name": "tmp", "mountPath": "/tmp"}, {"name": "creds", "mountPath": f"{MOUNTS}/creds", "readOnly": True}]
+    container = python_container(code, volumeMounts=mounts, securityContext={"readOnlyRootFilesystem": True})
+    volumes = [{"name": "tmp", "emptyDir": {}}, {"name": "creds", "secret": {"secretName": "creds"}}]
+    manifest = pod_manifest("read-only", container, volumes=volumes, restartPolicy="Never")
+    await core.create_namespaced_pod(namespace, manifest)
+    pod = await wait_pod(core, namespace, "read-only", "to succeed", lambda p: p.status.phase == "Succeeded")
+    report = json.loads(cluster.container_log(pod, "main"))
+    assert report["secret"] == "t0k"
+    writable = report["writable"]
+    assert writable.pop("/tmp") is True
+    assert set(writable.values()) == {False}, writable

@@ -15,6 +15,7 @@ from pathlib import Path
 from aiohttp import web
 
 from api.keys import LAUNCHER_PORT
+from api.token_file import DEFAULT_GRACE_SECONDS, TokenFile
 
 from . import gpus, process_control
 from .app import build_app
@@ -53,7 +54,13 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     parser.add_argument(
         "--auth-token-file",
         default=env("LAUNCHER_AUTH_TOKEN_FILE"),
-        help="file holding the bearer token every route but /health requires (E9)",
+        help="file holding the bearer token every route but /health requires; re-read when it changes",
+    )
+    parser.add_argument(
+        "--auth-token-grace-seconds",
+        type=float,
+        default=DEFAULT_GRACE_SECONDS,
+        help="how long a replaced token stays valid after the file changed (callers see a rotation later)",
     )
     parser.add_argument(
         "--mock-gpus",
@@ -107,12 +114,13 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
     return args
 
 
-def read_token(path: str | None) -> str:
+def read_token(path: str | None, grace_seconds: float) -> TokenFile | None:
+    """The token every route but /health requires, followed as its file changes (a rotated Secret)."""
     if path is None:
-        return ""
-    token = Path(path).read_text().strip()
-    if not token:
-        sys.exit(f"launcher: the auth token file {path} is empty")
+        return None
+    token = TokenFile(Path(path), grace_seconds=grace_seconds)
+    if not token.current():
+        sys.exit(f"launcher: the auth token file {path} is missing or empty")
     return token
 
 
@@ -144,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    token = read_token(args.auth_token_file)
+    token = read_token(args.auth_token_file, args.auth_token_grace_seconds)
     process_control.become_subreaper()
     runtimes = make_runtimes(args)
     metrics = LauncherMetrics()

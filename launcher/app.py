@@ -6,7 +6,6 @@ exception names. A watch stream that has nothing to send sends an empty line eve
 WATCH_HEARTBEAT_S, so both ends can tell a quiet stream from a dead connection.
 """
 
-import hmac
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -24,6 +23,7 @@ from api.launcher import (
     Index,
     VllmConfig,
 )
+from api.token_file import TokenFile
 
 from .errors import BadRequest, LauncherError, PayloadTooLarge, RangeNotSatisfiable, Unauthorized, Unprocessable
 from .instances import InstanceManager
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MANAGER = web.AppKey("manager", InstanceManager)
-TOKEN = web.AppKey("token", str)
+TOKEN: web.AppKey[TokenFile | None] = web.AppKey("token")
 CHUNK_BYTES = 64 * 1024
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
 HEARTBEAT = b"\n"
@@ -81,9 +81,9 @@ async def errors_as_json(request: web.Request, handler: Handler) -> web.StreamRe
 @web.middleware
 async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
     token = request.app[TOKEN]
-    if token and request.path not in UNAUTHENTICATED_PATHS:
-        presented = request.headers.get("Authorization", "")
-        if not hmac.compare_digest(presented.encode(), f"Bearer {token}".encode()):
+    if token is not None and request.path not in UNAUTHENTICATED_PATHS:
+        scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+        if scheme != "Bearer" or not token.accepts(presented):
             raise Unauthorized("missing or wrong bearer token")
     return await handler(request)
 
@@ -253,7 +253,7 @@ ROUTES: list[tuple[str, web.RouteDef]] = [
 ]
 
 
-def build_app(manager: InstanceManager, token: str = "") -> web.Application:
+def build_app(manager: InstanceManager, token: TokenFile | None = None) -> web.Application:
     app = web.Application(middlewares=[count_requests, errors_as_json, require_token])
     app[MANAGER] = manager
     app[TOKEN] = token

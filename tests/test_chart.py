@@ -1,41 +1,95 @@
-"""The Helm chart: lint, schema validation of what it renders, and the shape of what it grants."""
+"""The Helm chart: lint, schema validation of what it renders, Pod Security, the values' schema, stable renders,
+the standard knobs, tenant installs, and the shape of what it grants."""
 
+import json
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 
 from e2e.chart import CHART
-from scripts.helm_chart import REPO, helm, render_chart
+from scripts.helm_chart import REPO, helm, render_chart, run_helm
+from tests.pod_security import restricted_violations
 
 KUBE_VERSION = "1.30.0"
 EVERYTHING_ON = [
     "dualPodsController.replicas=2",
+    "launcherPopulator.replicas=3",
     "serviceMonitor.enabled=true",
     "grafanaDashboard.enabled=true",
     "admissionPolicies.enabled=true",
 ]
+# Every knob a platform team sets, at once.
+KNOBS = [
+    "global.imageRegistry=registry.example.com",
+    "imagePullSecrets[0].name=pull",
+    "nodeSelector.pool=system",
+    "tolerations[0].key=dedicated",
+    "tolerations[0].operator=Exists",
+    "podAnnotations.team=ml",
+    "podLabels.cost-center=cc42",
+    "priorityClassName=system-cluster-critical",
+    "serviceAccount.annotations.iam\\.gke\\.io/gcp-service-account=sa@p.iam.gserviceaccount.com",
+    "serviceAccount.name=models-fma-controllers",
+    "fullnameOverride=models",
+    "nameOverride=swapper",
+    "dualPodsController.extraArgs[0]=--log-level=debug",
+    "dualPodsController.extraEnv[0].name=PYTHONASYNCIODEBUG",
+    "dualPodsController.extraEnv[0].value=on",
+    "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=pool",
+    "affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists",
+]
+TENANT = ["crds.install=false", "rbac.clusterScoped=false"]
+CLUSTER_SCOPED = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
+                  "ValidatingAdmissionPolicyBinding"}  # fmt: skip
+Obj = dict[str, Any]
 
 
-def render(tmp_path: Path, *settings: str) -> list[dict[str, Any]]:
-    return render_chart("rel", "models", *settings, kube_version=KUBE_VERSION)
+def render(*settings: str, kube_version: str = KUBE_VERSION) -> list[Obj]:
+    return render_chart("rel", "models", *settings, kube_version=kube_version)
 
 
-def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+def by_kind(docs: list[Obj], kind: str) -> list[Obj]:
     return [d for d in docs if d["kind"] == kind]
+
+
+def deployment(docs: list[Obj], name: str) -> Obj:
+    (found,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == name]
+    return found
+
+
+def controllers_role(docs: list[Obj]) -> Obj:
+    (role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"].endswith("-fma-controllers")]
+    return role
+
+
+def container(workload: Obj) -> Obj:
+    pod = workload["spec"]["template"]["spec"] if workload["kind"] == "Deployment" else workload["spec"]
+    first: Obj = pod["containers"][0]
+    return first
+
+
+def template_fails(*settings: str) -> str:
+    """helm template's error message for values it must refuse."""
+    done = run_helm("template", "rel", str(CHART), *(f"--set={s}" for s in settings))
+    assert done.returncode != 0, f"{settings} were accepted"
+    return done.stderr
 
 
 def test_lint_strict() -> None:
     helm("lint", "--strict", str(CHART))
 
 
-@pytest.mark.parametrize("settings", [[], EVERYTHING_ON], ids=["defaults", "everything-on"])
-def test_rendered_objects_are_valid_kubernetes(tmp_path: Path, settings: list[str]) -> None:
+@pytest.mark.parametrize(
+    "settings", [[], EVERYTHING_ON, KNOBS, [*TENANT, "launcherToken.existingSecret=mine"]],
+    ids=["defaults", "everything-on", "knobs", "tenant"],
+)  # fmt: skip
+def test_rendered_objects_are_valid_kubernetes(settings: list[str]) -> None:
     problems = []
-    for doc in render(tmp_path, *settings):
+    for doc in render(*settings):
         if doc["apiVersion"].startswith("monitoring.coreos.com"):
             continue  # a CRD of the Prometheus Operator: no schema ships with Kubernetes
         try:
@@ -45,8 +99,253 @@ def test_rendered_objects_are_valid_kubernetes(tmp_path: Path, settings: list[st
     assert not problems, "\n".join(problems)
 
 
-def test_least_privilege(tmp_path: Path) -> None:
-    docs = render(tmp_path)
+# --- Pod Security "restricted" ------------------------------------------------------------------------------
+
+
+def workloads(docs: list[Obj]) -> dict[str, Obj]:
+    """Every Pod spec the chart renders (Deployments and the `helm test` Pod), by kind/name."""
+    kinds = {"Deployment": lambda d: d["spec"]["template"]["spec"], "Pod": lambda d: d["spec"]}
+    return {f"{d['kind']}/{d['metadata']['name']}": kinds[d["kind"]](d) for d in docs if d["kind"] in kinds}
+
+
+@pytest.mark.parametrize("settings", [[], EVERYTHING_ON, KNOBS], ids=["defaults", "everything-on", "knobs"])
+def test_every_workload_passes_the_restricted_pod_security_profile(settings: list[str]) -> None:
+    found = workloads(render(*settings))
+    assert sorted(name.partition("/")[0] for name in found) == ["Deployment", "Deployment", "Pod"]
+    problems = [f"{name}: {p}" for name, pod in found.items() for p in restricted_violations(pod)]
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("unset", "problem"),
+    [
+        ("podSecurityContext.runAsNonRoot", "runAsNonRoot is not true"),
+        ("podSecurityContext.seccompProfile", "seccompProfile"),
+        ("securityContext.allowPrivilegeEscalation", "allowPrivilegeEscalation is not false"),
+        ("securityContext.capabilities", "capabilities do not drop ALL"),
+        ("securityContext.readOnlyRootFilesystem", "readOnlyRootFilesystem is not true"),
+    ],
+)
+def test_a_workload_missing_a_restricted_field_is_caught(unset: str, problem: str) -> None:
+    """The check above fails when the chart's defaults lose a field (here: a user unsets it)."""
+    pod = workloads(render(f"{unset}=null"))["Deployment/rel-dual-pods-controller"]
+    assert any(problem in p for p in restricted_violations(pod))
+
+
+def test_the_controllers_write_only_to_their_tmp_volume() -> None:
+    for name, pod in workloads(render()).items():
+        if name.startswith("Deployment/"):
+            assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
+            mounts = {m["mountPath"]: m.get("readOnly", False) for m in pod["containers"][0]["volumeMounts"]}
+            assert mounts.pop("/tmp") is False
+            assert all(mounts.values()), mounts  # everything else mounted read-only
+
+
+# --- values: schema, FMA's names, stable renders ------------------------------------------------------------
+
+
+def test_a_misspelt_value_fails_naming_it() -> None:
+    assert "additional properties 'dualPodController' not allowed" in template_fails("dualPodController.replicas=2")
+    assert "additional properties 'replica' not allowed" in template_fails("dualPodsController.replica=2")
+    assert "/dualPodsController/replicas" in template_fails("dualPodsController.replicas=-1")
+    assert "/dualPodsController/logLevel" in template_fails("dualPodsController.logLevel=verbose")
+
+
+@pytest.mark.parametrize(
+    ("fma_value", "ours"),
+    [
+        ("launcherPopulator.replicaCount=2", "launcherPopulator.replicas"),
+        ("replicaCount=2", "dualPodsController.replicas"),
+        ("launcherPopulator.pullPolicy=Always", "image.pullPolicy"),
+        ("global.local=true", "image.pullPolicy"),
+        ("dualPodsController.debugAcceleratorMemory=true", "sleeperBudget"),
+    ],
+)
+def test_fma_chart_values_without_a_meaning_here_fail_naming_ours(fma_value: str, ours: str) -> None:
+    message = template_fails(fma_value)
+    key = fma_value.partition("=")[0]
+    assert f"FMA chart value {key}" in message
+    assert ours in message
+
+
+def test_fma_chart_globals_work() -> None:
+    docs = render(
+        "global.imageRegistry=ghcr.io/example/", "global.imageTag=v9", "global.nodeViewClusterRole=view-nodes"
+    )
+    assert container(deployment(docs, "rel-dual-pods-controller"))["image"] == "ghcr.io/example/dualpods/controller:v9"
+    assert [r["metadata"]["name"] for r in by_kind(docs, "ClusterRole")] == ["models-rel-requester-tokenreview"]
+    (binding,) = [b for b in by_kind(docs, "ClusterRoleBinding") if b["metadata"]["name"] == "models-rel-node-view"]
+    assert binding["roleRef"]["name"] == "view-nodes"
+    assert [s["name"] for s in binding["subjects"]] == ["rel-fma-controllers"]
+    image = container(deployment(render("image.tag=1.2", "global.imageTag=v9"), "rel-dual-pods-controller"))["image"]
+    assert image == "dualpods/controller:1.2"  # the chart's own value wins
+
+
+def test_the_controllers_service_account_keeps_the_suffix_fma_policies_exempt() -> None:
+    assert "/serviceAccount/name" in template_fails("serviceAccount.name=controllers")
+
+
+def test_two_renders_with_the_same_values_are_byte_identical() -> None:
+    """GitOps tools render the chart on every sync: nothing random, nothing from the cluster."""
+    args = ["template", "rel", str(CHART), "-n", "models", "--include-crds", *(f"--set={s}" for s in EVERYTHING_ON)]
+    assert helm(*args) == helm(*args)
+    assert not by_kind(render(), "Secret")
+
+
+def _keys(values: Obj, prefix: str = "") -> list[str]:
+    """Every key of values.yaml, as a dotted path (maps that users fill in count as leaves)."""
+    found = []
+    for key, value in values.items():
+        path = f"{prefix}{key}"
+        found.append(path)
+        if (
+            isinstance(value, dict)
+            and value
+            and not key.endswith(
+                ("Labels", "labels", "Annotations", "annotations", "Selector", "resources", "requests", "limits")
+            )
+        ):
+            found += _keys(value, f"{path}.")
+    return found
+
+
+def test_every_value_is_described_by_the_schema() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    undescribed = []
+    for path in _keys(values):
+        node = schema
+        for part in path.split("."):
+            node = node.get("properties", {}).get(part, {})
+        if not node.get("description") and not path.startswith(("podSecurityContext.", "securityContext.")):
+            undescribed.append(path)
+    assert not undescribed
+
+
+# --- the standard knobs --------------------------------------------------------------------------------------
+
+
+def test_the_standard_knobs_reach_both_controllers() -> None:
+    docs = render(*KNOBS)
+    for name in ("models-dual-pods-controller", "models-launcher-populator"):
+        workload = deployment(docs, name)
+        assert workload["metadata"]["labels"]["app.kubernetes.io/name"] == "swapper"
+        template = workload["spec"]["template"]
+        pod = template["spec"]
+        assert container(workload)["image"] == "registry.example.com/dualpods/controller:0.1.0"
+        assert pod["imagePullSecrets"] == [{"name": "pull"}]
+        assert pod["nodeSelector"] == {"pool": "system"}
+        assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
+        assert pod["priorityClassName"] == "system-cluster-critical"
+        assert pod["serviceAccountName"] == "models-fma-controllers"
+        assert list(pod["affinity"]) == ["nodeAffinity"]  # yours replaces the default anti-affinity
+        assert template["metadata"]["annotations"] == {"team": "ml"}
+        assert template["metadata"]["labels"]["cost-center"] == "cc42"
+    dual_pods = container(deployment(docs, "models-dual-pods-controller"))
+    assert dual_pods["args"][-1] == "--log-level=debug"
+    assert {"name": "PYTHONASYNCIODEBUG", "value": "on"} in dual_pods["env"]
+    assert "--requester-token-service-account=models-fma-controllers" in dual_pods["args"]
+    (account,) = [a for a in by_kind(docs, "ServiceAccount") if a["metadata"]["name"] == "models-fma-controllers"]
+    assert account["metadata"]["annotations"] == {"iam.gke.io/gcp-service-account": "sa@p.iam.gserviceaccount.com"}
+    (test_pod,) = by_kind(docs, "Pod")
+    assert test_pod["spec"]["imagePullSecrets"] == [{"name": "pull"}]
+    assert container(test_pod)["image"] == "registry.example.com/python:3.12-slim"
+
+
+def test_a_digest_pins_the_image() -> None:
+    digest = "sha256:" + "ab" * 32
+    image = container(deployment(render(f"image.digest={digest}"), "rel-dual-pods-controller"))["image"]
+    assert image == f"dualpods/controller@{digest}"
+
+
+@pytest.mark.parametrize(("kube_version", "api_version"), [("1.30.0", "policy/v1"), ("1.20.2", "policy/v1beta1")])
+def test_several_replicas_get_a_disruption_budget_and_spread_over_nodes(kube_version: str, api_version: str) -> None:
+    docs = render("dualPodsController.replicas=2", "launcherPopulator.replicas=3", kube_version=kube_version)
+    budgets = {b["metadata"]["name"]: b for b in by_kind(docs, "PodDisruptionBudget")}
+    assert set(budgets) == {"rel-dual-pods-controller", "rel-launcher-populator"}
+    for name, budget in budgets.items():
+        assert budget["apiVersion"] == api_version
+        assert budget["spec"]["maxUnavailable"] == 1
+        assert budget["spec"]["selector"] == deployment(docs, name)["spec"]["selector"]
+        anti = deployment(docs, name)["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+        (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+        assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        assert term["podAffinityTerm"]["labelSelector"] == deployment(docs, name)["spec"]["selector"]
+    single = render()
+    assert not by_kind(single, "PodDisruptionBudget")
+    assert "affinity" not in deployment(single, "rel-dual-pods-controller")["spec"]["template"]["spec"]
+
+
+def test_leader_election_follows_the_replica_count() -> None:
+    assert "--leader-elect" not in container(deployment(render(), "rel-dual-pods-controller"))["args"]
+    assert "--leader-elect" in container(deployment(render(*EVERYTHING_ON), "rel-dual-pods-controller"))["args"]
+
+
+def test_the_helm_test_pod_checks_the_enabled_controllers_and_is_no_controller_itself() -> None:
+    (pod,) = by_kind(render(*EVERYTHING_ON), "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    env = {e["name"]: e.get("value") for e in container(pod)["env"]}
+    assert env["CHECK_COMPONENTS"] == (
+        "dual-pods-controller:2:8002:dualpods-dual-pods,launcher-populator:3:8002:dualpods-populator"
+    )
+    # The NetworkPolicies let the chart's controllers (selected by app.kubernetes.io/name) reach the launchers.
+    assert "app.kubernetes.io/name" not in pod["metadata"]["labels"]
+    assert container(pod)["args"][0] == (CHART / "files" / "helm_test.py").read_text()
+    docs = render(*EVERYTHING_ON)
+    (role,) = [r for r in by_kind(docs, "Role") if r["metadata"]["name"] == "rel-test"]
+    assert role["rules"] == [  # nothing it could change
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "resourceNames": ["dualpods-dual-pods", "dualpods-populator"], "verbs": ["get"]},
+    ]  # fmt: skip
+    assert all("helm.sh/hook" not in (d["metadata"].get("annotations") or {}) for d in docs if d["kind"] != "Pod")
+    (pod,) = by_kind(render("launcherPopulator.enabled=false"), "Pod")
+    assert {e["name"]: e.get("value") for e in container(pod)["env"]}["CHECK_COMPONENTS"] == (
+        "dual-pods-controller:1:8002:dualpods-dual-pods"
+    )
+
+
+# --- the launcher token ---------------------------------------------------------------------------------------
+
+
+def test_the_controllers_create_the_token_secret_and_may_read_only_it() -> None:
+    docs = render()
+    assert not by_kind(docs, "Secret")  # made at run time, by the first controller to start
+    for workload in by_kind(docs, "Deployment"):
+        arguments = container(workload)["args"]
+        assert "--launcher-token-secret=rel-launcher-token" in arguments
+        assert "--create-launcher-token-secret" in arguments
+    volumes = deployment(docs, "rel-dual-pods-controller")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "launcher-token", "secret": {"secretName": "rel-launcher-token", "optional": True}} in volumes
+    role = controllers_role(docs)
+    secret_rules = [r for r in role["rules"] if r["resources"] == ["secrets"]]
+    assert secret_rules == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["rel-launcher-token"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    ]
+
+
+def test_an_existing_token_secret_is_used_as_it_is() -> None:
+    docs = render("launcherToken.existingSecret=mine")
+    for workload in by_kind(docs, "Deployment"):
+        arguments = container(workload)["args"]
+        assert "--launcher-token-secret=mine" in arguments
+        assert "--create-launcher-token-secret" not in arguments
+    volumes = deployment(docs, "rel-dual-pods-controller")["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "launcher-token", "secret": {"secretName": "mine"}} in volumes  # waited for, not optional
+    role = controllers_role(docs)
+    assert [r["verbs"] for r in role["rules"] if r["resources"] == ["secrets"]] == [["get"]]
+    docs = render("launcherToken.enabled=false")
+    assert not [a for w in by_kind(docs, "Deployment") for a in container(w)["args"] if "launcher-token" in a]
+    role = controllers_role(docs)
+    assert not [r for r in role["rules"] if r["resources"] == ["secrets"]]
+
+
+# --- RBAC and tenant installs ----------------------------------------------------------------------------------
+
+
+def test_least_privilege() -> None:
+    docs = render()
     cluster_roles = {role["metadata"]["name"]: role["rules"] for role in by_kind(docs, "ClusterRole")}
     assert cluster_roles == {
         "models-rel-node-view": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}],
@@ -54,93 +353,93 @@ def test_least_privilege(tmp_path: Path) -> None:
             {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}
         ],
     }
-    (role,) = by_kind(docs, "Role")
+    role = controllers_role(docs)
     granted = {
         (group, resource) for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"]
     }
     assert granted <= {
-        ("", "pods"), ("", "configmaps"), ("", "events"), ("events.k8s.io", "events"),
+        ("", "pods"), ("", "configmaps"), ("", "events"), ("events.k8s.io", "events"), ("", "secrets"),
         ("coordination.k8s.io", "leases"), ("fma.llm-d.ai", "inferenceserverconfigs"),
         ("fma.llm-d.ai", "launcherconfigs"), ("fma.llm-d.ai", "launcherpopulationpolicies"),
-        ("fma.llm-d.ai", "launcherconfigs/status"), ("fma.llm-d.ai", "launcherpopulationpolicies/status"),
-        ("", "serviceaccounts/token"),
+        ("fma.llm-d.ai", "inferenceserverconfigs/status"), ("fma.llm-d.ai", "launcherconfigs/status"),
+        ("fma.llm-d.ai", "launcherpopulationpolicies/status"), ("", "serviceaccounts/token"),
     }  # fmt: skip
     for rule in role["rules"]:
         if rule["resources"] != ["pods"]:
             assert "delete" not in rule["verbs"], rule
-        if rule["resources"] == ["serviceaccounts/token"]:  # E15: tokens of its own ServiceAccount only
+        if rule["resources"] == ["serviceaccounts/token"]:  # tokens of its own ServiceAccount only
             assert (rule["verbs"], rule["resourceNames"]) == (["create"], ["rel-fma-controllers"])
+        if rule["apiGroups"] == ["fma.llm-d.ai"]:  # the controllers never change what users declared
+            assert set(rule["verbs"]) <= {"get", "list", "watch"} or all(
+                r.endswith("/status") for r in rule["resources"]
+            )
     accounts = [account["metadata"]["name"] for account in by_kind(docs, "ServiceAccount")]
-    assert accounts == ["rel-fma-controllers", "rel-requester"]  # the first is what FMA's admission policies exempt
+    assert accounts == ["rel-fma-controllers", "rel-requester", "rel-test"]  # the first: FMA's policies exempt it
 
 
-def test_requesters_may_review_the_controllers_tokens(tmp_path: Path) -> None:
-    """E15: the controller asks for tokens of its ServiceAccount; requester Pods (the chart's account, and the
+def test_a_tenant_install_renders_nothing_cluster_scoped() -> None:
+    docs = render(*TENANT)
+    assert not [f"{d['kind']}/{d['metadata']['name']}" for d in docs if d["kind"] in CLUSTER_SCOPED]
+    assert {"Role", "RoleBinding", "Deployment"} <= {d["kind"] for d in docs}
+    assert "crds.install=false" in helm(
+        "install", "rel", str(CHART), "--dry-run=client", *(f"--set={s}" for s in TENANT)
+    )
+    fails = template_fails(*TENANT, "global.nodeViewClusterRole=view-nodes")
+    assert "rbac.clusterScoped=false" in fails
+
+
+def test_the_crds_come_from_config_crd_and_can_be_left_out() -> None:
+    crds = {d["metadata"]["name"]: d for d in render() if d["kind"] == "CustomResourceDefinition"}
+    committed = {p.name: yaml.safe_load(p.read_text()) for p in (REPO / "config" / "crd").glob("*.yaml")}
+    assert sorted(crds.values(), key=str) == sorted(committed.values(), key=str)
+    assert not [d for d in render("crds.install=false") if d["kind"] == "CustomResourceDefinition"]
+
+
+def test_requesters_may_review_the_controllers_tokens() -> None:
+    """The controller asks for tokens of its ServiceAccount; requester Pods (the chart's account, and the
     namespace's default one unless turned off) may create TokenReviews; turned off, none of it is rendered."""
-    docs = render(tmp_path)
+    docs = render()
     (binding,) = [b for b in by_kind(docs, "ClusterRoleBinding") if b["roleRef"]["name"].endswith("-tokenreview")]
     assert [(s["name"], s["namespace"]) for s in binding["subjects"]] == [("rel-requester", "models"),
                                                                            ("default", "models")]  # fmt: skip
-    (deployment,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "rel-dual-pods-controller"]
-    container = deployment["spec"]["template"]["spec"]["containers"][0]
-    assert "--requester-token-service-account=rel-fma-controllers" in container["args"]
-    assert {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}} in container["env"]
-    docs = render(tmp_path, "requesterAuth.tokenReviewForDefaultServiceAccount=false")
+    dual_pods = container(deployment(docs, "rel-dual-pods-controller"))
+    assert "--requester-token-service-account=rel-fma-controllers" in dual_pods["args"]
+    assert {"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}} in dual_pods["env"]
+    docs = render("requesterAuth.tokenReviewForDefaultServiceAccount=false")
     (binding,) = [b for b in by_kind(docs, "ClusterRoleBinding") if b["roleRef"]["name"].endswith("-tokenreview")]
     assert [s["name"] for s in binding["subjects"]] == ["rel-requester"]
-    docs = render(tmp_path, "requesterAuth.enabled=false")
+    docs = render("requesterAuth.enabled=false")
     assert not [b for b in by_kind(docs, "ClusterRoleBinding") if b["roleRef"]["name"].endswith("-tokenreview")]
-    (deployment,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == "rel-dual-pods-controller"]
-    assert not [a for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"] if "requester-token" in a]
-    (role,) = by_kind(docs, "Role")
+    assert not [a for a in container(deployment(docs, "rel-dual-pods-controller"))["args"] if "requester-token" in a]
+    role = controllers_role(docs)
     assert all(rule["resources"] != ["serviceaccounts/token"] for rule in role["rules"])
 
 
-def test_leader_election_follows_the_replica_count(tmp_path: Path) -> None:
-    def args(docs: list[dict[str, Any]], component: str) -> list[str]:
-        (deployment,) = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"] == f"rel-{component}"]
-        container: dict[str, Any] = deployment["spec"]["template"]["spec"]["containers"][0]
-        return list(container["args"])
-
-    assert "--leader-elect" not in args(render(tmp_path), "dual-pods-controller")
-    assert "--leader-elect" in args(render(tmp_path, *EVERYTHING_ON), "dual-pods-controller")
-
-
-def test_both_controllers_give_launchers_the_same_token_secret(tmp_path: Path) -> None:
-    docs = render(tmp_path)
-    (secret,) = by_kind(docs, "Secret")
-    for deployment in by_kind(docs, "Deployment"):
-        arguments = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-        assert f"--launcher-token-secret={secret['metadata']['name']}" in arguments
-
-
 @pytest.mark.parametrize(("policy_name", "port"), [("rel-launcher-api", 8001), ("rel-requester-spi", 8081)])
-def test_only_the_controllers_reach_the_launcher_api_and_the_requester_spi(
-    tmp_path: Path, policy_name: str, port: int
-) -> None:
-    (policy,) = [p for p in by_kind(render(tmp_path), "NetworkPolicy") if p["metadata"]["name"] == policy_name]
+def test_only_the_controllers_reach_the_launcher_api_and_the_requester_spi(policy_name: str, port: int) -> None:
+    (policy,) = [p for p in by_kind(render(), "NetworkPolicy") if p["metadata"]["name"] == policy_name]
     controllers, everyone = policy["spec"]["ingress"]
     assert controllers["ports"] == [{"protocol": "TCP", "port": port}]
-    assert controllers["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/instance"] == "rel"
+    assert controllers["from"][0]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/instance": "rel", "app.kubernetes.io/name": "dualpods"
+    }  # fmt: skip
     assert "from" not in everyone
     assert all(not (p["port"] <= port <= p["endPort"]) for p in everyone["ports"])
     assert {(p["port"], p["endPort"]) for p in everyone["ports"]} == {(1, port - 1), (port + 1, 65535)}
 
 
-def test_the_requester_spi_policy_covers_bound_requesters_and_no_provider(tmp_path: Path) -> None:
+def test_the_requester_spi_policy_covers_bound_requesters_and_no_provider() -> None:
     """Providers (launchers, direct providers) carry the `dual` label too, and `sleeping`; a policy that
     selected them would open their API port to everyone (NetworkPolicies add up)."""
-    (policy,) = [p for p in by_kind(render(tmp_path), "NetworkPolicy") if p["metadata"]["name"] == "rel-requester-spi"]
+    (policy,) = [p for p in by_kind(render(), "NetworkPolicy") if p["metadata"]["name"] == "rel-requester-spi"]
     assert policy["spec"]["podSelector"] == {"matchExpressions": [
         {"key": "dual-pods.llm-d.ai/dual", "operator": "Exists"},
         {"key": "dual-pods.llm-d.ai/sleeping", "operator": "DoesNotExist"},
     ]}  # fmt: skip
 
 
-def test_the_dashboard_is_current(tmp_path: Path) -> None:
+def test_the_dashboard_is_current() -> None:
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "dashboard.py"), "--check"], check=False)
     assert done.returncode == 0
-    (configmap,) = [
-        d for d in by_kind(render(tmp_path, *EVERYTHING_ON), "ConfigMap") if "dashboard" in d["metadata"]["name"]
-    ]
+    (configmap,) = [d for d in by_kind(render(*EVERYTHING_ON), "ConfigMap") if "dashboard" in d["metadata"]["name"]]
     assert '"uid": "dualpods"' in configmap["data"]["dualpods.json"]

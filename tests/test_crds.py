@@ -14,23 +14,20 @@ from api import crdgen
 from api.crds import (
     API_VERSION,
     InferenceServerConfig,
+    InferenceServerConfigStatus,
     LauncherConfig,
     LauncherPopulationPolicy,
-    Status,
     parse_object,
 )
 from api.quantity import Quantity, parse_quantity
 from api.selectors import EnhancedNodeSelector, LabelSelector
 from api.structural import KEPT_KEYS, SchemaError, StructuralConverter
-
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLES = REPO / "config" / "examples"
+from e2e.crds import EXAMPLES, FIXTURES, manifests
 
 
 def examples() -> list[dict[str, Any]]:
-    """The example objects of our kinds (config/examples/ may hold other ones)."""
-    docs = (doc for path in sorted(EXAMPLES.glob("*.yaml")) for doc in yaml.safe_load_all(path.read_text()))
-    return [doc for doc in docs if doc["apiVersion"] == API_VERSION]
+    """FMA's e2e objects (e2e/fixture_manifests/), the ones the tests below look into."""
+    return manifests(FIXTURES)
 
 
 def example(kind: str, name: str) -> dict[str, Any]:
@@ -93,6 +90,27 @@ def test_crd_names_columns_and_subresources(crds: dict[str, dict[str, Any]]) -> 
     assert counts["x-kubernetes-list-map-keys"] == ["launcherConfigName"]
 
 
+def test_columns_show_readiness_errors_and_served_requesters(crds: dict[str, dict[str, Any]]) -> None:
+    """`kubectl get isc` shows Ready, how many requesters it serves and the error; the others Ready and the error."""
+    columns = {kind: {c["name"]: c["jsonPath"] for c in crd["spec"]["versions"][0]["additionalPrinterColumns"]
+                      if not c.get("priority")} for kind, crd in crds.items()}  # fmt: skip
+    for kind in columns:
+        assert columns[kind]["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
+        assert columns[kind]["Error"] == '.status.conditions[?(@.type=="Stalled")].message'
+    assert columns["InferenceServerConfig"]["Requesters"] == ".status.servedRequesters"
+    for crd in crds.values():
+        status = _schema(crd)["properties"]["status"]["properties"]
+        conditions = status["conditions"]
+        assert (conditions["x-kubernetes-list-type"], conditions["x-kubernetes-list-map-keys"]) == ("map", ["type"])
+        condition = conditions["items"]
+        assert condition["required"] == ["type", "status", "lastTransitionTime", "reason", "message"]
+        assert condition["properties"]["status"]["enum"] == ["True", "False", "Unknown"]
+        assert condition["properties"]["lastTransitionTime"]["format"] == "date-time"
+        assert status["observedGeneration"]["type"] == "integer"
+    count = _schema(crds["LauncherPopulationPolicy"])["properties"]["spec"]["properties"]["countForLauncher"]
+    assert count["items"]["properties"]["launcherCount"]["minimum"] == 0
+
+
 def test_launcher_config_embeds_the_kubernetes_pod_spec(crds: dict[str, dict[str, Any]]) -> None:
     template = _schema(crds["LauncherConfig"])["properties"]["spec"]["properties"]["podTemplate"]["properties"]
     assert set(template["metadata"]["properties"]) == {"labels", "annotations"}
@@ -133,7 +151,9 @@ def test_examples_cover_every_kind() -> None:
     assert {"LauncherConfig", "LauncherPopulationPolicy"} <= set(kinds)
 
 
-@pytest.mark.parametrize("manifest", examples(), ids=lambda d: f"{d['kind']}-{d['metadata']['name']}")
+@pytest.mark.parametrize(
+    "manifest", examples() + manifests(EXAMPLES), ids=lambda d: f"{d['kind']}-{d['metadata']['name']}"
+)
 def test_examples_parse_and_dump_back_unchanged(manifest: dict[str, Any]) -> None:
     assert parse_object(manifest).to_k8s() == manifest
 
@@ -169,11 +189,26 @@ def test_status_and_server_fields_round_trip() -> None:
     manifest = example("InferenceServerConfig", "qwen")
     manifest["metadata"] |= {"namespace": "ns", "uid": "u-1", "resourceVersion": "7", "generation": 3}
     manifest["metadata"]["managedFields"] = [{"manager": "kubectl", "operation": "Update"}]
-    manifest["status"] = {"observedGeneration": 3, "errors": ['LauncherConfig "x" does not exist']}
+    error = 'LauncherConfig "x" does not exist'
+    manifest["status"] = {
+        "observedGeneration": 3,
+        "errors": [error],
+        "conditions": [
+            {"type": "Ready", "status": "False", "observedGeneration": 3, "lastTransitionTime": "2026-01-02T03:04:05Z",
+             "reason": "LauncherConfigNotFound", "message": error},
+            {"type": "Stalled", "status": "True", "observedGeneration": 3, "lastTransitionTime": "2026-01-02T03:04:05Z",
+             "reason": "LauncherConfigNotFound", "message": error},
+        ],
+        "servedRequesters": 2,
+    }  # fmt: skip
     parsed = InferenceServerConfig.from_k8s(manifest)
     assert (parsed.metadata.generation, parsed.status.observed_generation) == (3, 3)
+    stalled = parsed.status.condition("Stalled")
+    assert stalled is not None
+    assert (stalled.status, stalled.reason, stalled.message) == ("True", "LauncherConfigNotFound", error)
+    assert parsed.status.condition("Other") is None
     assert parsed.to_k8s() == manifest
-    parsed.status = Status()
+    parsed.status = InferenceServerConfigStatus()
     assert "status" not in parsed.to_k8s()
 
 
@@ -251,6 +286,41 @@ def _lpp(**spec: Any) -> dict[str, Any]:
             _lpp(countForLauncher=[{"launcherConfigName": "a"}]),
             "spec.countForLauncher.0.launcherCount",
             "Field required",
+        ),
+        (
+            _lpp(countForLauncher=[{"launcherConfigName": "a", "launcherCount": -1}]),
+            "spec.countForLauncher.0.launcherCount",
+            "greater than or equal to 0",
+        ),
+        (
+            {
+                **_lc(maxInstances=1),
+                "status": {
+                    "conditions": [
+                        {"type": "Ready", "status": "Yes", "reason": "R", "message": "", "lastTransitionTime": "t"}
+                    ]
+                },
+            },
+            "status.conditions.0.status",
+            "'True', 'False' or 'Unknown'",
+        ),
+        (
+            {
+                **_lc(maxInstances=1),
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "reason": "not one",
+                            "message": "",
+                            "lastTransitionTime": "t",
+                        }
+                    ]
+                },
+            },
+            "status.conditions.0.reason",
+            "should match pattern",
         ),
         (_lpp(enhancedNodeSelector={}), "spec.enhancedNodeSelector.labelSelector", "Field required"),
         (

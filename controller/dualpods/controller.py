@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from api import keys
 from api.crds import InferenceServerConfig, LauncherConfig
 from api.keys import GPU_MAP_CONFIGMAP
+from api.token_file import TokenFile
 from controller import pods
 from controller.dualpods.binding import LAUNCHERS_BY_CONFIG_HASH
 from controller.dualpods.collaborators import Clients
@@ -67,7 +68,7 @@ class Key(NamedTuple):
 @dataclass
 class DualPodsOptions:
     workers: int = 4
-    launcher_token: str | None = None  # the bearer token launchers require (E9)
+    launcher_token: TokenFile | None = None  # the bearer token launchers require, followed as its file changes
     launcher_token_secret: str | None = None  # the Secret holding it, mounted into launchers we create
     sleeper_limit: int = 1  # direct providers that may sleep on one GPU (FMA's binary default)
     requester_tokens: RequesterTokens | None = None  # E15: the credential of calls that change requesters

@@ -18,6 +18,7 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from api.crds import LauncherConfig, LauncherPopulationPolicy
+from api.token_file import TokenFile
 from controller import pods
 from controller.events import EventRecorder
 from controller.http import http_caller
@@ -56,8 +57,9 @@ class PopulatorOptions:
     """Seconds a scheduled launcher may take to become Ready before it is stuck_starting."""
     launcher_token_secret: str | None = None
     """Secret holding the launchers' API token, mounted into every launcher Pod (E9)."""
-    launcher_token: str | None = None
-    """The launchers' API token, to read their instances (which launcher holds the least warm state)."""
+    launcher_token: TokenFile | None = None
+    """The launchers' API token, to read their instances (which launcher holds the least warm state); followed
+    as its file changes."""
 
 
 class DigestItem(NamedTuple):

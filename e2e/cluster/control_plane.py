@@ -209,6 +209,10 @@ class ControlPlane:
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 # The master Endpoints would hold 127.0.0.1, which Endpoints validation rejects.
                 "--endpoint-reconciler-type=none",
+                # `kubectl logs/exec` make the API server dial the Node: by its InternalIP (127.N.0.1, where
+                # nothing listens, so the call fails at once), never by its name, whose DNS lookup would
+                # leave the loopback network.
+                "--kubelet-preferred-address-types=InternalIP",
                 "--allow-privileged=true",
                 "--profiling=false",
                 "--v=1",

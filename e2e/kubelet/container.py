@@ -25,16 +25,57 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _setup_script(hostname: str, mounts: list[Mount]) -> str:
-    """Shell run as the namespace's first process: hostname, bind mounts, then exec the command."""
+# Under a read-only root these stay writable, as in a container: devices, the kernel's views, and the volumes.
+_KERNEL_MOUNTS = ("/dev", "/proc", "/sys")
+
+
+def _read_only_root(volume_targets: list[str]) -> list[str]:
+    """Shell lines making every other mount of the namespace read-only (`/` first: it must work)."""
+    keep = " ".join(shlex.quote(t) for t in [*_KERNEL_MOUNTS, *volume_targets])
+    return [
+        "mount -o remount,bind,ro /",
+        "awk '{print $5}' /proc/self/mountinfo | sort -u | while read -r point; do",
+        f'  for kept in {keep}; do case $point in "$kept"|"$kept"/*) continue 2;; esac; done',
+        '  [ "$point" = / ] || mount -o remount,bind,ro "$point" 2>/dev/null || true',
+        "done",
+    ]
+
+
+def _under(path: str, directory: str) -> bool:
+    directory = directory.rstrip("/") or "/"
+    return directory == "/" or path == directory or path.startswith(directory + "/")
+
+
+def _setup_script(hostname: str, mounts: list[Mount], read_only_root: bool = False) -> str:
+    """Shell run as the namespace's first process: hostname, bind mounts, a read-only root if asked for, then
+    exec the command.
+
+    A volume mounted over a directory hides what the directory held: a Pod mounting an emptyDir at /tmp hides
+    the kubelet's state under /tmp, where later volumes' sources are. Such sources are opened before anything is
+    mounted and bound through their file descriptors (the shell has 3 to 9)."""
     lines = ["set -e", f"hostname {shlex.quote(hostname)}"]
-    for mount in mounts:
+    sources: list[str] = []
+    descriptors = range(3, 10)
+    for index, mount in enumerate(mounts):
+        source = str(mount.source)
+        if any(_under(source, earlier.target) for earlier in mounts[:index]):
+            if not descriptors:
+                raise ValueError("too many volumes hidden by other volumes of the same container")
+            descriptor, descriptors = descriptors[0], descriptors[1:]
+            lines.append(f"exec {descriptor}< {shlex.quote(source)}")
+            source = f"/proc/self/fd/{descriptor}"
+        sources.append(source)
+    for mount, source in zip(mounts, sources, strict=True):
         target = shlex.quote(mount.target)
         make = "mkdir -p" if mount.source.is_dir() else "mkdir -p $(dirname " + target + ") && touch"
         lines.append(f"[ -e {target} ] || {make} {target}")
-        lines.append(f"mount --bind {shlex.quote(str(mount.source))} {target}")
+        lines.append(f"mount --bind {shlex.quote(source)} {target}")
         if mount.read_only:
             lines.append(f"mount -o remount,bind,ro {target}")
+    if read_only_root:
+        lines += _read_only_root([m.target.rstrip("/") or "/" for m in mounts])
+    if descriptors != range(3, 10):
+        lines.append("exec " + " ".join(f"{d}<&-" for d in range(3, descriptors.start)))  # not for the command
     lines.append('exec "$@"')
     return "\n".join(lines)
 
@@ -57,6 +98,7 @@ class ContainerProcess:
         hostname: str,
         mounts: list[Mount],
         log: Path,
+        read_only_root: bool = False,
     ) -> "ContainerProcess":
         log.parent.mkdir(parents=True, exist_ok=True)
         command = [
@@ -67,7 +109,7 @@ class ContainerProcess:
             *_NAMESPACES,
             "sh",
             "-c",
-            _setup_script(hostname, mounts),
+            _setup_script(hostname, mounts, read_only_root),
             "container",
             *argv,
         ]

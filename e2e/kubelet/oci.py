@@ -2,11 +2,12 @@
 
 The loopback kubelet's second container runtime. When a Pod's image is in local storage (`podman image
 exists`, e.g. after `make images`), its container runs from that image exactly as the image's Dockerfile
-says (entrypoint, user, working directory, environment), with the Pod's `command`/`args` in Docker's
-places; otherwise the process runtime (`container.py`) runs the image map's local command. Either way the
-container gets the same environment, volumes (the service-account token among them), GPU variables,
-probes, restarts, grace periods and log file. Networking is the host's (`--network host`): a process
-in the container binds its Pod's own 127.x address as a local process does, and nothing leaves loopback.
+says (entrypoint, user, working directory, environment), with the Pod's `command`/`args` in Docker's places
+and its securityContext applied (security.py); otherwise the process runtime (`container.py`) runs the image
+map's local command. Either way the container gets the same environment, volumes (the service-account token
+among them), GPU variables, probes, restarts, grace periods and log file. Networking is the host's
+(`--network host`): a process in the container binds its Pod's own 127.x address as a local process does,
+and nothing leaves loopback.
 
 `podman run` stays attached: its output is the container's, written to the kubelet's log file, and its
 exit status is the container's (128 + N after signal N). Containers are named and labelled after the
@@ -29,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from e2e.kubelet.container import exit_code
+from e2e.kubelet.security import Security
 from e2e.kubelet.volumes import Mount
 from scripts.images.tools import MACHINE_FLAGS
 
@@ -96,6 +98,12 @@ async def image_exists(image: str) -> bool:
     return code == 0
 
 
+async def image_user(image: str) -> str:
+    """The user the image runs as (its USER; "" for root by default)."""
+    code, output = await _podman("image", "inspect", "--format={{.Config.User}}", image)
+    return output.strip() if code == 0 else ""
+
+
 @dataclass(frozen=True)
 class OciSpec:
     """What one run of a container needs, resolved from the Pod."""
@@ -109,12 +117,13 @@ class OciSpec:
     mounts: list[Mount]
     working_dir: str | None
     labels: dict[str, str] = field(default_factory=dict)
+    security: Security = field(default_factory=Security)
 
     def argv(self) -> tuple[list[str], dict[str, str]]:
         """`podman run ...` and the environment to run it with (which carries the container's values)."""
         environment = {name: os.environ[name] for name in ("PATH", "HOME", "XDG_RUNTIME_DIR") if name in os.environ}
         argv = ["podman", "run", "--rm", "--name", self.name, "--pull=never", "--network=host", "--log-driver=none"]
-        argv += [*MACHINE_FLAGS, "--hostname", self.hostname]
+        argv += [*MACHINE_FLAGS, *self.security.podman_flags(), "--hostname", self.hostname]
         argv += [f"--label={key}={value}" for key, value in sorted(self.labels.items())]
         for variable, value in self.env.items():
             if variable.startswith(_PODMAN_READS):

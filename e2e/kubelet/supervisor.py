@@ -20,6 +20,7 @@ from e2e.kubelet.gpus import VISIBLE_DEVICES_ENV
 from e2e.kubelet.images import REPO_ROOT, command_line
 from e2e.kubelet.logs import container_log
 from e2e.kubelet.runtime import NodeRuntime
+from e2e.kubelet.security import Security
 from e2e.kubelet.status import ContainerStatus, Terminated, now
 from e2e.kubelet.volumes import VolumeError, container_mounts
 from e2e.simulation.protocol import ContainerSpec, Mount
@@ -133,6 +134,7 @@ class ContainerSupervisor:
         command = [expand(a, pod_env) for a in self.spec.command] if self.spec.command else None
         args = [expand(a, pod_env) for a in self.spec.args] if self.spec.args else None
         entry = self._runtime.images.lookup(image)
+        security = Security.of(pod, self.spec)
         simulations = self._runtime.simulations
         role = simulations.role_of(image) if simulations is not None else None
         if simulations is not None and role is not None:
@@ -155,6 +157,7 @@ class ContainerSupervisor:
             )
             return lambda log: simulations.run(simulated.model_copy(update={"log": str(log)}))
         if self._runtime.oci_owner is not None and await oci.image_exists(image):
+            security.check_non_root(await oci.image_user(image))
             spec = oci.OciSpec(
                 name=self._oci_name(self._runtime.oci_owner),
                 image=image,
@@ -165,6 +168,7 @@ class ContainerSupervisor:
                 mounts=mounts,
                 working_dir=self.spec.working_dir,
                 labels=self._oci_labels(self._runtime.oci_owner),
+                security=security,
             )
             return lambda log: oci.OciContainer.start(spec, log)
         if entry is None:
@@ -176,7 +180,10 @@ class ContainerSupervisor:
         self._env = env
         cwd = Path(self.spec.working_dir) if self.spec.working_dir else REPO_ROOT
         hostname = self._hostname()
-        return lambda log: ContainerProcess.start(argv, env=env, cwd=cwd, hostname=hostname, mounts=mounts, log=log)
+        read_only = security.read_only_root
+        return lambda log: ContainerProcess.start(
+            argv, env=env, cwd=cwd, hostname=hostname, mounts=mounts, log=log, read_only_root=read_only
+        )
 
     def _oci_name(self, owner: str) -> str:
         """Unique per run, and findable by the kubelet that owns it."""

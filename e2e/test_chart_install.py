@@ -1,0 +1,169 @@
+"""The chart as platform teams install it, on the loopback cluster (issue 14): `helm test`; the launcher token
+made at run time, not rendered; a tenant install with namespace rights only (`crds.install=false`,
+`rbac.clusterScoped=false`) after the admin's part, followed by a model swap; and what `kubectl` shows of an
+InferenceServerConfig."""
+
+import base64
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from api.crdgen import DEFAULT_OUT_DIR as CRD_DIR
+from controller.launcher_token import GENERATED_ANNOTATION
+from e2e.chart import DUAL_PODS
+from e2e.cluster.cluster import LoopbackCluster
+from e2e.crds import kubectl
+from e2e.dualpods_env import DualPodsEnv
+from e2e.waiting import wait_for
+
+TENANT_VALUES = ["crds.install=false", "rbac.clusterScoped=false"]
+TENANT_ROLES = CRD_DIR.parent / "tenant" / "cluster-roles.yaml"
+RS = "requesters"
+
+
+async def helm_test(env: DualPodsEnv) -> str:
+    """`helm test` of the release, and the test Pod's log (read from the kubelet's files: `helm test --logs` would
+    ask a kubelet API on the Node's name, which nothing here serves)."""
+    await env.controllers.helm("test", env.controllers.release)
+    pod = await env.core.read_namespaced_pod(f"{env.controllers.release}-test", env.namespace)
+    assert pod.status.phase == "Succeeded"
+    return env.cluster.container_log(pod, "test")
+
+
+async def launcher_token_secret(env: DualPodsEnv) -> client.V1Secret:
+    name = f"{env.controllers.release}-launcher-token"
+    return await wait_for(lambda: _secret(env, name), what=f"the Secret {name}", within=30)
+
+
+async def _secret(env: DualPodsEnv, name: str) -> client.V1Secret | None:
+    try:
+        return await env.core.read_namespaced_secret(name, env.namespace)
+    except ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+async def test_helm_test_passes_and_the_launcher_token_is_made_at_run_time(env: DualPodsEnv) -> None:
+    out = await helm_test(env)
+    assert "all checks passed" in out, out
+    assert "dual-pods-controller: 1 Ready replica(s) checked" in out
+
+    secret = await launcher_token_secret(env)
+    meta = secret.metadata
+    assert GENERATED_ANNOTATION in meta.annotations, "made by a controller, saying so"
+    assert not meta.owner_references, "no owner whose deletion would take it along"
+    assert "app.kubernetes.io/instance" not in (meta.labels or {}), "no GitOps tool takes it for its own"
+    assert len(base64.b64decode(secret.data["token"])) >= 32
+    manifest = await env.controllers.helm("get", "manifest", env.controllers.release)
+    assert "kind: Secret" not in manifest, "the release holds no token: every render is the same"
+
+
+async def test_the_controller_keeps_an_existing_token_secret(env: DualPodsEnv) -> None:
+    """A restarted controller finds the Secret and uses it as it is (a new token would lock launchers out)."""
+    before = await launcher_token_secret(env)
+    await env.controllers.restart(DUAL_PODS)
+    after = await launcher_token_secret(env)
+    assert (after.metadata.uid, after.data) == (before.metadata.uid, before.data)
+
+
+@pytest.fixture
+async def tenant(
+    cluster: LoopbackCluster, api: client.ApiClient, namespace: str, tmp_path: Path
+) -> AsyncIterator[Path]:
+    """The admin's part of a tenant install (docs/install.md, "Tenant installs"), done with kubectl as written
+    there; a kubeconfig of the tenant: a ServiceAccount with `admin` and `dualpods-installer` in `namespace` only."""
+    release = "dualpods"
+    bindings = [f"{namespace}-{release}-node-view", f"{namespace}-{release}-requester-tokenreview"]
+    await kubectl(cluster, "apply", "--server-side", "-f", str(CRD_DIR), "-f", str(TENANT_ROLES))
+    await kubectl(cluster, "-n", namespace, "create", "serviceaccount", "tenant")
+    for role in ("admin", "dualpods-installer"):
+        await kubectl(cluster, "-n", namespace, "create", "rolebinding", f"tenant-{role}", f"--clusterrole={role}",
+                      f"--serviceaccount={namespace}:tenant")  # fmt: skip
+    await kubectl(cluster, "create", "clusterrolebinding", bindings[0], "--clusterrole=dualpods-node-view",
+                  f"--serviceaccount={namespace}:{release}-fma-controllers")  # fmt: skip
+    requesters = [f"--serviceaccount={namespace}:{account}" for account in (f"{release}-requester", "default")]
+    await kubectl(
+        cluster, "create", "clusterrolebinding", bindings[1], "--clusterrole=dualpods-tokenreview", *requesters
+    )
+    try:
+        yield await kubeconfig_of(cluster, api, namespace, "tenant", tmp_path)
+    finally:
+        await kubectl(cluster, "delete", "clusterrolebinding", *bindings, "--ignore-not-found")
+
+
+async def kubeconfig_of(cluster: LoopbackCluster, api: client.ApiClient, namespace: str, account: str,
+                        work_dir: Path) -> Path:  # fmt: skip
+    """A kubeconfig authenticating as ServiceAccount `account` (a short-lived token of it)."""
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(expiration_seconds=3600))
+    answer = await client.CoreV1Api(api).create_namespaced_service_account_token(account, namespace, request)
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    config["users"] = [{"name": config["users"][0]["name"], "user": {"token": answer.status.token}}]
+    path = work_dir / f"kubeconfig-{account}"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+async def test_a_tenant_installs_with_namespace_rights_only_and_models_swap(
+    cluster: LoopbackCluster, api: client.ApiClient, namespace: str, tmp_path: Path, tenant: Path
+) -> None:
+    env = DualPodsEnv(cluster, api, namespace, tmp_path)
+    try:
+        await env.setup()
+        # The tenant may not even read CRDs: the chart must not need to.
+        denied = await kubectl(cluster, "--kubeconfig", str(tenant), "auth", "can-i", "get",
+                               "customresourcedefinitions", check=False)  # fmt: skip
+        assert denied.strip() == "no"
+        env.controllers.kubeconfig = tenant
+        await env.controllers.install(*TENANT_VALUES)
+        manifest = await env.controllers.helm("get", "manifest", env.controllers.release)
+        assert not [kind for kind in ("ClusterRole", "CustomResourceDefinition") if f"kind: {kind}" in manifest]
+
+        await env.create_launcher_config("lc", max_instances=2, launcher_args=["--stand-in"])
+        await env.create_population_policy("keep-one", "lc", count=1)  # the launcher outlives its requesters
+        await env.create_isc("isc-a", "lc", port=8005, options="--model a")
+        await env.create_isc("isc-b", "lc", port=8006, options="--model b")
+        node = (await cluster.kubelet.nodes())[0]  # one GPU of one node, so the swap happens on one launcher
+        await env.create_requesters(RS, "isc-a", node=node.name, gpu=sorted(node.gpus)[0])
+        first = await env.ready_requester(RS)
+        launcher = await env.launcher_of(first)
+        await env.scale(RS, 0)
+        await env.wait_gone(RS)
+        await env.wait_launchers_unbound(within=60)  # its instance asleep
+        await env.set_requester_isc(RS, "isc-b")
+        await env.scale(RS, 1)
+        second = await env.ready_requester(RS)
+        assert (await env.launcher_of(second))["metadata"]["name"] == launcher["metadata"]["name"]
+        served = {i["options"].split()[1] for i in (await env.instances(launcher))["instances"]}
+        assert served == {"a", "b"}, "the first model sleeps beside the second on the same launcher"
+        assert "all checks passed" in await helm_test(env)
+    finally:
+        await env.teardown()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="waits on the controller side of issue 14 item 5: the dual-pods controller does not yet write ISC status "
+    "conditions (Ready, Stalled) and servedRequesters; remove this mark when it does",
+)
+async def test_kubectl_waits_for_a_served_isc_and_shows_a_missing_launcher_config(env: DualPodsEnv) -> None:
+    await env.create_launcher_config("lc", max_instances=1, launcher_args=["--stand-in"])
+    await env.create_isc("served", "lc", port=8005, options="--model a")
+    await env.create_isc("orphan", "no-such-lc", port=8006, options="--model b")
+    await env.create_requesters(RS, "served")
+    namespace = ["-n", env.namespace]
+    await kubectl(env.cluster, *namespace, "wait", "--for=condition=Ready", "isc/served", "--timeout=60s")
+    await env.create_requesters("orphans", "orphan")
+
+    async def error_shown() -> str:
+        row = await kubectl(env.cluster, *namespace, "get", "isc", "orphan", "--no-headers")
+        return row if row.count("no-such-lc") >= 2 else ""  # its LAUNCHER CONFIG, and the ERROR naming it
+
+    row = await wait_for(error_shown, what="the missing LauncherConfig in `kubectl get isc`", within=60)
+    assert row.split()[3] == "False"  # READY
+    served = (await kubectl(env.cluster, *namespace, "get", "isc", "served", "--no-headers")).split()
+    assert served[3:5] == ["True", "1"], served  # READY, REQUESTERS
