@@ -44,7 +44,7 @@ class LauncherContainer(SimulatedContainer):
         token_file = str(self.files.host_path(args.auth_token_file)) if args.auth_token_file else None
         try:
             with exits_as_failure():
-                token = read_token(token_file)
+                token = read_token(token_file, args.auth_token_grace_seconds)
         except OSError as err:
             raise StartFailure(1, f"cannot read the auth token file {args.auth_token_file}: {err}") from None
         settings = ManagerSettings(
