@@ -9,7 +9,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from aiohttp import web
@@ -44,13 +44,16 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
     return parse
 
 
-def _env_flag(name: str) -> bool:
-    """A flag's default from the environment (for commands that cannot add flags, FMA's `python3 launcher.py`)."""
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")
+def parse_args(
+    argv: list[str] | None = None, environ: Mapping[str, str] = os.environ, prog: str = "python -m launcher"
+) -> argparse.Namespace:
+    """The flags, each variable they default to read from `environ` (a container's, in a simulation)."""
+    env = environ.get
 
+    def env_flag(name: str) -> bool:
+        """A flag's default from the environment (for commands that cannot add flags: FMA's `python3 launcher.py`)."""
+        return env(name, "").lower() in ("1", "true", "yes")
 
-def parse_args(argv: list[str] | None = None, prog: str = "python -m launcher") -> argparse.Namespace:
-    env = os.environ.get
     parser = argparse.ArgumentParser(
         prog=prog, description="Preloads vLLM and forks model-server instances on request."
     )
@@ -83,13 +86,13 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m launcher") 
     parser.add_argument(
         "--stand-in",
         action="store_true",
-        default=_env_flag("LAUNCHER_STAND_IN"),
+        default=env_flag("LAUNCHER_STAND_IN"),
         help="fork the stand-in server (the simulation runtime, no model) instead of vLLM (env LAUNCHER_STAND_IN=true)",
     )
     parser.add_argument(
         "--fma-only",
         action="store_true",
-        default=_env_flag("LAUNCHER_FMA_ONLY"),
+        default=env_flag("LAUNCHER_FMA_ONLY"),
         help="serve FMA 0.6.4's launcher API alone, every dualpods addition off (env LAUNCHER_FMA_ONLY=true)",
     )
     parser.add_argument(
@@ -168,7 +171,7 @@ def make_runtimes(args: argparse.Namespace) -> dict[str, Runtime]:
 
 def main(argv: list[str] | None = None, prog: str = "python -m launcher") -> None:
     """Also FMA's `python3 launcher.py` (`fma_compat`), which takes the same arguments."""
-    args = parse_args(argv, prog)
+    args = parse_args(argv, prog=prog)
     log_format.configure("launcher", args.log_level, args.log_format)
     output_relay.configure(args.log_format)
     token = read_token(args.auth_token_file, args.auth_token_grace_seconds)

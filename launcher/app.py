@@ -332,7 +332,9 @@ DESCRIPTION = (
 )
 
 
-def build_app(manager: InstanceManager, token: TokenFile | None = None, dialect: Dialect | None = None) -> web.Application:
+def build_app(
+    manager: InstanceManager, token: TokenFile | None = None, dialect: Dialect | None = None
+) -> web.Application:
     dialect = dialect or Dialect()
     app = web.Application(middlewares=[count_requests, errors_as_json, require_token])
     app[MANAGER] = manager

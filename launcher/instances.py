@@ -49,7 +49,7 @@ from api.log_format import INSTANCE_FIELD
 
 from . import gpu_memory, liveness, output_relay, process_control, validation, wake_check
 from .dialect import Dialect
-from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES, Machine
+from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES, EngineDefaults, Machine
 from .errors import BackendError, BackendTimeout, BadRequest, Conflict, InvalidOptions, NotFound, WakeCheckFailed
 from .events import EventLog
 from .fork import fork_instance
@@ -99,6 +99,20 @@ class ManagerSettings:
     backend_timeout_seconds: float = 120.0
     dialect: Dialect = field(default_factory=Dialect)  # which events are recorded
     verify_wakes: bool = True  # the post-wake check, for instances that do not say (VllmConfig.verify_wakes)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A create that passed every check: what to start, and how."""
+
+    instance_id: str
+    config: VllmConfig  # with the GPUs' CUDA_VISIBLE_DEVICES echoed in `env_vars`
+    runtime: Runtime
+    parsed: ParsedOptions
+    argv: list[str]  # the effective options: the user's, the defaults added, the launcher's --host
+    defaults: EngineDefaults
+    port: int
+    env: dict[str, str]  # the instance's environment (the user's, and CUDA_VISIBLE_DEVICES)
 
 
 @dataclass
@@ -236,6 +250,45 @@ class InstanceManager:
 
     async def create(self, config: VllmConfig, instance_id: str | None = None) -> InstanceState:
         """Check everything that could fail later, then fork; nothing is started for a refused request."""
+        admitted = await self._admit(config, instance_id)
+        # `_admit` ends with the checks that must not be raced, and nothing awaits from there to the insert.
+        instance_id, runtime, effective, port = admitted.instance_id, admitted.runtime, admitted.argv, admitted.port
+        work_dir = self.settings.state_dir / instance_id
+        work_dir.mkdir(parents=True, exist_ok=True)
+        temp_dir = _short_temp_dir()
+        child_env = {**runtime.child_environment(), "TMPDIR": str(temp_dir), **admitted.env}
+        started = time.monotonic()
+        pid = fork_instance(runtime, effective, child_env, work_dir / LOG_FILE, f"dualpods-instance {instance_id}")
+        self.metrics.fork_seconds.observe(time.monotonic() - started)
+        instance = Instance(
+            id=instance_id,
+            config=admitted.config,
+            argv=effective,
+            defaults_applied=admitted.defaults.chosen,
+            port=port,
+            pid=pid,
+            work_dir=work_dir,
+            temp_dir=temp_dir,
+            created_at=started,
+            stats=ProcessTreeStats(pid),
+            wake_check=WakeCheck(
+                status=WakeCheckStatus.PENDING if self._verifies(admitted.config) else WakeCheckStatus.OFF
+            ),
+        )
+        self._instances[instance_id] = instance
+        instance.log.info(
+            "created instance %s (pid %d, port %d): %s; defaults added: %s",
+            instance_id, pid, port, shlex.join(effective), admitted.defaults.chosen or "none",
+        )  # fmt: skip
+        self._publish(instance, EventType.CREATED)
+        self.reaper.watch(pid, lambda code: self._on_exit(instance, code))
+        instance.output = self._spawn(output_relay.follow(instance.log_path, instance.id, instance.exited))
+        self._spawn(self._serve(instance, runtime))
+        return instance.state()
+
+    async def _admit(self, config: VllmConfig, instance_id: str | None) -> Admission:
+        """Every check of a create, in order; what to start. It returns right after the checks that must
+        not be raced (no await between them and the caller's insert)."""
         if instance_id is None:
             instance_id = str(uuid.uuid4())
         elif not INSTANCE_ID.match(instance_id):
@@ -277,36 +330,7 @@ class InstanceManager:
         if holder is not None:
             raise Conflict(f"port {port} is already used by instance {holder.id}", ErrorReason.PORT_IN_USE)
         validation.check_port_free(self.host, port)
-        work_dir = self.settings.state_dir / instance_id
-        work_dir.mkdir(parents=True, exist_ok=True)
-        temp_dir = _short_temp_dir()
-        child_env = {**runtime.child_environment(), "TMPDIR": str(temp_dir), **env}
-        started = time.monotonic()
-        pid = fork_instance(runtime, effective, child_env, work_dir / LOG_FILE, f"dualpods-instance {instance_id}")
-        self.metrics.fork_seconds.observe(time.monotonic() - started)
-        instance = Instance(
-            id=instance_id,
-            config=config,
-            argv=effective,
-            defaults_applied=defaults.chosen,
-            port=port,
-            pid=pid,
-            work_dir=work_dir,
-            temp_dir=temp_dir,
-            created_at=started,
-            stats=ProcessTreeStats(pid),
-            wake_check=WakeCheck(status=WakeCheckStatus.PENDING if self._verifies(config) else WakeCheckStatus.OFF),
-        )
-        self._instances[instance_id] = instance
-        instance.log.info(
-            "created instance %s (pid %d, port %d): %s; defaults added: %s",
-            instance_id, pid, port, shlex.join(effective), defaults.chosen or "none",
-        )  # fmt: skip
-        self._publish(instance, EventType.CREATED)
-        self.reaper.watch(pid, lambda code: self._on_exit(instance, code))
-        instance.output = self._spawn(output_relay.follow(instance.log_path, instance.id, instance.exited))
-        self._spawn(self._serve(instance, runtime))
-        return instance.state()
+        return Admission(instance_id, config, runtime, parsed, effective, defaults, port, env)
 
     def _verifies(self, config: VllmConfig) -> bool:
         return self.settings.verify_wakes if config.verify_wakes is None else config.verify_wakes

@@ -13,7 +13,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import FrameType
 
 import psutil
@@ -65,9 +65,11 @@ def _one_of(allowed: tuple[str, ...]) -> Callable[[str], str]:
     return check
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> argparse.Namespace:
+    """The flags, each variable they default to read from `environ` (a container's, in a simulation)."""
+
     def env(name: str, default: str) -> str:
-        return os.environ.get(name) or default
+        return environ.get(name) or default
 
     parser = argparse.ArgumentParser(
         prog="python -m requester",

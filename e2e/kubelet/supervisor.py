@@ -23,6 +23,8 @@ from e2e.kubelet.runtime import NodeRuntime
 from e2e.kubelet.security import Security
 from e2e.kubelet.status import ContainerStatus, Terminated, now
 from e2e.kubelet.volumes import Mount, VolumeError, container_mounts
+from e2e.simulation.protocol import ContainerSpec
+from e2e.simulation.protocol import Mount as SimulatedMount
 
 log = logging.getLogger(__name__)
 # Failures to configure a container that a later try may not meet (a Secret may appear, the API server return).
@@ -120,8 +122,9 @@ class ContainerSupervisor:
         self._notify()
 
     async def _configure(self) -> Starter | None:
-        """How to start the container (None: a pause container). Its image from local container storage
-        when it is there (the OCI runtime), else the image map's local command (the process runtime)."""
+        """How to start the container (None: a pause container). In its role's simulation process when
+        the Node simulates its image, else its image from local container storage when it is there (the
+        OCI runtime), else the image map's local command (the process runtime)."""
         pod = self._pod.pod
         fields = PodFields(pod, self._pod.pod_ip, self._runtime.host_ip)
         pod_env = await resolve_env(self.spec, fields, self._runtime.service_env(), self._runtime.fetch)
@@ -133,6 +136,27 @@ class ContainerSupervisor:
         args = [expand(a, pod_env) for a in self.spec.args] if self.spec.args else None
         entry = self._runtime.images.lookup(image)
         security = Security.of(pod, self.spec)
+        simulations = self._runtime.simulations
+        role = simulations.role_of(image) if simulations is not None else None
+        if simulations is not None and role is not None:
+            if command:
+                raise ContainerConfigError(
+                    f"a simulated {role} runs its image's entrypoint; a container `command` cannot be simulated"
+                )
+            simulated = ContainerSpec(
+                id=f"{pod.metadata.uid}-{self.spec.name}-{self.status.restart_count}",
+                role=role,
+                namespace=pod.metadata.namespace,
+                pod=pod.metadata.name,
+                uid=pod.metadata.uid,
+                container=self.spec.name,
+                pod_ip=self._pod.pod_ip,
+                args=args or (entry.cmd if entry is not None else []),
+                env={**self._runtime.images.image_env(entry, self._pod.pod_ip), **pod_env},
+                mounts=[SimulatedMount(source=str(m.source), target=m.target, read_only=m.read_only) for m in mounts],
+                log="",
+            )
+            return lambda log: simulations.run(simulated.model_copy(update={"log": str(log)}))
         if self._runtime.oci_owner is not None and await oci.image_exists(image):
             security.check_non_root(await oci.image_user(image))
             spec = oci.OciSpec(
