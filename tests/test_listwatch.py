@@ -17,8 +17,11 @@ from aiohttp import web
 
 from api.launcher import (
     INSTANCES_PATH,
+    SLEEP_ROUTE,
+    WAKE_ROUTE,
     AllInstancesState,
     EventType,
+    Index,
     InstanceState,
     InstanceStatus,
     WatchEvent,
@@ -66,6 +69,14 @@ class FakeLauncher:
         for stream in self._streams:
             stream.put_nowait(event)
 
+    async def index(self, request: web.Request) -> web.Response:
+        """dualpods' launcher: its index lists the sleep and wake routes."""
+        routes = {
+            SLEEP_ROUTE: f"POST {INSTANCES_PATH}/{{id}}/sleep",
+            WAKE_ROUTE: f"POST {INSTANCES_PATH}/{{id}}/wake_up",
+        }
+        return web.json_response(Index(endpoints=routes).model_dump())
+
     async def list(self, request: web.Request) -> web.Response:
         self.lists += 1
         found = list(self.instances.values())
@@ -95,6 +106,7 @@ class FakeLauncher:
 async def launcher() -> AsyncIterator[tuple[FakeLauncher, str]]:
     fake = FakeLauncher()
     app = web.Application()
+    app.router.add_get("/", fake.index)
     app.router.add_get(INSTANCES_PATH, fake.list)
     app.router.add_get(f"{INSTANCES_PATH}/watch", fake.watch)
     runner = web.AppRunner(app)

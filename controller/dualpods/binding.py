@@ -14,6 +14,7 @@ import time
 from api import keys
 from api.launcher import InstanceStatus, VllmConfig
 from controller import pods
+from controller.dualpods import instance_sleep
 from controller.dualpods.budget import gpu_sleeper_reserve
 from controller.dualpods.identity import instance_id, runtime_of, vllm_config
 from controller.dualpods.passes import Pass
@@ -92,7 +93,7 @@ async def _candidates(p: Pass, config_hash: str, wanted: str) -> tuple[list[Cand
             elif not state.sleeping and state.instance_id != wanted:
                 # Left awake by an unbind that could not reach it: nobody is served by it.
                 log.info("launcher %s: putting unbound instance %s to sleep", pods.name(launcher), state.instance_id)
-                await p.clients.launchers.sleep(pod_ip, state.instance_id, p.s.isc_name, pods.name(launcher))
+                await instance_sleep.sleep(p, launcher, state, p.s.isc_name, pods.name(launcher))
         running = [s for s in view.instances.values() if s.instance_id not in gone]
         candidates.append(Candidate(pods.name(launcher), running))
     return candidates, waiting

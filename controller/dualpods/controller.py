@@ -192,7 +192,8 @@ class DualPodsController:
         if new is not None and pods.is_launcher(new):
             running = pods.container_running(new) and not pods.is_failed(new)
             # A restarted container is a new launcher process: its view starts afresh.
-            self.views.track(pods.name(new), pods.pod_ip(new) if running else None, _incarnation(new))
+            signature = pods.annotations(new).get(keys.INSTANCE_SIGNATURE_ANNOTATION)
+            self.views.track(pods.name(new), pods.pod_ip(new) if running else None, _incarnation(new), signature)
         elif old is not None and new is None and pods.is_launcher(old):
             self.views.forget(pods.name(old))
 
@@ -254,13 +255,13 @@ async def run_dual_pods(
     """The controller with its real collaborators, until cancelled."""
     metrics = DualPodsMetrics(registry)
     async with http_caller(metrics.http_latency_seconds, namespace) as http:
-        launchers = LauncherClient(http, options.launcher_token)
-        views = LauncherViews(launchers)
+        launchers, servers = LauncherClient(http, options.launcher_token), ProviderClient(http)
+        views = LauncherViews(launchers, prober=servers)
         clients = Clients(
             pods=PodWriter(api, namespace),
             launchers=launchers,
             requesters=RequesterClient(http, options.requester_tokens),
-            servers=ProviderClient(http),
+            servers=servers,
             events=EventRecorder(api, "dual-pods-controller"),
         )
         controller = DualPodsController(namespace, kube_caches(api, namespace), views, clients, metrics, options)
