@@ -61,6 +61,7 @@ async def test_a_launcher_speaking_only_fmas_api_serves_and_swaps_through_vllm_s
     await env.create_launcher_config(
         "lc-fma", max_instances=2, launcher_args=["--stand-in"], env={"LAUNCHER_FMA_ONLY": "true"}
     )
+    await env.create_population_policy("keep", "lc-fma", count=1)  # the launcher outlives its binding
     for isc, port in PORTS.items():
         await env.create_isc(isc, "lc-fma", port=port, options=f"--model {isc}")
     node = (await env.cluster.kubelet.nodes())[0]
