@@ -101,7 +101,7 @@ class LauncherStreams(Protocol):
 
 
 class InstanceProber(Protocol):
-    """An instance's own endpoints (controller.dualpods.provider_client.ProviderClient)."""
+    """An instance's own endpoints (controller.instance_probe.InstanceProbe)."""
 
     async def serving_asleep(self, pod_ip: str, state: InstanceState) -> bool | None:
         """Whether the instance sleeps, once it serves (its /health answers 200); None while it does not."""
@@ -192,7 +192,7 @@ class _Follower:
 
 class LauncherViews:
     """The views of every tracked launcher; `run` hosts their feeds until cancelled. Without a `prober`
-    (the populator, which reads only which instances exist) nothing is learned from the instances."""
+    nothing is learned from the instances of a launcher without dualpods' extensions."""
 
     def __init__(self, client: LauncherStreams, prober: InstanceProber | None = None) -> None:
         self.client = client
@@ -287,7 +287,7 @@ class LauncherViews:
                     continue
                 view.learn(state.instance_id, sleeping)
                 log.info("%s: instance %s serves (%s)", feed.name, state.instance_id, "asleep" if sleeping else "awake")
-                self.changed(feed.launcher)
+                self.listed(feed.launcher, view)  # as a list that found something new: its ISCs are checked too
             await asyncio.sleep(READINESS_POLL_S)
 
     # ----- telling the listeners

@@ -1055,3 +1055,18 @@ async def test_an_fma_launchers_instance_is_put_to_sleep_through_vllm_at_unbind(
     assert [(c.kind, c.target) for c in h.journal.of("sleep")] == [("sleep", launcher["status"]["podIP"])]
     assert h.views.views[LAUNCHER].instances[WANTED].sleeping
     assert keys.REQUESTER_ANNOTATION not in annotations(h.journal.written(LAUNCHER))
+
+
+async def test_an_fma_launchers_sleeper_not_yet_probed_is_asked_at_unbind_and_kept(h: Harness) -> None:
+    """Right after a controller restart the views may not have probed a sleeper yet: it is not taken for a
+    loading instance (which the unbind deletes)."""
+    requester = settled(requester_obj(deleting=True))
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    fma_view(h, launcher, sleeping=None)
+    h.providers.asleep[launcher["status"]["podIP"]] = True
+    await h.drive()
+    assert h.journal.of("delete_instance") == h.journal.of("sleep") == []
+    assert [c.kind for c in h.journal.of("is_sleeping")] == ["is_sleeping"]
+    assert h.views.views[LAUNCHER].instances[WANTED].sleeping
+    assert keys.REQUESTER_ANNOTATION not in annotations(h.journal.written(LAUNCHER))

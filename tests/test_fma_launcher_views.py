@@ -17,6 +17,7 @@ from api.launcher import INSTANCES_PATH, SLEEP_ROUTE, WAKE_ROUTE, InstanceState
 from controller import launcher_client
 from controller.dualpods.provider_client import ProviderClient
 from controller.http import HttpCaller
+from controller.instance_probe import InstanceProbe
 from controller.launcher_client import LauncherClient
 from controller.launcher_views import LauncherView, LauncherViews
 from e2e.cluster.ports import free_port
@@ -43,7 +44,7 @@ async def http() -> AsyncIterator[HttpCaller]:
 
 def follow(process: LauncherProcess, monkeypatch: pytest.MonkeyPatch, http: HttpCaller) -> LauncherViews:
     monkeypatch.setattr(launcher_client, "launcher_url", lambda pod_ip: f"http://{pod_ip}:{process.port}")
-    return LauncherViews(LauncherClient(http, None), prober=ProviderClient(http))
+    return LauncherViews(LauncherClient(http, None), prober=InstanceProbe(http))
 
 
 async def create(process: LauncherProcess, instance: str) -> int:

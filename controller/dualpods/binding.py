@@ -19,9 +19,10 @@ from controller.dualpods.budget import gpu_sleeper_reserve
 from controller.dualpods.identity import instance_id, runtime_of, vllm_config
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, from_isc, problems
-from controller.dualpods.selection import Candidate, choose, instance_port
+from controller.dualpods.selection import Candidate, choose
 from controller.dualpods.status import RequesterProblem
 from controller.dualpods.writer import set_annotation, set_binding
+from controller.instance_probe import instance_port
 from controller.launcher_template import TemplateError, launcher_config_hash, node_independent_pod, pod_for_node
 
 log = logging.getLogger(__name__)

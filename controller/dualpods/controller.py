@@ -35,6 +35,7 @@ from controller.dualpods.writer import PodWriter
 from controller.events import EventRecorder
 from controller.http import http_caller
 from controller.informer import Informer, Obj
+from controller.instance_probe import InstanceProbe
 from controller.kube import custom_objects
 from controller.launcher_client import LauncherClient
 from controller.launcher_views import LauncherView, LauncherViews, ViewSource
@@ -255,13 +256,13 @@ async def run_dual_pods(
     """The controller with its real collaborators, until cancelled."""
     metrics = DualPodsMetrics(registry)
     async with http_caller(metrics.http_latency_seconds, namespace) as http:
-        launchers, servers = LauncherClient(http, options.launcher_token), ProviderClient(http)
-        views = LauncherViews(launchers, prober=servers)
+        launchers = LauncherClient(http, options.launcher_token)
+        views = LauncherViews(launchers, prober=InstanceProbe(http))
         clients = Clients(
             pods=PodWriter(api, namespace),
             launchers=launchers,
             requesters=RequesterClient(http, options.requester_tokens),
-            servers=servers,
+            servers=ProviderClient(http),
             events=EventRecorder(api, "dual-pods-controller"),
         )
         controller = DualPodsController(namespace, kube_caches(api, namespace), views, clients, metrics, options)

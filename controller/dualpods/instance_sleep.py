@@ -5,13 +5,15 @@ brings the next pass. A launcher that speaks only FMA's API (its index lacks tho
 controller.launcher_views) is gone around, as FMA's controller does: vLLM's own `POST /sleep?level=1` and
 `POST /wake_up` on the instance's port (dev-mode endpoints: the instance runs with VLLM_SERVER_DEV_MODE=1).
 No event follows, so their 200 is recorded in the launcher's view (`ViewSource.learn`), whose change
-brings the next pass just the same.
+brings the next pass just the same. Before a decision that would lose an instance (the unbind deletes one
+that is still loading), `as_it_is` asks such an instance itself when the views have not yet seen it serve.
 """
 
-from api.launcher import InstanceState
+from api.launcher import InstanceState, InstanceStatus
 from controller import pods
 from controller.dualpods.passes import Pass
-from controller.dualpods.selection import instance_port
+from controller.http import HttpError
+from controller.instance_probe import instance_port
 
 
 def _around_launcher(p: Pass, launcher: pods.Pod, state: InstanceState) -> int | None:
@@ -47,3 +49,19 @@ async def wake(p: Pass, launcher: pods.Pod, state: InstanceState, isc_name: str,
         return
     await p.clients.servers.wake(_address(launcher), port, requester)
     p.world.views.learn(pods.name(launcher), state.instance_id, sleeping=False)
+
+
+async def as_it_is(p: Pass, launcher: pods.Pod, state: InstanceState, requester: str) -> InstanceState:
+    """`state`; for a running instance of an FMA launcher not yet seen serving (the views probe it within
+    moments of each list), what vLLM's `/is_sleeping` says now, recorded in the view."""
+    port = _around_launcher(p, launcher, state)
+    if port is None or state.ready or state.status is not InstanceStatus.RUNNING:
+        return state
+    try:
+        sleeping = await p.clients.servers.is_sleeping(_address(launcher), port, requester)
+    except HttpError:
+        return state  # it does not serve yet: still loading
+    name = pods.name(launcher)
+    p.world.views.learn(name, state.instance_id, sleeping)
+    view = p.world.views.get(name)
+    return view.instances.get(state.instance_id, state) if view is not None else state

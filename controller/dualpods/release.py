@@ -105,6 +105,7 @@ async def _unbind(p: Pass) -> None:
 
 
 async def _put_away(p: Pass, pod_ip: str, state: InstanceState) -> None:
+    state = await instance_sleep.as_it_is(p, p.provider, state, pods.name(p.provider))
     isc_name = (state.annotations or {}).get(keys.INSTANCE_ISC_NAME, "")
     launchers = p.clients.launchers
     current = p.s.instance_isc.value
