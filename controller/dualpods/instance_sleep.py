@@ -34,21 +34,21 @@ def _address(launcher: pods.Pod) -> str:
 
 
 async def sleep(p: Pass, launcher: pods.Pod, state: InstanceState, isc_name: str, requester: str) -> None:
-    port = _around_launcher(p, launcher, state)
-    if port is None:
-        await p.clients.launchers.sleep(_address(launcher), state.instance_id, isc_name, requester)
-        return
-    await p.clients.servers.sleep(_address(launcher), port, requester)
-    p.world.views.learn(pods.name(launcher), state.instance_id, sleeping=True)
+    await _turn(p, launcher, state, isc_name, requester, asleep=True)
 
 
 async def wake(p: Pass, launcher: pods.Pod, state: InstanceState, isc_name: str, requester: str) -> None:
-    port = _around_launcher(p, launcher, state)
+    await _turn(p, launcher, state, isc_name, requester, asleep=False)
+
+
+async def _turn(p: Pass, launcher: pods.Pod, state: InstanceState, isc_name: str, requester: str, asleep: bool) -> None:
+    port, ip = _around_launcher(p, launcher, state), _address(launcher)
     if port is None:
-        await p.clients.launchers.wake(_address(launcher), state.instance_id, isc_name, requester)
+        through_launcher = p.clients.launchers.sleep if asleep else p.clients.launchers.wake
+        await through_launcher(ip, state.instance_id, isc_name, requester)
         return
-    await p.clients.servers.wake(_address(launcher), port, requester)
-    p.world.views.learn(pods.name(launcher), state.instance_id, sleeping=False)
+    await (p.clients.servers.sleep if asleep else p.clients.servers.wake)(ip, port, requester)
+    p.world.views.learn(pods.name(launcher), state.instance_id, sleeping=asleep)
 
 
 async def as_it_is(p: Pass, launcher: pods.Pod, state: InstanceState, requester: str) -> InstanceState:
