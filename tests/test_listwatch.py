@@ -184,6 +184,25 @@ async def test_an_event_of_another_epoch_makes_the_view_list_again(
     assert "c" in view_of(views).instances
 
 
+async def test_a_changed_notifier_signature_makes_the_view_list_again(
+    launcher: tuple[FakeLauncher, str], views: LauncherViews
+) -> None:
+    """FMA's notifier annotation on the launcher Pod changed: its instances changed, so they are listed again
+    at once (an FMA launcher's quiet stream would otherwise be listed again only after its silence)."""
+    fake, address = launcher
+    ip = address.split(":")[0]
+    views.track("l1", ip, incarnation=0, signature="s1")  # first seen: nothing to do
+    await until(lambda: view_of(views).synced and bool(fake.watches))
+    assert fake.lists == 1
+    fake.instances["quiet"] = state("quiet", 1)  # made without an event reaching the stream
+    views.track("l1", ip, incarnation=0, signature="s1")  # the same signature: nothing changed
+    await asyncio.sleep(0.2)
+    assert fake.lists == 1
+    views.track("l1", ip, incarnation=0, signature="s2")
+    await until(lambda: "quiet" in view_of(views).instances)
+    assert fake.lists == 2
+
+
 async def test_a_silent_stream_is_taken_for_lost(
     launcher: tuple[FakeLauncher, str], views: LauncherViews, monkeypatch: pytest.MonkeyPatch
 ) -> None:
