@@ -277,18 +277,21 @@ class LauncherViews:
                 continue
             for state in pending:
                 try:
-                    sleeping = await prober.serving_asleep(view.pod_ip, state)
+                    self._probe_one(feed, state, await prober.serving_asleep(view.pod_ip, state))
                 except Exception as err:  # a server that answers oddly is asked again at the next poll
                     log.debug("%s: instance %s not probed (%s)", feed.name, state.instance_id, err)
-                    continue
-                current = view.instances.get(state.instance_id)
-                # Only if nothing was learned meanwhile (the controller's own sleep or wake is newer).
-                if sleeping is None or current is None or current.revision != state.revision or current.ready:
-                    continue
-                view.learn(state.instance_id, sleeping)
-                log.info("%s: instance %s serves (%s)", feed.name, state.instance_id, "asleep" if sleeping else "awake")
-                self.listed(feed.launcher, view)  # as a list that found something new: its ISCs are checked too
             await asyncio.sleep(READINESS_POLL_S)
+
+    def _probe_one(self, feed: _LauncherFeed, state: InstanceState, sleeping: bool | None) -> None:
+        """Record a probe's answer, unless something was learned meanwhile (the controller's own sleep or
+        wake is newer) or the instance changed."""
+        view = feed.view
+        current = view.instances.get(state.instance_id)
+        if sleeping is None or current is None or current.revision != state.revision or current.ready:
+            return
+        view.learn(state.instance_id, sleeping)
+        log.info("%s: instance %s serves (%s)", feed.name, state.instance_id, "asleep" if sleeping else "awake")
+        self.listed(feed.launcher, view)  # as a list that found something new: its ISCs are checked too
 
     # ----- telling the listeners
 
