@@ -23,6 +23,8 @@ INSTANCE_ID_ANNOTATION: Final = PREFIX + "instance-id"
 SERVER_PORT_ANNOTATION: Final = PREFIX + "server-port"
 VLLM_CONFIG_ANNOTATION: Final = PREFIX + "vllm-config"
 ISC_ROUTING_METADATA_ANNOTATION: Final = PREFIX + "isc-routing-metadata"
+# FMA's notifier sidecar writes this on its launcher Pod when the launcher's instances change (fma.md §3.4).
+INSTANCE_SIGNATURE_ANNOTATION: Final = PREFIX + "vllm-instance-signature"
 LAUNCHER_CONFIG_NAME_LABEL: Final = PREFIX + "launcher-config-name"
 NODE_NAME_LABEL: Final = PREFIX + "node-name"
 LAUNCHER_TEMPLATE_HASH_ANNOTATION: Final = PREFIX + "launcher-populator-template-hash"

@@ -220,6 +220,12 @@ class Health(BaseModel):
     status: Literal["OK"] = "OK"
 
 
+# The index names of dualpods' sleep and wake routes (E1): a launcher whose index lacks them (FMA's, or ours in
+# the FMA-only mode) is slept and woken through vLLM's own endpoints on the instance's port instead.
+SLEEP_ROUTE: Final = "sleep_instance"
+WAKE_ROUTE: Final = "wake_instance"
+
+
 class Index(BaseModel):
     """`GET /`: FMA's name and version, and each route by name as `"METHOD /path"` (FMA's ten, then
     dualpods' own), so a client can tell which routes a launcher serves."""

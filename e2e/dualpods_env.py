@@ -26,6 +26,7 @@ from scripts.images import catalogue
 Obj = dict[str, Any]
 MODELS_MOUNT = "/models"
 LAUNCHER_HOME = "/home/dualpods"  # the images' HOME
+PROXY_PORT = 8082  # the requester's request proxy (E7)
 RESTRICTED_CONTAINER: Obj = {
     "allowPrivilegeEscalation": False,
     "readOnlyRootFilesystem": True,
@@ -129,15 +130,23 @@ class DualPodsEnv:
     # ----- objects a model-variant deployer creates
 
     async def create_launcher_config(
-        self, name: str, max_instances: int, launcher_args: list[str], image: str | None = None
+        self,
+        name: str,
+        max_instances: int,
+        launcher_args: list[str],
+        image: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
-        """`image`: another than the launcher's (a broken or foreign one, for fault tests)."""
+        """`image`: another than the launcher's (a broken or foreign one, for fault tests); `env`: the
+        launcher container's environment (e.g. LAUNCHER_FMA_ONLY=true)."""
         container: Obj = {
             "name": keys.INFERENCE_SERVER_CONTAINER,
             "image": image or self.images.launcher,
             "args": ["--mock-gpus", "--stop-grace-seconds", "3", *launcher_args],
             "ports": [{"containerPort": LAUNCHER_PORT}],
         }
+        if env:
+            container["env"] = [{"name": k, "value": v} for k, v in env.items()]
         pod_spec: Obj = {"terminationGracePeriodSeconds": 5, "containers": [container]}
         if self.images.models_dir is not None:
             # The real launcher image, run as config/examples/ runs it: restricted, its root read-only, writing
@@ -355,6 +364,22 @@ class DualPodsEnv:
         except ApiException as err:
             if err.status != 404:
                 raise
+
+
+async def through_proxy(requester: Obj, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Ask the model server through the requester Pod's proxy (E7), as a client of the requester would."""
+    url = f"http://{requester['status']['podIP']}:{PROXY_PORT}{path}"
+    async with aiohttp.ClientSession() as http, http.request("POST" if body else "GET", url, json=body) as response:
+        answer: dict[str, Any] = await response.json()
+        assert response.status == 200, answer
+        return answer
+
+
+async def proxy_chat(requester: Obj, model: str) -> str:
+    """A short greedy chat through the requester's proxy; the answer's text."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0}
+    reply = await through_proxy(requester, "/v1/chat/completions", body)
+    return str(reply["choices"][0]["message"]["content"])
 
 
 def _requester_spec(image: str, gpus: int, node: str | None, gpu: str | None, probe_period: int = 1) -> Obj:

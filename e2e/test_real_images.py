@@ -24,9 +24,9 @@ from kubernetes_asyncio import client
 from e2e.actuation import Actuation, actuate, release
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.cluster.ports import free_port
-from e2e.dualpods_env import DualPodsEnv, Obj, built_images, installed
+from e2e.dualpods_env import DualPodsEnv, Obj, built_images, installed, proxy_chat
 from e2e.kubelet import oci
-from e2e.test_dualpods_runtimes import chat, served_models
+from e2e.test_dualpods_runtimes import served_models
 from e2e.tiny_model import ensure_tiny_model
 from scripts.images import catalogue, tools
 from scripts.images.pipeline import build_all
@@ -190,7 +190,7 @@ async def swap_to(env: DualPodsEnv, isc: str, what: str, timings: dict[str, Actu
     timings[what] = await actuate(env, RS, within=300)
     (requester,) = await env.requesters(RS)
     assert await served_models(requester) == {isc}
-    assert await chat(requester, isc)
+    assert await proxy_chat(requester, isc)
     return requester
 
 

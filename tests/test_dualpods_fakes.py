@@ -491,8 +491,15 @@ class FakeViews:
         return next(v for v in self.views.values() if v.pod_ip == pod_ip)
 
     # What the controller's event handlers call.
-    def track(self, launcher: str, pod_ip: str | None, incarnation: Hashable = None) -> None:
+    def track(
+        self, launcher: str, pod_ip: str | None, incarnation: Hashable = None, signature: str | None = None
+    ) -> None:
         self.tracked.append((launcher, pod_ip))
+
+    def learn(self, launcher: str, instance_id: str, sleeping: bool) -> None:
+        """As the real views record a sleep or wake made through vLLM's own endpoints."""
+        if self.views[launcher].learn(instance_id, sleeping):
+            self.changed(launcher)
 
     def forget(self, launcher: str) -> None:
         self.forgotten.append(launcher)

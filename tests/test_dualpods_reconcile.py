@@ -1007,3 +1007,59 @@ async def test_isc_change_skips_launchers_whose_instances_are_unknown(h: Harness
     h.views.put(launcher_obj(), inst(WANTED), synced=False)
     await h.reconciler.reconcile_isc(ISC)
     assert h.journal == []
+
+
+# ----- issue 13.1: a launcher that speaks only FMA's API (no sleep/wake routes, no readiness in its states)
+
+
+def fma_pair(h: Harness, *, sleeping: bool | None, deleting: bool = False, serving: bool = False) -> Obj:
+    """REQ bound to LAUNCHER, whose instance WANTED is reported as an FMA launcher reports it (neither
+    readiness nor sleep); `sleeping`: what the views learned from the instance itself (None: it has not
+    answered /health yet). Returns the launcher."""
+    requester = settled(requester_obj(deleting=deleting))
+    launcher = bound(launcher_obj(), requester, serving=serving)
+    h.put(requester, launcher)
+    view = h.views.put(launcher, inst(WANTED, ready=False, sleeping=False))
+    view.extensions = False
+    if sleeping is not None:
+        view.learn(WANTED, sleeping)
+    return launcher
+
+
+async def test_an_fma_launchers_sleeper_is_woken_through_vllm_and_then_served(h: Harness) -> None:
+    launcher = fma_pair(h, sleeping=True)
+    await h.reconcile()
+    assert h.journal.kinds() == [("wake", launcher["status"]["podIP"])]  # vLLM's /wake_up, not the launcher's
+    assert h.journal[0].detail == PORT
+    assert not h.views.views[LAUNCHER].instances[WANTED].sleeping  # recorded: no event will say so
+
+    h.journal.clear()
+    await h.reconcile()
+    assert h.journal.kinds() == [("update", LAUNCHER), ("relay", REQ)]
+    assert labels(h.journal.written(LAUNCHER))[keys.SLEEPING_LABEL] == "false"
+
+
+async def test_an_fma_launchers_instance_not_yet_serving_is_waited_for(h: Harness) -> None:
+    fma_pair(h, sleeping=None)
+    await h.reconcile()
+    assert h.journal.of("wake") == h.journal.of("sleep") == h.journal.of("create_instance") == []
+
+
+async def test_an_fma_launchers_instance_is_put_to_sleep_through_vllm_at_unbind(h: Harness) -> None:
+    launcher = fma_pair(h, sleeping=False, deleting=True, serving=True)
+    await h.drive()
+    assert [(c.kind, c.target) for c in h.journal.of("sleep")] == [("sleep", launcher["status"]["podIP"])]
+    assert h.views.views[LAUNCHER].instances[WANTED].sleeping
+    assert keys.REQUESTER_ANNOTATION not in annotations(h.journal.written(LAUNCHER))
+
+
+async def test_an_fma_launchers_sleeper_not_yet_probed_is_asked_at_unbind_and_kept(h: Harness) -> None:
+    """Right after a controller restart the views may not have probed a sleeper yet: it is not taken for a
+    loading instance (which the unbind deletes)."""
+    launcher = fma_pair(h, sleeping=None, deleting=True)
+    h.providers.asleep[launcher["status"]["podIP"]] = True
+    await h.drive()
+    assert h.journal.of("delete_instance") == h.journal.of("sleep") == []
+    assert [c.kind for c in h.journal.of("is_sleeping")] == ["is_sleeping"]
+    assert h.views.views[LAUNCHER].instances[WANTED].sleeping
+    assert keys.REQUESTER_ANNOTATION not in annotations(h.journal.written(LAUNCHER))

@@ -10,7 +10,8 @@ import pytest
 
 from api import keys
 from api.launcher import InstanceState, InstanceStatus
-from controller.dualpods.selection import Candidate, Plan, choose, instance_port, plan_for
+from controller.dualpods.selection import Candidate, Plan, choose, plan_for
+from controller.instance_probe import instance_port
 
 WANTED = "Iwantedi"
 PORT = 8005

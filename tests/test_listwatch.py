@@ -17,8 +17,11 @@ from aiohttp import web
 
 from api.launcher import (
     INSTANCES_PATH,
+    SLEEP_ROUTE,
+    WAKE_ROUTE,
     AllInstancesState,
     EventType,
+    Index,
     InstanceState,
     InstanceStatus,
     WatchEvent,
@@ -66,6 +69,14 @@ class FakeLauncher:
         for stream in self._streams:
             stream.put_nowait(event)
 
+    async def index(self, request: web.Request) -> web.Response:
+        """dualpods' launcher: its index lists the sleep and wake routes."""
+        routes = {
+            SLEEP_ROUTE: f"POST {INSTANCES_PATH}/{{id}}/sleep",
+            WAKE_ROUTE: f"POST {INSTANCES_PATH}/{{id}}/wake_up",
+        }
+        return web.json_response(Index(endpoints=routes).model_dump())
+
     async def list(self, request: web.Request) -> web.Response:
         self.lists += 1
         found = list(self.instances.values())
@@ -95,6 +106,7 @@ class FakeLauncher:
 async def launcher() -> AsyncIterator[tuple[FakeLauncher, str]]:
     fake = FakeLauncher()
     app = web.Application()
+    app.router.add_get("/", fake.index)
     app.router.add_get(INSTANCES_PATH, fake.list)
     app.router.add_get(f"{INSTANCES_PATH}/watch", fake.watch)
     runner = web.AppRunner(app)
@@ -170,6 +182,25 @@ async def test_an_event_of_another_epoch_makes_the_view_list_again(
     fake.push("c")
     await until(lambda: fake.lists == 2 and view_of(views).boot_id == fake.boot_id)
     assert "c" in view_of(views).instances
+
+
+async def test_a_changed_notifier_signature_makes_the_view_list_again(
+    launcher: tuple[FakeLauncher, str], views: LauncherViews
+) -> None:
+    """FMA's notifier annotation on the launcher Pod changed: its instances changed, so they are listed again
+    at once (an FMA launcher's quiet stream would otherwise be listed again only after its silence)."""
+    fake, address = launcher
+    ip = address.split(":")[0]
+    views.track("l1", ip, incarnation=0, signature="s1")  # first seen: nothing to do
+    await until(lambda: view_of(views).synced and bool(fake.watches))
+    assert fake.lists == 1
+    fake.instances["quiet"] = state("quiet", 1)  # made without an event reaching the stream
+    views.track("l1", ip, incarnation=0, signature="s1")  # the same signature: nothing changed
+    await asyncio.sleep(0.2)
+    assert fake.lists == 1
+    views.track("l1", ip, incarnation=0, signature="s2")
+    await until(lambda: "quiet" in view_of(views).instances)
+    assert fake.lists == 2
 
 
 async def test_a_silent_stream_is_taken_for_lost(

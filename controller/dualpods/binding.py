@@ -14,13 +14,15 @@ import time
 from api import keys
 from api.launcher import InstanceStatus, VllmConfig
 from controller import pods
+from controller.dualpods import instance_sleep
 from controller.dualpods.budget import gpu_sleeper_reserve
 from controller.dualpods.identity import instance_id, runtime_of, vllm_config
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, from_isc, problems
-from controller.dualpods.selection import Candidate, choose, instance_port
+from controller.dualpods.selection import Candidate, choose
 from controller.dualpods.status import RequesterProblem
 from controller.dualpods.writer import set_annotation, set_binding
+from controller.instance_probe import instance_port
 from controller.launcher_template import TemplateError, launcher_config_hash, node_independent_pod, pod_for_node
 
 log = logging.getLogger(__name__)
@@ -92,7 +94,7 @@ async def _candidates(p: Pass, config_hash: str, wanted: str) -> tuple[list[Cand
             elif not state.sleeping and state.instance_id != wanted:
                 # Left awake by an unbind that could not reach it: nobody is served by it.
                 log.info("launcher %s: putting unbound instance %s to sleep", pods.name(launcher), state.instance_id)
-                await p.clients.launchers.sleep(pod_ip, state.instance_id, p.s.isc_name, pods.name(launcher))
+                await instance_sleep.sleep(p, launcher, state, p.s.isc_name, pods.name(launcher))
         running = [s for s in view.instances.values() if s.instance_id not in gone]
         candidates.append(Candidate(pods.name(launcher), running))
     return candidates, waiting

@@ -35,6 +35,7 @@ from controller.dualpods.writer import PodWriter
 from controller.events import EventRecorder
 from controller.http import http_caller
 from controller.informer import Informer, Obj
+from controller.instance_probe import InstanceProbe
 from controller.kube import custom_objects
 from controller.launcher_client import LauncherClient
 from controller.launcher_views import LauncherView, LauncherViews, ViewSource
@@ -192,7 +193,8 @@ class DualPodsController:
         if new is not None and pods.is_launcher(new):
             running = pods.container_running(new) and not pods.is_failed(new)
             # A restarted container is a new launcher process: its view starts afresh.
-            self.views.track(pods.name(new), pods.pod_ip(new) if running else None, _incarnation(new))
+            signature = pods.annotations(new).get(keys.INSTANCE_SIGNATURE_ANNOTATION)
+            self.views.track(pods.name(new), pods.pod_ip(new) if running else None, _incarnation(new), signature)
         elif old is not None and new is None and pods.is_launcher(old):
             self.views.forget(pods.name(old))
 
@@ -255,7 +257,7 @@ async def run_dual_pods(
     metrics = DualPodsMetrics(registry)
     async with http_caller(metrics.http_latency_seconds, namespace) as http:
         launchers = LauncherClient(http, options.launcher_token)
-        views = LauncherViews(launchers)
+        views = LauncherViews(launchers, prober=InstanceProbe(http))
         clients = Clients(
             pods=PodWriter(api, namespace),
             launchers=launchers,

@@ -1,11 +1,13 @@
 """A model server's own routes: vLLM's sleep routes on a direct provider (no launcher stands in front of it,
-what FMA's controller calls), and the LoRA routes on any model server (E8).
+what FMA's controller calls) and on an instance of a launcher that speaks only FMA's API, and the LoRA
+routes on any model server (E8).
 
 The sleep routes are vLLM's development-mode endpoints, so a direct provider runs with
 `VLLM_SERVER_DEV_MODE=1`; runtime LoRA updates need `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`.
 """
 
-from controller.http import HttpCaller, HttpError, Purpose
+from controller import instance_probe
+from controller.http import HttpCaller, Purpose
 
 
 class ProviderClient:
@@ -13,11 +15,7 @@ class ProviderClient:
         self._http = http
 
     async def is_sleeping(self, pod_ip: str, port: int, requester: str) -> bool:
-        url = f"http://{pod_ip}:{port}/is_sleeping"
-        body = await self._http.expect_ok(Purpose.QUERY_SLEEPING, "GET", url, requester=requester)
-        if not isinstance(body, dict) or not isinstance(body.get("is_sleeping"), bool):
-            raise HttpError(Purpose.QUERY_SLEEPING, url, None, ValueError(f"unexpected answer {body!r}"))
-        return bool(body["is_sleeping"])
+        return await instance_probe.is_sleeping(self._http, pod_ip, port, requester)
 
     async def sleep(self, pod_ip: str, port: int, requester: str) -> None:
         await self._http.expect_ok(Purpose.SLEEP, "POST", f"http://{pod_ip}:{port}/sleep?level=1", requester=requester)

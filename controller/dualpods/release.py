@@ -15,6 +15,7 @@ import logging
 from api import keys
 from api.launcher import InstanceState, InstanceStatus
 from controller import pods
+from controller.dualpods import instance_sleep
 from controller.dualpods.budget import host_victims
 from controller.dualpods.direct import DirectProviders
 from controller.dualpods.identity import VLLM, instance_id
@@ -104,6 +105,7 @@ async def _unbind(p: Pass) -> None:
 
 
 async def _put_away(p: Pass, pod_ip: str, state: InstanceState) -> None:
+    state = await instance_sleep.as_it_is(p, p.provider, state, pods.name(p.provider))
     isc_name = (state.annotations or {}).get(keys.INSTANCE_ISC_NAME, "")
     launchers = p.clients.launchers
     current = p.s.instance_isc.value
@@ -119,7 +121,7 @@ async def _put_away(p: Pass, pod_ip: str, state: InstanceState) -> None:
             await launchers.delete_instance(pod_ip, state.instance_id, isc_name)
             return
         try:
-            await launchers.sleep(pod_ip, state.instance_id, isc_name, pods.name(p.provider))
+            await instance_sleep.sleep(p, p.provider, state, isc_name, pods.name(p.provider))
         except HttpError as err:
             # Hung (no answer in time), failing, or refusing: deleted, which kills it, rather than waited on.
             log.warning("instance %s did not sleep (%s); deleting it", state.instance_id, err)

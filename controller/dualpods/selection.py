@@ -9,8 +9,8 @@ every change, so a lower revision was touched less recently, and that order surv
 
 from dataclasses import dataclass
 
-from api.keys import INSTANCE_INFERENCE_PORT
 from api.launcher import InstanceState
+from controller.instance_probe import instance_port
 
 
 @dataclass(frozen=True)
@@ -27,13 +27,6 @@ class Plan:
     priority: str  # "P1", "P2" or "P3"
     victims: list[str]  # instance IDs to delete before binding
     oldest_victim_revision: int = 0
-
-
-def instance_port(state: InstanceState) -> int | None:
-    try:
-        return int((state.annotations or {})[INSTANCE_INFERENCE_PORT])
-    except (KeyError, ValueError):
-        return None
 
 
 def plan_for(candidate: Candidate, instance_id: str, port: int, max_instances: int) -> Plan:

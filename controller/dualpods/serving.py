@@ -13,6 +13,7 @@ from api import keys
 from api.crds import InferenceServerConfig
 from api.launcher import ErrorReason, InstanceState, VllmConfig
 from controller import pods
+from controller.dualpods import instance_sleep
 from controller.dualpods.budget import gpu_victim, gpus_over_budget
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, committed_routing, outdated_routing
@@ -98,8 +99,9 @@ async def wake(p: Pass) -> float | None:
             await note_budget(p, launcher, f"deleting sleeping instance {victim} to free GPU memory for {s.wanted}")
             await p.clients.launchers.delete_instance(launcher_ip(p), victim, s.isc_name, pods.name(requester))
             return None
-    await p.clients.launchers.wake(launcher_ip(p), s.wanted, s.isc_name, pods.name(requester))
-    return None  # its AWAKE event brings us back
+    assert s.instance is not None
+    await instance_sleep.wake(p, launcher, s.instance, s.isc_name, pods.name(requester))
+    return None  # its AWAKE event (or the view's record of the wake) brings us back
 
 
 async def misrouted(p: Pass) -> float | None:

@@ -23,6 +23,7 @@ from controller import pods
 from controller.events import EventRecorder
 from controller.http import http_caller
 from controller.informer import Informer, Obj
+from controller.instance_probe import InstanceProbe
 from controller.kube import custom_objects
 from controller.launcher_client import LauncherClient
 from controller.launcher_template import Pod
@@ -226,7 +227,8 @@ async def run_populator(
 ) -> None:
     """The populator with the launchers' views it reads their sleepers from, until cancelled."""
     async with http_caller(None, namespace) as http:
-        views = LauncherViews(LauncherClient(http, options.launcher_token))
+        # The prober learns the sleepers of launchers that speak only FMA's API (Warmth reads them).
+        views = LauncherViews(LauncherClient(http, options.launcher_token), prober=InstanceProbe(http))
         populator = Populator(api, namespace, options, registry, views)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(views.run())
