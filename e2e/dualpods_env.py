@@ -129,9 +129,15 @@ class DualPodsEnv:
     # ----- objects a model-variant deployer creates
 
     async def create_launcher_config(
-        self, name: str, max_instances: int, launcher_args: list[str], image: str | None = None
+        self,
+        name: str,
+        max_instances: int,
+        launcher_args: list[str],
+        image: str | None = None,
+        verify_wakes: bool | None = None,
     ) -> None:
-        """`image`: another than the launcher's (a broken or foreign one, for fault tests)."""
+        """`image`: another than the launcher's (a broken or foreign one, for fault tests); `verify_wakes`: its
+        `spec.verifyWakes` (None: left out, the default)."""
         container: Obj = {
             "name": keys.INFERENCE_SERVER_CONTAINER,
             "image": image or self.images.launcher,
@@ -163,6 +169,8 @@ class DualPodsEnv:
                 "podTemplate": {"metadata": {"labels": {"from-launcher-config": "yes"}}, "spec": pod_spec},
             },
         }
+        if verify_wakes is not None:
+            body["spec"]["verifyWakes"] = verify_wakes
         await self._create(LauncherConfig, body)
 
     async def create_isc(
