@@ -160,17 +160,13 @@ class DualPodsEnv:
                 {"name": "home", "mountPath": LAUNCHER_HOME},
                 {"name": "tmp", "mountPath": "/tmp"},
             ]
-        body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "LauncherConfig",
-            "metadata": {"name": name},
-            "spec": {
-                "maxInstances": max_instances,
-                "podTemplate": {"metadata": {"labels": {"from-launcher-config": "yes"}}, "spec": pod_spec},
-            },
+        spec: Obj = {
+            "maxInstances": max_instances,
+            "podTemplate": {"metadata": {"labels": {"from-launcher-config": "yes"}}, "spec": pod_spec},
         }
         if verify_wakes is not None:
-            body["spec"]["verifyWakes"] = verify_wakes
+            spec["verifyWakes"] = verify_wakes
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LauncherConfig", "metadata": {"name": name}, "spec": spec}
         await self._create(LauncherConfig, body)
 
     async def create_isc(
