@@ -87,8 +87,10 @@ class Condition(KubeModel):
     """lastTransitionTime is the last time the condition changed from one status to another (RFC 3339)."""
     reason: Annotated[str, Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")]
     """reason is a programmatic identifier (CamelCase) of the condition's last transition."""
-    message: Annotated[str, Field(max_length=32768)]
-    """message is a human readable message with details about the transition; may be empty."""
+    # Optional, unlike metav1.Condition's: the API server refuses an empty string here (it reads it as null),
+    # so an empty message is left out.
+    message: Annotated[str, Field(max_length=32768)] = ""
+    """message is a human readable message with details about the transition; absent when there is none."""
 
 
 class Status(KubeModel):
@@ -253,6 +255,11 @@ class LauncherConfigSpec(KubeModel):
     `inference-server` runs the launcher."""
     # Described by SleeperBudget's docstring, which becomes the field's description in the CRD.
     sleeper_budget: SleeperBudget = Field(default_factory=SleeperBudget)
+    verify_wakes: bool = True
+    """dualpods extension: whether the launcher checks every wake of this config's instances before the
+    requester is told ready: a short greedy probe recorded at the instance's first ready is replayed after
+    each wake, and an instance that answers otherwise is killed and replaced (`WakeCheckFailed`). Read when
+    an instance is created; FMA's controllers ignore it."""
 
 
 class LauncherConfig(CustomResource):

@@ -136,9 +136,11 @@ class DualPodsEnv:
         launcher_args: list[str],
         image: str | None = None,
         env: dict[str, str] | None = None,
+        verify_wakes: bool | None = None,
     ) -> None:
         """`image`: another than the launcher's (a broken or foreign one, for fault tests); `env`: the
-        launcher container's environment (e.g. LAUNCHER_FMA_ONLY=true)."""
+        launcher container's environment (e.g. LAUNCHER_FMA_ONLY=true); `verify_wakes`: its
+        `spec.verifyWakes` (None: left out, the default)."""
         container: Obj = {
             "name": keys.INFERENCE_SERVER_CONTAINER,
             "image": image or self.images.launcher,
@@ -163,15 +165,13 @@ class DualPodsEnv:
                 {"name": "home", "mountPath": LAUNCHER_HOME},
                 {"name": "tmp", "mountPath": "/tmp"},
             ]
-        body = {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": "LauncherConfig",
-            "metadata": {"name": name},
-            "spec": {
-                "maxInstances": max_instances,
-                "podTemplate": {"metadata": {"labels": {"from-launcher-config": "yes"}}, "spec": pod_spec},
-            },
+        spec: Obj = {
+            "maxInstances": max_instances,
+            "podTemplate": {"metadata": {"labels": {"from-launcher-config": "yes"}}, "spec": pod_spec},
         }
+        if verify_wakes is not None:
+            spec["verifyWakes"] = verify_wakes
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LauncherConfig", "metadata": {"name": name}, "spec": spec}
         await self._create(LauncherConfig, body)
 
     async def create_isc(

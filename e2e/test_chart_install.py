@@ -145,11 +145,6 @@ async def test_a_tenant_installs_with_namespace_rights_only_and_models_swap(
         await env.teardown()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="waits on the controller side of issue 14 item 5: the dual-pods controller does not yet write ISC status "
-    "conditions (Ready, Stalled) and servedRequesters; remove this mark when it does",
-)
 async def test_kubectl_waits_for_a_served_isc_and_shows_a_missing_launcher_config(env: DualPodsEnv) -> None:
     await env.create_launcher_config("lc", max_instances=1, launcher_args=["--stand-in"])
     await env.create_isc("served", "lc", port=8005, options="--model a")

@@ -103,6 +103,15 @@ class Objects:
         errors: list[str] = status.get("errors") or []
         return errors
 
+    async def condition(self, kind: str, name: str, type_: str) -> tuple[str, str] | None:
+        """The condition's status and reason once the controller has observed the current generation."""
+        obj = await self.get(kind, name)
+        status = obj.get("status") or {}
+        if status.get("observedGeneration") != obj["metadata"]["generation"]:
+            return None
+        found = next((c for c in status.get("conditions") or [] if c["type"] == type_), None)
+        return (found["status"], found["reason"]) if found else None
+
 
 def _plural(kind: str) -> str:
     return {"LauncherConfig": LauncherConfig.RESOURCE, "LauncherPopulationPolicy": LauncherPopulationPolicy.RESOURCE}[
@@ -220,6 +229,9 @@ async def test_every_selected_node_gets_its_launchers_and_follows_the_count(
                 assert (owner.kind, owner.name, owner.uid) == ("LauncherConfig", "standin", config["metadata"]["uid"])
             await eventually(lambda: objects.errors("LauncherConfig", "standin"), [], "the LC status errors")
             await eventually(lambda: objects.errors("LauncherPopulationPolicy", "gpus"), [], "the LPP status errors")
+            ready = functools.partial(objects.condition, type_="Ready")
+            await eventually(lambda: ready("LauncherConfig", "standin"), ("True", "Valid"), "the LC Ready")
+            await eventually(lambda: ready("LauncherPopulationPolicy", "gpus"), ("True", "Populated"), "the LPP Ready")
             metric = functools.partial(pod_count_metric, port, "standin")
             await eventually(metric, phases(unbound=2 * len(nodes)), "the launcher count")
 
@@ -327,6 +339,14 @@ async def test_status_reports_missing_malformed_and_unparseable_references(
         malformed = f'LauncherConfig "broken" referenced in CountForLauncher is malformed: {template_error}'
         await eventually(lambda: objects.errors("LauncherConfig", "broken"), [template_error], "the LC errors")
         await eventually(lambda: objects.errors("LauncherPopulationPolicy", "gpus"), [ghost, malformed], "LPP errors")
+        stalled = functools.partial(objects.condition, type_="Stalled")
+        await eventually(lambda: stalled("LauncherConfig", "broken"), ("True", "TemplateError"), "the LC Stalled")
+        await eventually(
+            lambda: stalled("LauncherPopulationPolicy", "gpus"), ("True", "LauncherConfigNotFound"), "the LPP Stalled"
+        )
+        await eventually(
+            lambda: stalled("LauncherPopulationPolicy", "bad-selector"), ("True", "InvalidSpec"), "the LPP Stalled"
+        )
         errors = await wait_for(lambda: objects.errors("LauncherPopulationPolicy", "bad-selector"), what="LPP errors")
         assert errors is not None
         assert errors[0].startswith("invalid enhancedNodeSelector: labelSelector.matchExpressions.0.operator"), errors

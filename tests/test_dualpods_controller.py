@@ -12,7 +12,7 @@ import pytest
 
 from api import keys
 from controller.dualpods.controller import ISC as ISC_KEY
-from controller.dualpods.controller import REQUESTER
+from controller.dualpods.controller import ISC_STATUS, REQUESTER
 from controller.dualpods.direct import GPU, NOMINAL
 from controller.informer import Obj
 from controller.launcher_views import LauncherView
@@ -115,19 +115,19 @@ async def test_a_node_change_queues_the_requesters_on_it(h: Harness) -> None:
 @pytest.mark.usefixtures("requesters")
 async def test_an_isc_spec_change_queues_its_requesters_and_its_instance_gc(h: Harness) -> None:
     queued = await change(h, isc_obj(), isc_obj(options="--model /models/b", rv="2"))
-    assert queued == {(REQUESTER, "a"), (REQUESTER, "c"), (ISC_KEY, ISC)}
+    assert queued == {(REQUESTER, "a"), (REQUESTER, "c"), (ISC_KEY, ISC), (ISC_STATUS, ISC)}
 
 
 @pytest.mark.usefixtures("requesters")
 async def test_an_isc_metadata_change_queues_only_its_requesters(h: Harness) -> None:
     changed = isc_obj(rv="2")
     changed["metadata"]["labels"] = {"team": "x"}
-    assert await change(h, isc_obj(), changed) == {(REQUESTER, "a"), (REQUESTER, "c")}
+    assert await change(h, isc_obj(), changed) == {(REQUESTER, "a"), (REQUESTER, "c"), (ISC_STATUS, ISC)}
 
 
 @pytest.mark.usefixtures("requesters")
 async def test_a_new_isc_queues_its_requesters(h: Harness) -> None:
-    assert await change(h, None, isc_obj()) == {(REQUESTER, "a"), (REQUESTER, "c")}
+    assert await change(h, None, isc_obj()) == {(REQUESTER, "a"), (REQUESTER, "c"), (ISC_STATUS, ISC)}
 
 
 @pytest.mark.usefixtures("requesters")
@@ -140,7 +140,8 @@ async def test_a_launcher_config_change_queues_the_requesters_of_its_iscs(h: Har
     other = isc_obj("isc2")
     other["spec"]["launcherConfigName"] = "another-lc"
     h.put(isc_obj(), other)
-    assert await change(h, lc_obj(), with_rv(lc_obj(max_instances=3), "2")) == {(REQUESTER, "a"), (REQUESTER, "c")}
+    queued = await change(h, lc_obj(), with_rv(lc_obj(max_instances=3), "2"))
+    assert queued == {(REQUESTER, "a"), (REQUESTER, "c"), (ISC_STATUS, ISC)}, "not the other ISC's"
 
 
 @pytest.mark.usefixtures("requesters")

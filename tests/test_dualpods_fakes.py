@@ -4,14 +4,16 @@ The controller and its Reconciler are driven with the real informer caches (load
 `upsert` and `remove`, no API server) and the real metrics, and with fakes, each implementing the Protocol
 of what they stand for, for everything that talks to the outside: the Pod writer (the API server), the
 launcher, requester and model-server HTTP clients, the launchers' views and the Event recorder. Every fake
-call lands in one journal, so a test can assert what was written, deleted and called, and in which order.
+call lands in one journal, so a test can assert what was written, deleted and called, and in which order;
+ISC status writes (the real writer is tested against the API server in tests/test_conditions.py) land in
+their own list, so the journal stays about the inference servers.
 e2e/test_dualpods_launcher.py runs the same logic against a real cluster.
 """
 
 import copy
 import itertools
 import json
-from collections.abc import AsyncIterator, Callable, Hashable, Iterable
+from collections.abc import AsyncIterator, Callable, Hashable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -21,8 +23,18 @@ from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
 from api import keys
-from api.crds import API_VERSION, InferenceServerConfig, LauncherConfig
-from api.launcher import AllInstancesState, InstanceState, InstanceStatus, ProcessStats, VllmConfig
+from api.crds import API_VERSION, CustomResource, InferenceServerConfig, LauncherConfig, Status
+from api.launcher import (
+    AllInstancesState,
+    InstanceState,
+    InstanceStatus,
+    ProcessStats,
+    StopReason,
+    VllmConfig,
+    WakeCheck,
+    WakeCheckStatus,
+)
+from controller.conditions import current
 from controller.dualpods.collaborators import Clients
 from controller.dualpods.controller import DualPodsController, DualPodsOptions, kube_caches
 from controller.dualpods.identity import instance_id, vllm_config
@@ -31,6 +43,7 @@ from controller.dualpods.nominal import nominal_provider
 from controller.dualpods.passes import Options
 from controller.dualpods.routing import from_isc
 from controller.dualpods.writer import FIELD_MANAGER, set_binding
+from controller.http import HttpError, Reply
 from controller.informer import Informer, Obj, object_key
 from controller.launcher_template import node_independent_pod, pod_for_node
 from controller.launcher_views import ChangeListener, LauncherView, ListedListener
@@ -227,7 +240,7 @@ def bound(
     """`launcher` bound to `requester` as the bind write leaves it; `serving`: also as the serving write
     leaves it (sleeping=false and the ISC's routing metadata applied)."""
     model = InferenceServerConfig.from_k8s(isc or isc_obj())
-    config = vllm_config(model, list(gpus))
+    config = vllm_config(model, list(gpus), verify_wakes=True)
     routing = from_isc(model)
     pod = copy.deepcopy(launcher)
     metadata = pod["metadata"]
@@ -258,14 +271,16 @@ def inst(
     revision: int = 1,
     rss: int | None = None,
     gpu_bytes: int | None = None,
+    wake_check_failed: bool = False,
 ) -> InstanceState:
     """An instance as a launcher reports it, made by the controller for `isc`; `rss` and `gpu_bytes`:
-    the memory its processes hold."""
+    the memory its processes hold; `wake_check_failed`: killed by its launcher for failing its post-wake
+    check."""
     process = None
     if rss is not None:
         process = ProcessStats(pid=1, processes=1, rss_bytes=rss, cpu_percent=0.0, gpu_memory_bytes=gpu_bytes)
     return InstanceState(
-        status=InstanceStatus.STOPPED if stopped else InstanceStatus.RUNNING,
+        status=InstanceStatus.STOPPED if stopped or wake_check_failed else InstanceStatus.RUNNING,
         instance_id=instance,
         revision=revision,
         options=f"--model /models/a --port {port}",
@@ -273,7 +288,11 @@ def inst(
         annotations={keys.INSTANCE_ISC_NAME: isc, keys.INSTANCE_INFERENCE_PORT: str(port)},
         ready=ready,
         sleeping=sleeping,
-        exit_code=1 if stopped else None,
+        exit_code=-9 if wake_check_failed else 1 if stopped else None,
+        stop_reason=StopReason.WAKE_CHECK_FAILED if wake_check_failed else None,
+        wake_check=WakeCheck(status=WakeCheckStatus.RECORDED, detail="token 0: 464 instead of 198")
+        if wake_check_failed
+        else None,
         process=process,
     )
 
@@ -509,12 +528,14 @@ class FakeLauncherClient:
     """A fake Launchers (the real one, LauncherClient, calls launcher Pods over HTTP (covered by the launcher's own
     tests and e2e). Calls go into the journal and change the FakeViews as the launcher would: a created
     instance appears starting, a deleted one disappears, sleep and wake flip `sleeping`. `refusal`, when
-    set, is what the next instance creations raise."""
+    set, is what the next instance creations raise; a wake of an instance in `corrupt` fails its post-wake
+    check as our launcher's does (the instance killed, STOPPED WakeCheckFailed, the wake answered 502)."""
 
     def __init__(self, journal: Journal, views: FakeViews) -> None:
         self.journal = journal
         self.views = views
         self.refusal: Exception | None = None
+        self.corrupt: set[str] = set()
 
     def _change(self, pod_ip: str, instance: str, **update: Any) -> None:
         view = self.views.at(pod_ip)
@@ -554,6 +575,12 @@ class FakeLauncherClient:
 
     async def wake(self, pod_ip: str, instance_id: str, isc_name: str, requester: str) -> None:
         self.journal.append(Call("wake", instance_id, pod_ip))
+        if instance_id in self.corrupt:
+            failed = inst(instance_id, wake_check_failed=True)
+            self._change(pod_ip, instance_id, **failed.model_dump(include={"status", "stop_reason", "exit_code"}),
+                         wake_check=failed.wake_check)  # fmt: skip
+            body = {"detail": "woken, it failed its post-wake check", "reason": "WakeCheckFailed"}
+            raise HttpError("wake", f"http://{pod_ip}:8001/v2/vllm/instances/{instance_id}/wake_up", Reply(502, body))
         self._change(pod_ip, instance_id, sleeping=False)
 
 
@@ -635,6 +662,23 @@ class FakeEvents:
         self.journal.append(Call("event", obj["metadata"]["name"], (type_, reason, message)))
 
 
+class FakeStatuses:
+    """A fake StatusWrites: it keeps what the real one would write, as the API server would then show it."""
+
+    def __init__(self, cache: Informer) -> None:
+        self.cache = cache
+        self.written: list[tuple[str, Status]] = []
+
+    async def write(self, kind: type[CustomResource], obj: Mapping[str, Any], status: Status) -> bool:
+        if current(type(status), obj) == status:
+            return False
+        self.written.append((obj["metadata"]["name"], status))
+        shown = {**copy.deepcopy(dict(obj)), "status": status.to_k8s()}
+        shown["metadata"]["resourceVersion"] = f"{obj['metadata']['resourceVersion']}+status"
+        self.cache.upsert(shown)
+        return True
+
+
 class Harness:
     """The controller and its Reconciler over the controller's own caches and indexes, filled by hand, with the
     fakes above."""
@@ -649,7 +693,8 @@ class Harness:
         self.requesters = FakeRequesterClient(self.journal)
         self.providers = FakeProviderClient(self.journal)
         self.events = FakeEvents(self.journal)
-        clients = Clients(self.writer, self.launchers, self.requesters, self.providers, self.events)
+        self.statuses = FakeStatuses(self.caches.iscs)
+        clients = Clients(self.writer, self.launchers, self.requesters, self.providers, self.events, self.statuses)
         settings = DualPodsOptions(
             launcher_token_secret=options.launcher_token_secret, sleeper_limit=options.sleeper_limit
         )

@@ -154,6 +154,10 @@ def setup_unbound(h: Harness) -> None:
     h.put(requester_obj())
 
 
+def setup_wake_failed(h: Harness) -> None:
+    serving(h, state=inst(WANTED, wake_check_failed=True))
+
+
 def setup_lost(h: Harness) -> None:
     serving(h, state=False)  # served, and the launcher no longer reports the instance
 
@@ -222,6 +226,7 @@ TABLE: dict[Phase, Callable[[Harness], None]] = {
     Phase.CORDONED: setup_cordoned,
     Phase.ACQUIRING: setup_acquiring,
     Phase.UNBOUND: setup_unbound,
+    Phase.WAKE_FAILED: setup_wake_failed,
     Phase.LOST: setup_lost,
     Phase.SETTLING: setup_settling,
     Phase.DIRECT_SERVING: setup_direct_serving,

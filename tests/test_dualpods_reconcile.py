@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 import pytest
 
 from api import keys
-from api.launcher import VllmConfig
+from api.launcher import InstanceStatus, VllmConfig
 from controller.dualpods.passes import RELAY_RECHECK_S
 from controller.dualpods.reconcile import SPI_STARTUP_RETRY_S
 from controller.dualpods.requester_client import RequesterError
@@ -472,6 +472,7 @@ async def test_the_bind_write_carries_the_binding_and_the_instance(h: Harness) -
         "annotations": {keys.INSTANCE_ISC_NAME: ISC, keys.INSTANCE_INFERENCE_PORT: str(PORT)},
         # E6: what the LauncherConfig's other maxInstances - 1 sleepers keep on the GPU, 2 GiB each.
         "gpu_sleeper_reserve_bytes": 2 * 1024**3,
+        "verify_wakes": True,  # the LauncherConfig's verifyWakes (default on): the post-wake check
     }
     assert json.loads(annotations(launcher)[keys.ISC_ROUTING_METADATA_ANNOTATION]) == {
         "labels": {ROUTING_LABEL: "a"},
@@ -925,6 +926,60 @@ async def test_a_hot_actuation_binds_wakes_serves_and_relays(h: Harness) -> None
     ]
     assert actuations(h, "hot") == 1
     assert actuations(h, "warm") is None
+
+
+async def test_a_wake_that_fails_its_check_is_never_served_and_a_fresh_instance_is_made(h: Harness) -> None:
+    h.put(requester_obj(), launcher_obj())
+    h.views.put(launcher_obj(), inst(WANTED, sleeping=True))
+    h.launchers.corrupt.add(WANTED)
+    calls = await h.drive()
+    assert [(c.kind, c.target) for c in calls] == [
+        ("update", LAUNCHER),  # bind
+        ("update", REQ),  # settle
+        ("wake", WANTED),  # 502 WakeCheckFailed: the launcher killed the instance
+        ("update", REQ),  # unserved (no instance label), the status error
+        ("event", REQ),  # WakeCheckFailed
+        ("delete_instance", WANTED),  # the dead instance goes...
+        ("create_instance", WANTED),  # ...and a fresh one is made for the same requester
+        ("update", REQ),  # the status clean
+        ("update", REQ),  # its instance label, once the launcher reports the fresh instance
+    ]
+    assert [c.detail[1] for c in h.journal.of("event")] == ["WakeCheckFailed"]
+    error = h.journal.of("event")[0].detail[2]
+    assert status_errors(h.journal.of("update")[2].detail) == [error]
+    assert "failed its post-wake check (token 0: 464 instead of 198)" in h.journal.of("event")[0].detail[2]
+    assert h.metric("dualpods_wake_check_failures_total", exported_namespace=NS, isc_name=ISC) == 1
+    assert h.journal.of("relay") == [], "never told ready on the corrupt instance"
+    fresh = h.views.views[LAUNCHER].instances[WANTED]
+    assert (fresh.status, fresh.stop_reason, fresh.sleeping) == (InstanceStatus.RUNNING, None, False)
+    h.views.views[LAUNCHER].instances[WANTED] = fresh.model_copy(update={"ready": True})  # its READY event
+    calls = await h.drive()
+    assert [(c.kind, c.detail) for c in calls if c.kind == "relay"] == [("relay", True)]
+    assert actuations(h, "hot") == 1
+
+
+async def test_a_served_instance_failing_a_wake_behind_the_controllers_back_is_unrelayed_first(h: Harness) -> None:
+    requester = settled(requester_obj(ready=True))
+    h.put(requester, bound(launcher_obj(), requester, serving=True))
+    h.views.put(launcher_obj(), inst(WANTED, wake_check_failed=True))
+    await h.reconcile()
+    assert h.journal.kinds() == [("relay", REQ), ("update", REQ), ("event", REQ), ("delete_instance", WANTED)]
+    assert h.journal.of("relay")[0].detail is False
+    assert status_errors(h.pod(REQ)) == [h.journal.of("event")[0].detail[2]]
+    assert keys.INSTANCE_LABEL not in labels(h.pod(REQ))
+    await h.reconcile()  # the fresh instance is made; the requester is not deleted as one that lost it
+    assert h.journal.kinds()[4:] == [("create_instance", WANTED), ("update", REQ)]
+
+
+async def test_the_launcher_configs_verify_wakes_goes_into_the_create_body(h: Harness) -> None:
+    unchecked = lc_obj()
+    unchecked["spec"]["verifyWakes"] = False
+    h.put(unchecked, requester_obj(), launcher_obj())
+    h.views.put(launcher_obj())
+    await h.drive()
+    [create] = h.journal.of("create_instance")
+    assert create.detail[1].verify_wakes is False
+    assert json.loads(annotations(h.pod(LAUNCHER))[keys.VLLM_CONFIG_ANNOTATION])["verify_wakes"] is False
 
 
 async def test_a_warm_actuation_reclaims_creates_and_serves(h: Harness) -> None:

@@ -5,6 +5,7 @@ the digest says which keys and policies a change affects, and what the policies'
 
 from typing import Any
 
+from controller.conditions import Problem
 from controller.populator.digest import Digest, digest_config, digest_policy
 from controller.populator.key import LauncherKey
 from controller.populator.nodes import NodeFacts
@@ -77,12 +78,18 @@ def test_policy_errors_name_their_unusable_launcher_configs_and_their_own_proble
     }
     digest = digest_of(bad)
     digest.set_config("b", digest_config(config_manifest("b", container="sidecar"), None))
-    [selector_error, *references] = digest.policy_errors("p0")
-    assert selector_error.startswith("invalid enhancedNodeSelector: labelSelector.matchExpressions.0.operator: ")
+    [selector_error, *references] = digest.policy_problems("p0")
+    assert selector_error.reason == "InvalidSpec"
+    assert selector_error.message.startswith(
+        "invalid enhancedNodeSelector: labelSelector.matchExpressions.0.operator: "
+    )
     assert references == [
-        'LauncherConfig "ghost" referenced in CountForLauncher does not exist',
-        'LauncherConfig "b" referenced in CountForLauncher is malformed: '
-        "LauncherConfig b: podTemplate.spec has no container named 'inference-server'",
+        Problem("LauncherConfigNotFound", 'LauncherConfig "ghost" referenced in CountForLauncher does not exist'),
+        Problem(
+            "LauncherConfigInvalid",
+            'LauncherConfig "b" referenced in CountForLauncher is malformed: '
+            "LauncherConfig b: podTemplate.spec has no container named 'inference-server'",
+        ),
     ]
     assert counts(digest, "a") == {"gpu-8": 0, "gpu-2": 0, "cpu": 0}, "an unparseable selector selects no Node"
 
@@ -131,3 +138,9 @@ def test_node_facts_ignore_what_policies_cannot_select_on() -> None:
 
     assert NodeFacts.from_k8s(node_object("1")) == NodeFacts.from_k8s(node_object("2"))
     assert NodeFacts.from_k8s(node_object("1")) != NodeFacts.from_k8s(node_object("1", gpus="4"))
+
+
+def test_a_policy_asks_its_count_of_each_launcher_config_on_each_node_it_selects() -> None:
+    digest = digest_of(gpu_policy({"a": 2, "b": 0}, **{"nvidia.com/gpu": {"min": 8}}), policy_manifest({"a": 1}))
+    assert digest.policy_asks("p0") == {LauncherKey("gpu-8", "a"): 2, LauncherKey("gpu-8", "b"): 0}
+    assert digest.policy_asks("p1") == {LauncherKey(n, "a"): 1 for n in ("gpu-8", "gpu-2", "cpu")}

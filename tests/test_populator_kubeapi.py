@@ -1,6 +1,5 @@
 """The populator's API calls: preconditioned deletes and what their answers mean, the stuck label
-patch (NotFound ignored, other errors raised), the Event it records, and status writes that happen
-only when the status would change."""
+patch (NotFound ignored, other errors raised) and the Event it records (status writes: test_conditions.py)."""
 
 from typing import Any
 
@@ -8,8 +7,7 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
-from api.crds import LauncherPopulationPolicy
-from controller.populator.kubeapi import DeleteOutcome, KubeLauncherApi, StatusWriter
+from controller.populator.kubeapi import DeleteOutcome, KubeLauncherApi
 from tests.test_populator_fakes import launcher
 
 
@@ -76,29 +74,3 @@ async def test_the_warning_event_is_recorded_against_the_pod() -> None:
     events = FakeApi()
     await KubeLauncherApi(FakeApi(), events, "ns").warn(POD, "LauncherStuck", "why")
     assert events.calls == [("record", (POD, "Warning", "LauncherStuck", "why"), {})]
-
-
-def policy(status: dict[str, Any] | None, generation: int = 2) -> dict[str, Any]:
-    obj: dict[str, Any] = {"metadata": {"name": "p", "generation": generation, "resourceVersion": "7"}, "spec": {}}
-    if status is not None:
-        obj["status"] = status
-    return obj
-
-
-async def test_status_is_replaced_with_the_observed_generation_and_only_when_it_changes() -> None:
-    objects = FakeApi()
-    writer = StatusWriter(objects, "ns")
-    await writer.write(LauncherPopulationPolicy, policy({"observedGeneration": 2, "errors": ["x"]}), ["x"])
-    await writer.write(LauncherPopulationPolicy, policy(None), [])  # nothing observed yet: write
-    await writer.write(LauncherPopulationPolicy, policy({"observedGeneration": 1}), [])
-    await writer.write(LauncherPopulationPolicy, policy({"observedGeneration": 2, "errors": ["x"]}), [])
-    written = [(method, args[-1]["status"]) for method, args, _ in objects.calls]
-    assert written == [("replace_namespaced_custom_object_status", {"observedGeneration": 2})] * 3
-    assert objects.calls[0][1][:5] == ("fma.llm-d.ai", "v1alpha1", "ns", "launcherpopulationpolicies", "p")
-    assert objects.calls[0][1][5]["metadata"]["resourceVersion"] == "7", "a stale write conflicts"
-
-
-async def test_a_status_write_for_a_deleted_object_is_dropped_and_other_errors_are_raised() -> None:
-    await StatusWriter(FakeApi(ApiException(status=404)), "ns").write(LauncherPopulationPolicy, policy(None), [])
-    with pytest.raises(ApiException):
-        await StatusWriter(FakeApi(ApiException(status=409)), "ns").write(LauncherPopulationPolicy, policy(None), [])

@@ -51,7 +51,7 @@ async def bind(p: Pass) -> float | None:
     budget = lc.spec.sleeper_budget.gpu_memory_bytes
     reserve = gpu_sleeper_reserve(int(budget) if budget is not None else None, lc.spec.max_instances)
     wanted = instance_id(isc, gpus, runtime)
-    config = vllm_config(isc, gpus, runtime, reserve)
+    config = vllm_config(isc, gpus, runtime, reserve, lc.spec.verify_wakes)
     candidates, waiting = await _candidates(p, launcher_config_hash(template_hash, node), wanted)
     plan = choose(candidates, wanted, isc.spec.model_server_config.port, lc.spec.max_instances)
     uid = pods.uid(requester)

@@ -1,6 +1,7 @@
-"""What the dual-pods reconciler needs from outside its process, as Protocols: the API server's Pods and
-Events, the launchers, the requesters and the model servers. The real implementations are PodWriter,
-LauncherClient, RequesterClient, ProviderClient and EventRecorder; unit tests give in-memory fakes.
+"""What the dual-pods reconciler needs from outside its process, as Protocols: the API server's Pods,
+Events and ISC statuses, the launchers, the requesters and the model servers. The real implementations are
+PodWriter, LauncherClient, RequesterClient, ProviderClient, EventRecorder and StatusWriter; unit tests give
+in-memory fakes.
 """
 
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from typing import Protocol
 from api.launcher import AllInstancesState, InstanceState, VllmConfig
 from controller import pods
 from controller.events import EventSink
+from controller.status_writer import StatusWrites
 
 
 class PodWrites(Protocol):
@@ -79,3 +81,4 @@ class Clients:
     requesters: Requesters
     servers: ModelServers
     events: EventSink
+    statuses: StatusWrites

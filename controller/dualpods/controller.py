@@ -22,6 +22,7 @@ from controller import pods
 from controller.dualpods.binding import LAUNCHERS_BY_CONFIG_HASH
 from controller.dualpods.collaborators import Clients
 from controller.dualpods.direct import GPU, NOMINAL
+from controller.dualpods.isc_status import REQUESTERS_BY_ISC, served
 from controller.dualpods.memory import Memory
 from controller.dualpods.metrics import DualPodsMetrics
 from controller.dualpods.nominal import gpu_keys
@@ -40,12 +41,12 @@ from controller.kube import custom_objects
 from controller.launcher_client import LauncherClient
 from controller.launcher_views import LauncherView, LauncherViews, ViewSource
 from controller.passclock import timed
+from controller.status_writer import StatusWriter
 from controller.workqueue import WorkQueue, run_workers
 
 log = logging.getLogger(__name__)
 
 REQUESTERS_ON_NODE = "requesters-on-node"
-REQUESTERS_BY_ISC = "requesters-by-isc"
 DIRECT_REQUESTERS = "direct-requesters"
 ISCS_BY_LAUNCHER_CONFIG = "iscs-by-launcher-config"
 
@@ -53,14 +54,16 @@ ISCS_BY_LAUNCHER_CONFIG = "iscs-by-launcher-config"
 class KeyKind(StrEnum):
     REQUESTER = "requester"
     ISC = "isc"
+    ISC_STATUS = "isc-status"
 
 
 REQUESTER = KeyKind.REQUESTER
 ISC = KeyKind.ISC
+ISC_STATUS = KeyKind.ISC_STATUS
 
 
 class Key(NamedTuple):
-    """A work item: one inference server (by requester name), or one ISC's instances."""
+    """A work item: one inference server (by requester name), one ISC's instances, or one ISC's status."""
 
     kind: KeyKind
     name: str
@@ -153,6 +156,8 @@ class DualPodsController:
         try:
             if key.kind is KeyKind.REQUESTER:
                 return await self.reconciler.reconcile_requester(key.name)
+            if key.kind is KeyKind.ISC_STATUS:
+                return await self.reconciler.reconcile_isc_status(key.name)
             return await self.reconciler.reconcile_isc(key.name)
         except Exception:
             self.metrics.queue_retries.labels(node).inc()
@@ -182,6 +187,9 @@ class DualPodsController:
     # ----- which inference servers a change concerns
 
     def _pod_changed(self, old: Obj | None, new: Obj | None) -> None:
+        if _service_facts(old) != _service_facts(new):
+            for isc in {name for pod in (old, new) if pod is not None for name in _requester_isc(pod)}:
+                self._enqueue(Key(KeyKind.ISC_STATUS, isc))
         for pod in (p for p in (old, new) if p is not None):
             if pods.is_requester(pod):
                 self._enqueue_requester(pods.name(pod))
@@ -223,6 +231,8 @@ class DualPodsController:
         name = pods.name(new or old or {"metadata": {"name": ""}})
         for requester in self.caches.pods.by_index(REQUESTERS_BY_ISC, name):
             self._enqueue_requester(pods.name(requester))
+        if new is not None:
+            self._enqueue(Key(KeyKind.ISC_STATUS, name))
         if old is not None and (new is None or old.get("spec") != new.get("spec")):
             self._enqueue(Key(KeyKind.ISC, name))
 
@@ -264,6 +274,7 @@ async def run_dual_pods(
             requesters=RequesterClient(http, options.requester_tokens),
             servers=ProviderClient(http),
             events=EventRecorder(api, "dual-pods-controller"),
+            statuses=StatusWriter(client.CustomObjectsApi(api), namespace),
         )
         controller = DualPodsController(namespace, kube_caches(api, namespace), views, clients, metrics, options)
         async with asyncio.TaskGroup() as tasks:
@@ -279,6 +290,13 @@ def _incarnation(pod: Obj) -> tuple[str, int]:
 def _node_facts(node: Obj) -> tuple[bool, bool]:
     """What the reconciler reads of a Node besides its existence: being deleted, being cordoned."""
     return pods.is_deleting(node), bool((node.get("spec") or {}).get("unschedulable"))
+
+
+def _service_facts(pod: Obj | None) -> tuple[tuple[str, ...], bool] | None:
+    """What an ISC's status reads of a requester: which ISC it names, whether it is served (None: no such Pod)."""
+    if pod is None or not pods.is_requester(pod):
+        return None
+    return tuple(_requester_isc(pod)), served(pod)
 
 
 def _launcher_config_name(isc: Obj) -> str:

@@ -75,8 +75,13 @@ def instance_id(isc: InferenceServerConfig, gpu_uuids: list[str], runtime: str =
 
 
 def vllm_config(
-    isc: InferenceServerConfig, gpu_uuids: list[str], runtime: str = VLLM, sleeper_reserve_bytes: int | None = None
+    isc: InferenceServerConfig,
+    gpu_uuids: list[str],
+    runtime: str = VLLM,
+    sleeper_reserve_bytes: int | None = None,
+    verify_wakes: bool | None = None,
 ) -> VllmConfig:
+    """The create body of the instance; `verify_wakes` is the LauncherConfig's (None: the launcher's default)."""
     server = isc.spec.model_server_config
     options = [server.options, f"--port {server.port}"]
     env = dict(server.env_vars)
@@ -93,4 +98,5 @@ def vllm_config(
         annotations={keys.INSTANCE_ISC_NAME: isc.metadata.name, keys.INSTANCE_INFERENCE_PORT: str(server.port)},
         runtime=runtime if runtime != VLLM else None,
         gpu_sleeper_reserve_bytes=sleeper_reserve_bytes,
+        verify_wakes=verify_wakes,
     )

@@ -77,3 +77,9 @@ class DualPodsMetrics:
             registry=registry,
         )
         self.reconcile_own_seconds = own_seconds_histogram(registry)
+        self.wake_check_failures = Counter(
+            "dualpods_wake_check_failures",
+            "Instances a launcher killed for failing their post-wake check, replaced for their requester.",
+            ["exported_namespace", "isc_name"],
+            registry=registry,
+        )

@@ -33,6 +33,7 @@ class Phase(StrEnum):
     CORDONED = "cordoned"  # unbound on a cordoned Node: delete the requester
     ACQUIRING = "acquiring"  # direct mode, unbound: bind a sleeping copy or create a provider
     UNBOUND = "unbound"  # launcher mode, unbound: bind a launcher or create one
+    WAKE_FAILED = "wake-failed"  # its instance failed its post-wake check: report it, replace the instance
     LOST = "lost"  # the instance the requester was served by is gone: delete the requester
     SETTLING = "settling"  # bring the requester's metadata in line with its binding
     DIRECT_SERVING = "direct-serving"  # wake the direct provider and relay its readiness
@@ -121,6 +122,8 @@ RULES: tuple[Rule, ...] = (
     Rule(Phase.ACQUIRING, "direct mode, unbound", lambda s: s.provider is None and s.mode is Mode.DIRECT,
          (Phase.SETTLING,)),
     Rule(Phase.UNBOUND, "launcher mode, unbound", lambda s: s.provider is None, (Phase.SETTLING,)),
+    Rule(Phase.WAKE_FAILED, "its instance failed its post-wake check (and was killed)",
+         lambda s: not s.direct_provider and s.wake_check_failed, (Phase.CREATING,)),
     Rule(Phase.LOST, "the instance that served it vanished or stopped",
          lambda s: not s.direct_provider and _lost(s), (Phase.DEPARTING,)),
     Rule(Phase.SETTLING, "its metadata is not in line with the binding", lambda s: s.unsettled,
@@ -140,7 +143,9 @@ RULES: tuple[Rule, ...] = (
 )  # fmt: skip
 
 # Phases in which a bound requester must not be Ready: its instance does not serve (yet).
-NOT_SERVING = frozenset({Phase.LAUNCHER_STARTING, Phase.RECREATING, Phase.CREATING, Phase.LOADING, Phase.ASLEEP})
+NOT_SERVING = frozenset(
+    {Phase.LAUNCHER_STARTING, Phase.WAKE_FAILED, Phase.RECREATING, Phase.CREATING, Phase.LOADING, Phase.ASLEEP}
+)
 
 
 def classify(snapshot: Snapshot) -> Phase:

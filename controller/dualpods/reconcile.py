@@ -16,6 +16,7 @@ already shows: written only when it differs, an Event only for an error not show
 
 import logging
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -26,6 +27,7 @@ from controller import pods
 from controller.dualpods import binding, release, serving
 from controller.dualpods.direct import DirectProviders
 from controller.dualpods.identity import VLLM, instance_id
+from controller.dualpods.isc_status import isc_status, observe_isc
 from controller.dualpods.memory import Memory
 from controller.dualpods.passes import Pass, World
 from controller.dualpods.phases import NOT_SERVING, Phase, classify
@@ -66,6 +68,7 @@ class Reconciler:
             Phase.CORDONED: _cordoned,
             Phase.ACQUIRING: self.direct.acquire,
             Phase.UNBOUND: binding.bind,
+            Phase.WAKE_FAILED: serving.replace_failed_wake,
             Phase.LOST: _lost,
             Phase.SETTLING: _settle,
             Phase.DIRECT_SERVING: self.direct.actuate,
@@ -142,6 +145,17 @@ class Reconciler:
     async def _forget(self, p: Pass) -> float | None:
         """Both Pods are gone: forget what memory holds of them (as FMA drops an inference server's state)."""
         self.world.memory.keep_only({pods.uid(pod) for pod in self.world.caches.pods.items()})
+        return None
+
+    # ----- an InferenceServerConfig's status
+
+    async def reconcile_isc_status(self, isc_name: str) -> float | None:
+        """Bring the ISC's status in line with its LauncherConfig and its requesters (isc_status.py)."""
+        w = self.world
+        s = observe_isc(w.namespace, isc_name, w.caches)
+        status = isc_status(s, w.options.launcher_token_secret, datetime.now(UTC))
+        if s.obj is not None and status is not None:
+            await w.clients.statuses.write(InferenceServerConfig, s.obj, status)
         return None
 
     # ----- instances of a changed InferenceServerConfig

@@ -1,6 +1,10 @@
 """The steps of a requester bound to a launcher, from an absent instance to a serving one.
 
-RECREATING deletes an instance that stopped before it served; CREATING makes room (FMA's reclaim) and
+WAKE_FAILED reports an instance its launcher killed for failing its post-wake check (an Event, a metric,
+the requester's status) and deletes it, so that CREATING makes a fresh one for the same requester, which is
+not told it is ready before that one serves (the requester's instance label goes with it, so the fresh
+instance's absence is not taken for a lost one); RECREATING deletes an instance that stopped before it served;
+CREATING makes room (FMA's reclaim) and
 creates the instance from the config committed at the bind; ASLEEP wakes it, first deleting a sleeper
 when its GPUs hold more than the sleeper budget (E3); SERVING makes the launcher an inference endpoint,
 keeps LoRA adapters in step (E8), and relays readiness after pointing the requester's proxy at the
@@ -19,7 +23,7 @@ from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, committed_routing, outdated_routing
 from controller.dualpods.selection import Candidate, plan_for
 from controller.dualpods.sleepers import note_budget, sleepers
-from controller.dualpods.status import RequesterProblem
+from controller.dualpods.status import RequesterProblem, reported_errors, status_json
 from controller.dualpods.writer import set_annotation, set_label
 from controller.http import HttpError
 from controller.launcher_client import error_reason
@@ -36,6 +40,35 @@ def launcher_ip(p: Pass) -> str:
 def server_port(launcher: pods.Pod) -> int:
     """The port of the instance bound on this launcher (0 before a binding)."""
     return int(pods.annotations(launcher).get(keys.SERVER_PORT_ANNOTATION, "0"))
+
+
+async def replace_failed_wake(p: Pass) -> float | None:
+    """Its launcher killed the instance for failing its post-wake check (a corrupt model). The requester is
+    told it is not ready; one write makes it unserved (no instance label, so the fresh instance is not taken
+    for a lost one) and shows the failure in its status; an Event and the metric record it once; then the
+    instance is deleted, and its DELETED event brings CREATING: a fresh instance for the same requester.
+    Each part is idempotent, so a pass that fails part-way is run again."""
+    s, launcher, requester = p.s, p.provider, p.requester
+    assert s.instance is not None
+    check = s.instance.wake_check
+    detail = check.detail if check is not None and check.detail else "its output differed from its recorded probe"
+    why = (
+        f"instance {s.wanted} on launcher {pods.name(launcher)} failed its post-wake check ({detail}); "
+        "the launcher killed it and a fresh instance is created"
+    )
+    first = why not in reported_errors(requester)
+    await p.relay(False)
+    await p.update(requester, lambda pod: _unserved(pod, why), "its instance failed its post-wake check")
+    if first:
+        p.world.metrics.wake_check_failures.labels(p.world.namespace, s.isc_name).inc()
+        await p.event(requester, "Warning", "WakeCheckFailed", why)
+    await p.clients.launchers.delete_instance(launcher_ip(p), s.wanted, s.isc_name, pods.name(requester))
+    raise RequesterProblem(why, retry=False)  # what the status shows until the next pass
+
+
+def _unserved(requester: pods.Pod, why: str) -> None:
+    set_label(requester, keys.INSTANCE_LABEL, None)
+    set_annotation(requester, keys.STATUS_ANNOTATION, status_json([why]))
 
 
 async def recreate(p: Pass) -> float | None:
@@ -100,8 +133,13 @@ async def wake(p: Pass) -> float | None:
             await p.clients.launchers.delete_instance(launcher_ip(p), victim, s.isc_name, pods.name(requester))
             return None
     assert s.instance is not None
-    await instance_sleep.wake(p, launcher, s.instance, s.isc_name, pods.name(requester))
-    return None  # its AWAKE event (or the view's record of the wake) brings us back
+    try:
+        await instance_sleep.wake(p, launcher, s.instance, s.isc_name, pods.name(requester))
+    except HttpError as err:
+        if error_reason(err) is not ErrorReason.WAKE_CHECK_FAILED:
+            raise
+        log.warning("instance %s on launcher %s failed its post-wake check", s.wanted, pods.name(launcher))
+    return None  # its AWAKE event, the view's record of the wake or, failing its check, STOPPED brings us back
 
 
 async def misrouted(p: Pass) -> float | None:

@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from api import keys
 from api.crds import CustomResource, InferenceServerConfig, LauncherConfig
-from api.launcher import InstanceState, InstanceStatus
+from api.launcher import InstanceState, InstanceStatus, StopReason
 from controller import pods
 from controller.dualpods.routing import committed_routing
 from controller.dualpods.writer import set_annotation, set_finalizer, set_label
@@ -154,6 +154,11 @@ class Snapshot:
     @property
     def stopped(self) -> bool:
         return self.instance is not None and self.instance.status is InstanceStatus.STOPPED
+
+    @property
+    def wake_check_failed(self) -> bool:
+        """The bound instance was killed by its launcher for failing its post-wake check."""
+        return self.stopped and self.instance is not None and self.instance.stop_reason is StopReason.WAKE_CHECK_FAILED
 
     @cached_property
     def routing_on(self) -> bool:

@@ -14,6 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from api.crds import CountForLauncher, LauncherConfig
 from api.selectors import EnhancedNodeSelector
+from controller.conditions import Problem
 from controller.launcher_template import Pod, TemplateError, node_independent_pod
 from controller.populator.key import LauncherKey
 from controller.populator.nodes import NodeFacts
@@ -118,17 +119,26 @@ class Digest:
     def policies_naming(self, config: str) -> list[str]:
         return sorted(name for name, policy in self._policies.items() if config in policy.counts)
 
-    def policy_errors(self, name: str) -> list[str]:
+    def policy_problems(self, name: str) -> list[Problem]:
         """What the policy's status should report: its own problems, then its unusable references."""
         policy = self._policies[name]
-        errors = list(policy.errors)
+        problems = [Problem("InvalidSpec", error) for error in policy.errors]
         for config in policy.counts:
             digest = self._configs.get(config)
+            where = f'LauncherConfig "{config}" referenced in CountForLauncher'
             if digest is None:
-                errors.append(f'LauncherConfig "{config}" referenced in CountForLauncher does not exist')
+                problems.append(Problem("LauncherConfigNotFound", f"{where} does not exist"))
             elif digest.error is not None:
-                errors.append(f'LauncherConfig "{config}" referenced in CountForLauncher is malformed: {digest.error}')
-        return errors
+                problems.append(Problem("LauncherConfigInvalid", f"{where} is malformed: {digest.error}"))
+        return problems
+
+    def policy_asks(self, name: str) -> dict[LauncherKey, int]:
+        """The launchers the policy asks for: its count per (selected Node, LauncherConfig)."""
+        policy = self._policies[name]
+        if policy.selector is None:
+            return {}
+        selected = [node for node, facts in self._nodes.items() if facts.selected_by(policy.selector)]
+        return {LauncherKey(node, config): count for node in selected for config, count in policy.counts.items()}
 
     # ----- writing (the digest worker)
 

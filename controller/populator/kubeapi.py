@@ -1,20 +1,18 @@
 """The populator's calls to the API server, each logged as it starts (FMA's DR-20): launcher Pods,
-their Events, and the status of LauncherConfigs and policies.
+and their Events (the status of LauncherConfigs and policies goes through controller/status_writer.py).
 
 `LauncherApi` is what the reconcile of a key needs; unit tests give it an in-memory fake.
 """
 
 import json
 import logging
-from collections.abc import Mapping
 from enum import Enum
-from typing import Any, Protocol
+from typing import Protocol
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
-from api.crds import GROUP, VERSION, CustomResource, Status
 from controller.events import EventSink
 from controller.launcher_template import Pod
 from controller.populator.key import LauncherKey, selector
@@ -125,28 +123,3 @@ class KubeLauncherApi:
     async def _record(self, pod: Pod, type_: str, reason: str, message: str) -> None:
         log.info("recording %s Event %s on launcher Pod %s: %s", type_, reason, pod["metadata"]["name"], message)
         await self._events.record(pod, type_, reason, message)
-
-
-class StatusWriter:
-    """Writes `status` of our custom resources: a replace (PUT) of the status subresource, so emptied
-    errors disappear, and only when it would change, so a write does not trigger another."""
-
-    def __init__(self, objects: client.CustomObjectsApi, namespace: str) -> None:
-        self._objects = objects
-        self._namespace = namespace
-
-    async def write(self, kind: type[CustomResource], obj: Mapping[str, Any], errors: list[str]) -> None:
-        meta = obj["metadata"]
-        status = Status(observed_generation=meta.get("generation", 0), errors=errors)
-        if Status.model_validate(obj.get("status") or {}) == status:
-            return
-        log.info("writing the status of %s %s: errors %s", kind.RESOURCE.kind, meta["name"], errors)
-        # Without managedFields: the cached ones are trimmed, and the API server keeps its own when none come.
-        body = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}, "status": status.to_k8s()}
-        try:
-            await self._objects.replace_namespaced_custom_object_status(
-                GROUP, VERSION, self._namespace, kind.RESOURCE.plural, meta["name"], body
-            )
-        except ApiException as error:
-            if error.status != 404:  # deleted meanwhile: nothing to report on
-                raise

@@ -1,8 +1,9 @@
 """The launcher-population controller (FMA's launcher-populator), wired: informers, queues, workers.
 
 Four informers feed two queues. The digest queue has one worker, the digest's only writer: it turns
-LauncherConfig, policy and Node changes into the digest and into those objects' statuses, and adds
-the keys whose target changed to the key queue; a launcher Pod change adds its own key. The key
+LauncherConfig, policy and Node changes into the digest and into those objects' statuses (status.py), and
+adds the keys whose target changed to the key queue; a launcher Pod change adds its own key, and the
+policies naming its LauncherConfig when it came, went, or changed readiness or stuckness. The key
 queue's workers reconcile one (Node, LauncherConfig) key at a time each. Nothing polls: a key is looked
 at again only when something it depends on changes, or when one of its launchers will cross a stuck
 threshold.
@@ -12,11 +13,13 @@ import asyncio
 import functools
 import logging
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Literal, NamedTuple
 
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
+from api import keys
 from api.crds import LauncherConfig, LauncherPopulationPolicy
 from api.token_file import TokenFile
 from controller import pods
@@ -32,12 +35,14 @@ from controller.passclock import own_seconds_histogram, timed
 from controller.populator.digest import Digest, digest_config, digest_policy
 from controller.populator.expectations import PendingExpectations
 from controller.populator.key import LauncherKey, launcher_key, selector
-from controller.populator.kubeapi import COMPONENT, KubeLauncherApi, StatusWriter
+from controller.populator.kubeapi import COMPONENT, KubeLauncherApi
 from controller.populator.metrics import LauncherPodCount
 from controller.populator.nodes import NodeFacts
 from controller.populator.phases import Thresholds
 from controller.populator.reconcile import KeyReconciler
+from controller.populator.status import config_status, policy_status
 from controller.populator.warmth import Warmth
+from controller.status_writer import StatusWriter
 from controller.workqueue import WorkQueue, run_workers
 
 log = logging.getLogger(__name__)
@@ -168,6 +173,10 @@ class Populator:
             self._views.track(new["metadata"]["name"], pods.pod_ip(new) if running else None, incarnation)
         elif old is not None:
             self._views.forget(old["metadata"]["name"])
+        if _population_facts(old) != _population_facts(new):
+            for config in {key.config for pod in (old, new) if pod is not None and (key := launcher_key(pod))}:
+                for policy in self._digest.policies_naming(config):
+                    self._digest_queue.add(DigestItem("policy", policy))
 
     def _on_node(self, old: Obj | None, new: Obj | None) -> None:
         if old is None or new is None or NodeFacts.from_k8s(old) != NodeFacts.from_k8s(new):
@@ -179,16 +188,19 @@ class Populator:
     # ----- digesting (the digest worker only)
 
     async def _process(self, item: DigestItem) -> None:
+        now = datetime.now(UTC)
         match item.kind:
             case "config":
                 config = self._update_config(item.name)
                 if config is not None:
-                    error = self._digest.config_error(item.name)
-                    await self._status.write(LauncherConfig, config, [error] if error else [])
+                    status = config_status(config, self._digest.config_error(item.name), now)
+                    await self._status.write(LauncherConfig, config, status)
             case "policy":
                 policy = self._update_policy(item.name)
                 if policy is not None:
-                    await self._status.write(LauncherPopulationPolicy, policy, self._digest.policy_errors(item.name))
+                    problems, asks = self._digest.policy_problems(item.name), self._digest.policy_asks(item.name)
+                    status = policy_status(policy, problems, asks, self.launchers, now)
+                    await self._status.write(LauncherPopulationPolicy, policy, status)
             case "node":
                 self._update_node(item.name)
 
@@ -233,3 +245,11 @@ async def run_populator(
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(views.run())
             tasks.create_task(populator.run())
+
+
+def _population_facts(pod: Obj | None) -> tuple[bool, bool, bool] | None:
+    """What a policy's readiness reads of a launcher: it exists, is being deleted, is Ready, is stuck."""
+    if pod is None:
+        return None
+    stuck = pods.labels(pod).get(keys.LAUNCHER_STUCK_LABEL) == "true"
+    return pods.is_deleting(pod), pods.is_ready(pod), stuck

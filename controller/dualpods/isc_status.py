@@ -1,0 +1,95 @@
+"""What `kubectl get isc` shows: an InferenceServerConfig's status, computed by the dual-pods controller
+(its only writer) from one frozen look at the ISC, its LauncherConfig and the requesters naming it.
+
+`observe_isc` takes that look from the caches; the pure `isc_status` finds the ISC's problems (`InvalidSpec`:
+it does not parse, asks for an unknown runtime, or routing metadata a launcher cannot carry;
+`LauncherConfigNotFound`; `TemplateError`: its LauncherConfig cannot make a launcher Pod, which are the
+checks a bind makes before it binds) and counts the requesters it serves: bound, and told they are ready
+(their container is ready, which only the controller's readiness relay makes it). Ready is `Serving` with at
+least one; `Starting` while requesters wait; `NoRequesters` when none names it. The status is compared
+with the one the ISC carries and written only when it differs (conditions.py, status_writer.py).
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from api import keys
+from api.crds import InferenceServerConfig, InferenceServerConfigStatus, LauncherConfig
+from controller import pods
+from controller.conditions import Problem, Readiness, computed, current
+from controller.dualpods.identity import runtime_of
+from controller.dualpods.routing import from_isc, problems
+from controller.dualpods.snapshot import Caches, Parsed, parse
+from controller.informer import Obj
+from controller.launcher_template import TemplateError, node_independent_pod
+
+REQUESTERS_BY_ISC = "requesters-by-isc"  # pod index: ISC name -> the requesters naming it
+
+
+@dataclass(frozen=True)
+class IscSnapshot:
+    """One ISC at one moment: as cached (None when gone), parsed, its LauncherConfig, its requesters."""
+
+    obj: Obj | None
+    isc: Parsed[InferenceServerConfig]
+    launcher_config_name: str
+    launcher_config_found: bool
+    launcher_config: Parsed[LauncherConfig]
+    requesters: tuple[pods.Pod, ...]
+
+
+def observe_isc(namespace: str, name: str, caches: Caches) -> IscSnapshot:
+    obj = caches.iscs.get(f"{namespace}/{name}")
+    isc = parse(InferenceServerConfig, caches.iscs, namespace, name)
+    lc_name = str(((obj or {}).get("spec") or {}).get("launcherConfigName") or "")
+    found = bool(lc_name) and caches.lcs.get(f"{namespace}/{lc_name}") is not None
+    lc = parse(LauncherConfig, caches.lcs, namespace, lc_name) if found else Parsed[LauncherConfig]()
+    return IscSnapshot(obj, isc, lc_name, found, lc, tuple(caches.pods.by_index(REQUESTERS_BY_ISC, name)))
+
+
+def served(requester: pods.Pod) -> bool:
+    """Bound and told it is ready (and not on its way out)."""
+    bound = keys.DUAL_LABEL in pods.labels(requester)
+    return bound and pods.container_ready(requester) and not pods.is_deleting(requester)
+
+
+def isc_status(s: IscSnapshot, token_secret: str | None, now: datetime) -> InferenceServerConfigStatus | None:
+    """The status the ISC should carry (None when it is gone)."""
+    if s.obj is None:
+        return None
+    requesters = [r for r in s.requesters if not pods.is_deleting(r)]
+    count = sum(1 for r in requesters if served(r))
+    if count:
+        readiness = Readiness(True, "Serving", f"{count} of {len(requesters)} requesters served")
+    elif requesters:
+        readiness = Readiness(False, "Starting", f"0 of {len(requesters)} requesters served")
+    else:
+        readiness = Readiness(False, "NoRequesters", "no server-requesting Pod names it")
+    generation = int(s.obj["metadata"].get("generation", 0))
+    shown = current(InferenceServerConfigStatus, s.obj)
+    return computed(shown, generation, _problems(s, token_secret), readiness, now, served_requesters=count)
+
+
+def _problems(s: IscSnapshot, token_secret: str | None) -> list[Problem]:
+    isc, lc = s.isc.value, s.launcher_config.value
+    if isc is None:
+        return [Problem("InvalidSpec", str(s.isc.problem))]
+    found: list[Problem] = []
+    try:
+        runtime_of({}, isc.metadata.annotations)
+    except ValueError as err:
+        found.append(Problem("InvalidSpec", str(err)))
+    if not s.launcher_config_found:
+        return [*found, Problem("LauncherConfigNotFound", f"LauncherConfig {s.launcher_config_name} does not exist")]
+    if lc is None:
+        return [*found, Problem("TemplateError", str(s.launcher_config.problem))]
+    try:
+        template, _ = node_independent_pod(lc, token_secret)
+    except TemplateError as err:
+        return [*found, Problem("TemplateError", str(err))]
+    meta: Mapping[str, Any] = template["metadata"]
+    if routing := problems(from_isc(isc), meta["labels"], meta["annotations"]):
+        found.append(Problem("InvalidSpec", f"InferenceServerConfig {isc.metadata.name}: " + "; ".join(routing)))
+    return found
