@@ -143,6 +143,16 @@ class ProcessStats(BaseModel):
     gpu_memory_bytes: int | None = None  # None where NVML is not available
 
 
+class StartupTimes(BaseModel):
+    """Where an instance's start-up went (`InstanceState.startup`, in the detailed state only): seconds per
+    phase, in order, from the instance's own log marks; a phase the runtime does not mark is left out and its
+    time is in the next one."""
+
+    forked_by: str  # "zygote", "launcher" (no zygote was ready, or --no-zygote), "simulation" (no process)
+    phases: dict[str, float] = Field(default_factory=dict)  # complete once the instance is ready
+    total_seconds: float | None = None  # from the create to the first healthy answer
+
+
 class InstanceState(BaseModel):
     """One instance as the launcher reports it. `revision` is the revision of its last event."""
 
@@ -165,6 +175,7 @@ class InstanceState(BaseModel):
     stop_reason: StopReason | None = None
     wake_check: WakeCheck | None = None
     process: ProcessStats | None = None
+    startup: StartupTimes | None = None
 
 
 class AllInstancesState(BaseModel):

@@ -7,6 +7,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 _SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
+_BYTES_PER_SECOND = tuple(float(f"{m}e{e}") for e in range(6, 12) for m in (1, 2.5, 5))  # 1 MB/s to 500 GB/s
 _SHORT_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -18,6 +19,22 @@ class _InstancesByState(Collector):
         family = GaugeMetricFamily("dualpods_launcher_instances", "Instances by state.", labels=["state"])
         for state, value in sorted(self._count().items()):
             family.add_metric([state], value)
+        yield family
+
+
+class _ZygoteMemory(Collector):
+    def __init__(self, memory: Callable[[], dict[str, dict[str, int]]]) -> None:
+        self._memory = memory
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "dualpods_launcher_zygote_memory_bytes",
+            "Memory of each runtime's zygote: rss, uss (its own alone), pss (its share of what it shares).",
+            labels=["runtime", "kind"],
+        )
+        for runtime, kinds in sorted(self._memory().items()):
+            for kind, value in sorted(kinds.items()):
+                family.add_metric([runtime, kind], value)
         yield family
 
 
@@ -33,6 +50,26 @@ class LauncherMetrics:
             "dualpods_launcher_fork_seconds",
             "Time to fork an instance.",
             buckets=_SECONDS,
+            registry=self.registry,
+        )
+        self.forks = Counter(
+            "dualpods_launcher_instance_forks",
+            "Instances started, by runtime and by what forked them (zygote, or launcher: no zygote was ready).",
+            ["runtime", "via"],
+            registry=self.registry,
+        )
+        self.zygote_restarts = Counter(
+            "dualpods_launcher_zygote_restarts",
+            "Zygotes started again after they died.",
+            ["runtime"],
+            registry=self.registry,
+        )
+        self.startup_phase_seconds = Histogram(
+            "dualpods_launcher_startup_phase_seconds",
+            "Start-up time of instances by phase (fork, engine_config, weights_load, kv_cache_profiling, warmup, "
+            "api_listening, first_healthy), from the marks in their own logs.",
+            ["phase", "runtime"],
+            buckets=_SHORT_SECONDS,
             registry=self.registry,
         )
         self.ready_seconds = Histogram(
@@ -52,6 +89,20 @@ class LauncherMetrics:
             "dualpods_launcher_wake_seconds",
             "Time to wake an instance.",
             buckets=_SECONDS,
+            registry=self.registry,
+        )
+        self.sleep_bytes_per_second = Histogram(
+            "dualpods_launcher_sleep_bytes_per_second",
+            "Bytes a sleep moved (as the runtime reports them: vLLM's 'freed', the transformers runtime's weights "
+            "offloaded) per second of the sleep.",
+            ["level"],
+            buckets=_BYTES_PER_SECOND,
+            registry=self.registry,
+        )
+        self.wake_bytes_per_second = Histogram(
+            "dualpods_launcher_wake_bytes_per_second",
+            "Bytes a wake moved back per second of the wake (the bytes its level-1 sleep reported moving out).",
+            buckets=_BYTES_PER_SECOND,
             registry=self.registry,
         )
         self.stops = Counter(
@@ -83,3 +134,6 @@ class LauncherMetrics:
 
     def count_instances_with(self, count: Callable[[], dict[str, int]]) -> None:
         self.registry.register(_InstancesByState(count))
+
+    def measure_zygotes_with(self, memory: Callable[[], dict[str, dict[str, int]]]) -> None:
+        self.registry.register(_ZygoteMemory(memory))
