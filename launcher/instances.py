@@ -57,7 +57,7 @@ from .fork import InstanceSpec
 from .gpu_usage import gpu_memory_by_pid
 from .gpus import GpuInventory
 from .liveness import EngineProcesses, LivenessPolicy, Verdict
-from .metrics import LauncherMetrics
+from .metrics import LauncherMetrics, ZygoteSample
 from .process_stats import ProcessTreeStats
 from .runtimes import ParsedOptions, Runtime
 from .wake_check import ProbeAnswer
@@ -215,7 +215,9 @@ class InstanceManager:
         distinct = {id(r): r for r in runtimes.values()}.values() if settings.zygote else ()
         self.zygotes = Zygotes(Zygote(r, self.reaper, metrics.zygote_restarts.labels(r.name).inc) for r in distinct)
         metrics.count_instances_with(self.count_by_state)
-        metrics.measure_zygotes_with(lambda: {z.runtime.name: z.memory() for z in self.zygotes.all})
+        metrics.sample_zygotes_with(
+            lambda: [ZygoteSample(z.runtime.name, z.ready, z.memory()) for z in self.zygotes.all]
+        )
 
     # ----- reading
 

@@ -1,6 +1,7 @@
 """Prometheus metrics of the launcher (E10), in a registry of its own."""
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -22,20 +23,35 @@ class _InstancesByState(Collector):
         yield family
 
 
-class _ZygoteMemory(Collector):
-    def __init__(self, memory: Callable[[], dict[str, dict[str, int]]]) -> None:
-        self._memory = memory
+@dataclass(frozen=True)
+class ZygoteSample:
+    runtime: str
+    ready: bool
+    memory: dict[str, int]  # rss, uss, pss; empty while it has no process
+
+
+class _Zygotes(Collector):
+    def __init__(self, sample: Callable[[], list[ZygoteSample]]) -> None:
+        self._sample = sample
 
     def collect(self) -> Iterable[GaugeMetricFamily]:
-        family = GaugeMetricFamily(
+        samples = sorted(self._sample(), key=lambda s: s.runtime)
+        ready = GaugeMetricFamily(
+            "dualpods_launcher_zygote_ready",
+            "1 while the runtime's zygote is ready to fork instances, else 0 (instances fork from the launcher).",
+            labels=["runtime"],
+        )
+        memory = GaugeMetricFamily(
             "dualpods_launcher_zygote_memory_bytes",
-            "Memory of each runtime's zygote: rss, uss (its own alone), pss (its share of what it shares).",
+            "Memory of each runtime's zygote: rss, uss (what it alone holds), pss (its share of what it shares).",
             labels=["runtime", "kind"],
         )
-        for runtime, kinds in sorted(self._memory().items()):
-            for kind, value in sorted(kinds.items()):
-                family.add_metric([runtime, kind], value)
-        yield family
+        for each in samples:
+            ready.add_metric([each.runtime], float(each.ready))
+            for kind, value in sorted(each.memory.items()):
+                memory.add_metric([each.runtime, kind], value)
+        yield ready
+        yield memory
 
 
 class LauncherMetrics:
@@ -135,5 +151,5 @@ class LauncherMetrics:
     def count_instances_with(self, count: Callable[[], dict[str, int]]) -> None:
         self.registry.register(_InstancesByState(count))
 
-    def measure_zygotes_with(self, memory: Callable[[], dict[str, dict[str, int]]]) -> None:
-        self.registry.register(_ZygoteMemory(memory))
+    def sample_zygotes_with(self, sample: Callable[[], list[ZygoteSample]]) -> None:
+        self.registry.register(_Zygotes(sample))

@@ -47,7 +47,9 @@ from .runtimes import Runtime
 
 log = logging.getLogger(__name__)
 
-FORK_TIMEOUT_S = 10.0  # for the zygote's answer to a fork request; it takes milliseconds
+# For the zygote's answer to a fork request, which takes milliseconds. The launcher waits for it without
+# serving (a create's checks and its insert must not be raced), so a hung zygote costs this once, then is killed.
+FORK_TIMEOUT_S = 3.0
 READY_TIMEOUT_S = 300.0  # the launcher's start waits this long for its zygotes at most
 REPARENT_TIMEOUT_S = 10.0  # for a new instance to become the launcher's child
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -65,6 +67,7 @@ class Zygote:
         self.pid: int | None = None
         self.ready = False
         self._control: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # reads its ready message after a restart
         self._deaths_before_ready = 0
         self._stopped = False
 
@@ -76,6 +79,12 @@ class Zygote:
         self._control, self.pid, self.ready = ours, pid, False
         log.info("started the %s zygote (pid %d)", self.runtime.name, pid)
         self._reaper.watch(pid, self._on_exit)
+        try:  # a restart: its ready message is read as it comes (at the launcher's start, `wait_ready` reads it)
+            self._loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        if self._loop is not None:
+            self._loop.add_reader(ours.fileno(), self._receive_ready, 0)
 
     def wait_ready(self, timeout_s: float) -> bool:
         """Block until the zygote said it is ready (at the launcher's start, before it serves)."""
@@ -121,8 +130,14 @@ class Zygote:
         self._stopped = True
         self._kill()
 
+    def _stop_reading(self) -> None:
+        if self._loop is not None and self._control is not None:
+            self._loop.remove_reader(self._control.fileno())
+        self._loop = None
+
     def _kill(self) -> None:
         self.ready = False
+        self._stop_reading()
         if self._control is not None:
             self._control.close()
             self._control = None
@@ -141,8 +156,10 @@ class Zygote:
             self._kill()
             return
         if message == b"":  # it exited; its reaping restarts it
+            self._stop_reading()
             return
         if json.loads(message).get("ready"):
+            self._stop_reading()  # from here on, only fork answers come, each read by the fork that asked
             self.ready = True
             self._deaths_before_ready = 0
             log.info("the %s zygote (pid %d) is ready", self.runtime.name, self.pid)
