@@ -298,7 +298,8 @@ def instance_processes(launcher: LauncherProcess) -> dict[str, int]:
     """Instance ID -> PID of the launcher's forked children (not its zygotes), from their process titles."""
     assert launcher.process is not None
     titles = {p.pid: " ".join(p.cmdline()).strip() for p in launcher.descendants() if p.ppid() == launcher.process.pid}
-    return {t.removeprefix("dualpods-instance "): pid for pid, t in titles.items() if t.startswith("dualpods-instance ")}
+    prefix = "dualpods-instance "
+    return {t.removeprefix(prefix): pid for pid, t in titles.items() if t.startswith(prefix)}
 
 
 def zygote_pid(launcher: LauncherProcess) -> int | None:
