@@ -8,7 +8,7 @@ FMA-only mode and for clients that must work with either launcher.
 from enum import StrEnum
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 API_VERSION: Final = "2.0"
 # FMA's FastAPI title, which its index also carries as `name`.
@@ -98,8 +98,9 @@ class VllmConfig(BaseModel):
     # for the sleeping instances the LauncherConfig allows (E6; used to size vLLM's share).
     runtime: str | None = None
     gpu_sleeper_reserve_bytes: int | None = Field(default=None, ge=0)
-    # Whether each wake is checked against a greedy probe recorded at first ready (default: yes).
-    verify_wakes: bool | None = None
+    # Whether each wake is checked against a greedy probe recorded at first ready (default: yes). A JSON
+    # boolean: a dualpods addition need not take pydantic's lax spellings ("y", "on"), which its schema refuses.
+    verify_wakes: StrictBool | None = None
 
 
 class InstanceStatus(StrEnum):
