@@ -8,7 +8,7 @@ FMA-only mode and for clients that must work with either launcher.
 from enum import StrEnum
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool
 
 API_VERSION: Final = "2.0"
 # FMA's FastAPI title, which its index also carries as `name`.
@@ -98,8 +98,9 @@ class VllmConfig(BaseModel):
     # for the sleeping instances the LauncherConfig allows (E6; used to size vLLM's share).
     runtime: str | None = None
     gpu_sleeper_reserve_bytes: int | None = Field(default=None, ge=0)
-    # Whether each wake is checked against a greedy probe recorded at first ready (default: yes).
-    verify_wakes: bool | None = None
+    # Whether each wake is checked against a greedy probe recorded at first ready (default: yes). A JSON
+    # boolean: a dualpods addition need not take pydantic's lax spellings ("y", "on"), which its schema refuses.
+    verify_wakes: StrictBool | None = None
 
 
 class InstanceStatus(StrEnum):
@@ -143,6 +144,16 @@ class ProcessStats(BaseModel):
     gpu_memory_bytes: int | None = None  # None where NVML is not available
 
 
+class StartupTimes(BaseModel):
+    """Where an instance's start-up went (`InstanceState.startup`, in the detailed state only): seconds per
+    phase, in order, from the instance's own log marks; a phase the runtime does not mark is left out and its
+    time is in the next one."""
+
+    forked_by: str  # "zygote", "launcher" (no zygote was ready, or --no-zygote), "simulation" (no process)
+    phases: dict[str, float] = Field(default_factory=dict)  # complete once the instance is ready
+    total_seconds: float | None = None  # from the create to the first healthy answer
+
+
 class InstanceState(BaseModel):
     """One instance as the launcher reports it. `revision` is the revision of its last event."""
 
@@ -165,6 +176,7 @@ class InstanceState(BaseModel):
     stop_reason: StopReason | None = None
     wake_check: WakeCheck | None = None
     process: ProcessStats | None = None
+    startup: StartupTimes | None = None
 
 
 class AllInstancesState(BaseModel):

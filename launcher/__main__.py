@@ -102,6 +102,13 @@ def parse_args(
         help="check every wake of an instance against a probe recorded at its first ready, before it is reported "
         "awake; an instance's own verify_wakes wins (off with --fma-only)",
     )
+    parser.add_argument(
+        "--zygote",
+        action=argparse.BooleanOptionalAction,
+        default=env("LAUNCHER_ZYGOTE", "true").lower() not in ("0", "false", "no"),
+        help="fork instances from a pre-initialised child per runtime (faster starts); --no-zygote forks them "
+        "from the launcher itself (env LAUNCHER_ZYGOTE=false)",
+    )
     parser.add_argument("--stop-grace-seconds", type=float, default=10.0)
     parser.add_argument(
         "--watch-history",
@@ -206,8 +213,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m launcher") -> Non
         backend_timeout_seconds=args.backend_timeout_seconds,
         dialect=dialect,
         verify_wakes=args.verify_wakes and not dialect.fma_only,
+        zygote=args.zygote,
     )
     manager = InstanceManager(runtimes, inventory, metrics, EventLog(args.watch_history), settings)
+    manager.start_zygotes()
     app = build_app(manager, token, dialect)
 
     async def reap_children(app: web.Application) -> None:

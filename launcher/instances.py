@@ -40,6 +40,7 @@ from api.launcher import (
     InstanceIds,
     InstanceState,
     InstanceStatus,
+    StartupTimes,
     StopReason,
     VllmConfig,
     WakeCheck,
@@ -47,24 +48,25 @@ from api.launcher import (
 )
 from api.log_format import INSTANCE_FIELD
 
-from . import gpu_memory, liveness, output_relay, process_control, validation, wake_check
+from . import gpu_memory, liveness, output_relay, process_control, startup_phases, validation, wake_check
 from .dialect import Dialect
 from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES, EngineDefaults, Machine
 from .errors import BackendError, BackendTimeout, BadRequest, Conflict, InvalidOptions, NotFound, WakeCheckFailed
 from .events import EventLog
-from .fork import fork_instance
+from .fork import InstanceSpec
 from .gpu_usage import gpu_memory_by_pid
 from .gpus import GpuInventory
 from .liveness import EngineProcesses, LivenessPolicy, Verdict
-from .metrics import LauncherMetrics
+from .metrics import LauncherMetrics, ZygoteSample
 from .process_stats import ProcessTreeStats
 from .runtimes import ParsedOptions, Runtime
 from .wake_check import ProbeAnswer
+from .zygote import Zygote, Zygotes
 
 log = logging.getLogger(__name__)
 
 INSTANCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
-READINESS_POLL_SECONDS = 0.1
+READINESS_POLL_SECONDS = 0.02  # a refused connection costs little; the first_healthy phase is no longer than this
 # vLLM binds ZMQ IPC sockets named by a 36-character UUID inside TMPDIR, and zmq refuses socket paths
 # near the 107-byte sun_path limit; an instance's TMPDIR therefore lives in a short directory.
 MAX_IPC_PATH_CHARS = 100
@@ -99,6 +101,7 @@ class ManagerSettings:
     backend_timeout_seconds: float = 120.0
     dialect: Dialect = field(default_factory=Dialect)  # which events are recorded
     verify_wakes: bool = True  # the post-wake check, for instances that do not say (VllmConfig.verify_wakes)
+    zygote: bool = True  # instances fork from their runtime's zygote (`zygote`), else from the launcher
 
 
 @dataclass(frozen=True)
@@ -127,6 +130,8 @@ class Instance:
     temp_dir: Path
     created_at: float
     stats: ProcessTreeStats
+    runtime_name: str
+    startup: StartupTimes
     revision: int = 0
     status: InstanceStatus = InstanceStatus.RUNNING
     ready: bool = False
@@ -141,12 +146,17 @@ class Instance:
     wake_check: WakeCheck = field(default_factory=lambda: WakeCheck(status=WakeCheckStatus.OFF))
     output: "asyncio.Task[None] | None" = None  # copies its log to the launcher's stdout (output_relay)
     probe: ProbeAnswer | None = None  # recorded at its first ready
+    offloaded_bytes: int | None = None  # what its last level-1 sleep reported moving out, which a wake moves back
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def log_path(self) -> Path:
         return self.work_dir / LOG_FILE
+
+    @property
+    def marks_path(self) -> Path:
+        return self.work_dir / startup_phases.MARKS_FILE
 
     @property
     def log(self) -> logging.LoggerAdapter[logging.Logger]:
@@ -177,6 +187,7 @@ class Instance:
             stop_reason=self.stop_reason,
             wake_check=self.wake_check.model_copy(),
             process=self.stats.sample(gpu_usage) if detail and self.running else None,
+            startup=self.startup.model_copy() if detail else None,
         )
 
 
@@ -201,7 +212,12 @@ class InstanceManager:
         self._instances: dict[str, Instance] = {}
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        distinct = {id(r): r for r in runtimes.values()}.values() if settings.zygote else ()
+        self.zygotes = Zygotes(Zygote(r, self.reaper, metrics.zygote_restarts.labels(r.name).inc) for r in distinct)
         metrics.count_instances_with(self.count_by_state)
+        metrics.sample_zygotes_with(
+            lambda: [ZygoteSample(z.runtime.name, z.ready, z.memory()) for z in self.zygotes.all]
+        )
 
     # ----- reading
 
@@ -257,9 +273,17 @@ class InstanceManager:
         work_dir.mkdir(parents=True, exist_ok=True)
         temp_dir = _short_temp_dir()
         child_env = {**runtime.child_environment(), "TMPDIR": str(temp_dir), **admitted.env}
+        spec = InstanceSpec(
+            argv=effective,
+            env=child_env,
+            log_path=str(work_dir / LOG_FILE),
+            marks_path=str(work_dir / startup_phases.MARKS_FILE),
+            title=f"dualpods-instance {instance_id}",
+        )
         started = time.monotonic()
-        pid = fork_instance(runtime, effective, child_env, work_dir / LOG_FILE, f"dualpods-instance {instance_id}")
+        pid, forked_by = self.zygotes.fork(runtime, spec)
         self.metrics.fork_seconds.observe(time.monotonic() - started)
+        self.metrics.forks.labels(runtime.name, forked_by).inc()
         instance = Instance(
             id=instance_id,
             config=admitted.config,
@@ -271,14 +295,16 @@ class InstanceManager:
             temp_dir=temp_dir,
             created_at=started,
             stats=ProcessTreeStats(pid),
+            runtime_name=runtime.name,
+            startup=StartupTimes(forked_by=forked_by),
             wake_check=WakeCheck(
                 status=WakeCheckStatus.PENDING if self._verifies(admitted.config) else WakeCheckStatus.OFF
             ),
         )
         self._instances[instance_id] = instance
         instance.log.info(
-            "created instance %s (pid %d, port %d): %s; defaults added: %s",
-            instance_id, pid, port, shlex.join(effective), admitted.defaults.chosen or "none",
+            "created instance %s (pid %d, port %d, forked by the %s): %s; defaults added: %s",
+            instance_id, pid, port, forked_by, shlex.join(effective), admitted.defaults.chosen or "none",
         )  # fmt: skip
         self._publish(instance, EventType.CREATED)
         self.reaper.watch(pid, lambda code: self._on_exit(instance, code))
@@ -394,9 +420,19 @@ class InstanceManager:
         if not instance.running:
             return
         instance.ready = True
-        elapsed = time.monotonic() - instance.created_at
+        ready_at = time.monotonic()
+        elapsed = ready_at - instance.created_at
         self.metrics.ready_seconds.observe(elapsed)
-        instance.log.info("instance %s is ready after %.2f s", instance.id, elapsed)
+        phases = startup_phases.startup_phases(
+            instance.created_at, startup_phases.read_marks(instance.marks_path), ready_at
+        )
+        instance.startup.phases, instance.startup.total_seconds = phases, round(elapsed, 6)
+        for phase, seconds in phases.items():
+            self.metrics.startup_phase_seconds.labels(phase, instance.runtime_name).observe(seconds)
+        instance.log.info(
+            "instance %s is ready after %.2f s: %s", instance.id, elapsed,
+            ", ".join(f"{phase} {seconds:.3f} s" for phase, seconds in phases.items()),
+        )  # fmt: skip
         self._publish(instance, EventType.READY)
 
     async def _asleep(self, instance: Instance) -> bool:
@@ -511,7 +547,12 @@ class InstanceManager:
             if not instance.sleeping:
                 started = time.monotonic()
                 await self._call_backend(instance, "POST", f"/sleep?level={level}")
-                self.metrics.sleep_seconds.labels(str(level)).observe(time.monotonic() - started)
+                elapsed = time.monotonic() - started
+                self.metrics.sleep_seconds.labels(str(level)).observe(elapsed)
+                moved = self._moved_bytes(instance, startup_phases.SLEPT, started)
+                if moved is not None:
+                    self.metrics.sleep_bytes_per_second.labels(str(level)).observe(moved / max(elapsed, 1e-6))
+                instance.offloaded_bytes = moved if level == 1 else None
                 instance.sleeping, instance.sleep_level = True, level
                 self._publish(instance, EventType.SLEEPING)
         return instance.state()
@@ -523,11 +564,21 @@ class InstanceManager:
             if instance.sleeping:
                 started = time.monotonic()
                 await self._call_backend(instance, "POST", "/wake_up")
-                self.metrics.wake_seconds.observe(time.monotonic() - started)
+                elapsed = time.monotonic() - started
+                self.metrics.wake_seconds.observe(elapsed)
+                moved = self._moved_bytes(instance, startup_phases.WOKE, started) or instance.offloaded_bytes
+                if moved is not None:
+                    self.metrics.wake_bytes_per_second.observe(moved / max(elapsed, 1e-6))
+                instance.offloaded_bytes = None
                 await self._check_wake(instance, self._runtime(instance.config.runtime))
                 instance.sleeping, instance.sleep_level = False, None
                 self._publish(instance, EventType.AWAKE)
         return instance.state()
+
+    @staticmethod
+    def _moved_bytes(instance: Instance, kind: str, since: float) -> int | None:
+        """The bytes the runtime reported its sleep or wake (`kind`) since `since` moved; None where it reports none."""
+        return startup_phases.moved_bytes(startup_phases.read_marks(instance.marks_path), kind, since)
 
     @staticmethod
     def _require_serving(instance: Instance) -> None:
@@ -675,8 +726,13 @@ class InstanceManager:
         )  # fmt: skip
         self._publish(instance, EventType.STOPPED, exit_code=exit_code)
 
+    def start_zygotes(self) -> None:
+        """Start every runtime's zygote and wait until they are ready (at the launcher's start, before it serves)."""
+        self.zygotes.start()
+
     async def shutdown(self) -> None:
-        """Stop every instance and its process tree; used when the launcher itself stops."""
+        """Stop every instance and its process tree, and the zygotes; used when the launcher itself stops."""
+        self.zygotes.stop()
         instances = list(self._instances.values())
         await asyncio.gather(*(self._stop(i) for i in instances))
         await asyncio.gather(*(_copied(i) for i in instances))

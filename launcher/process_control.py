@@ -30,21 +30,23 @@ def become_subreaper() -> None:
     _prctl(_PR_SET_CHILD_SUBREAPER, 1)
 
 
-def die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent exits, in this and future forks."""
+def die_with_parent(*, in_forks: bool = True) -> None:
+    """Ask the kernel to SIGKILL this process when its parent exits, and with `in_forks` every process it
+    forks when theirs does (a zygote leaves that out: its instances outlive the process that forks them)."""
     parent = os.getppid()
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:  # the parent died before the request took effect
         os._exit(1)
-    os.register_at_fork(after_in_child=lambda: _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL))
+    if in_forks:
+        os.register_at_fork(after_in_child=lambda: _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL))
 
 
-def close_inherited_descriptors() -> None:
+def close_inherited_descriptors(keep: frozenset[int] = frozenset()) -> None:
     """Close sockets (the API listener, client connections) and anonymous inodes (the parent's
-    event loop, pidfds) inherited through fork; files and pipes stay."""
+    event loop, pidfds) inherited through fork, but those in `keep`; files and pipes stay."""
     for name in os.listdir("/proc/self/fd"):
         fd = int(name)
-        if fd <= 2:
+        if fd <= 2 or fd in keep:
             continue
         try:
             is_socket = stat.S_ISSOCK(os.fstat(fd).st_mode)

@@ -1,8 +1,11 @@
 """Model-server runtimes the launcher can fork: how to preload, check options, and serve.
 
 The parent imports a runtime's modules once (`preload`) and checks each instance's options with
-the runtime's own argument parser, so a bad flag is a 400 and not a dead child. The forked child
-calls `serve`, which never returns control to the launcher's code.
+the runtime's own argument parser, so a bad flag is a 400 and not a dead child. The runtime's zygote
+(`zygote`) also imports what every server imports later, on its way to serving (`prepare_zygote`:
+the modules measured as imported by a served instance and not by the launcher). The forked child
+calls `serve`, which never returns control to the launcher's code; the runtime's `markers` say which of
+its log messages end a start-up phase (`startup_phases`).
 """
 
 import argparse
@@ -10,6 +13,7 @@ import contextlib
 import importlib
 import importlib.util
 import io
+import logging
 import os
 import sys
 from abc import ABC, abstractmethod
@@ -17,10 +21,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from . import startup_phases as phases
 from .engine_defaults import KV_CACHE_SIZING_FLAGS, EngineDefaults, Machine, transformers_defaults, vllm_defaults
 from .errors import InvalidOptions
 
 _UNSET: Any = object()
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,11 @@ class Runtime(ABC):
     # Top-level modules the runtime cannot run without, and the extra that brings them (docs/install.md).
     requires: tuple[str, ...] = ()
     install_hint = ""
+    # The log messages that end its start-up phases, and that report the bytes a sleep or wake moved.
+    markers: tuple[phases.Marker, ...] = ()
+    # What its servers import after the fork (measured: a served instance's sys.modules, its engine
+    # processes' included, less the launcher's), imported once in its zygote instead.
+    zygote_modules: tuple[str, ...] = ()
 
     def missing_modules(self) -> list[str]:
         """The required modules that are not installed; an import error inside an installed one is not
@@ -46,6 +57,18 @@ class Runtime(ABC):
     @abstractmethod
     def preload(self) -> None:
         """Import everything a child needs, so forking skips the import cost."""
+
+    def prepare_zygote(self) -> None:
+        """In the zygote: do once what every server would do before it touches a model. Nothing here may
+        initialise CUDA (a forked child cannot use a CUDA context its parent made): imports only."""
+        failed = []
+        for module in self.zygote_modules:
+            try:
+                importlib.import_module(module)
+            except Exception as err:  # an optional module missing costs its import time only
+                failed.append(f"{module} ({type(err).__name__})")
+        if failed:
+            log.info("the %s zygote could not import %s; its servers import them themselves", self.name, failed)
 
     @abstractmethod
     def make_parser(self) -> argparse.ArgumentParser: ...
@@ -143,6 +166,79 @@ class VllmRuntime(Runtime):
     }
     # vLLM names its engine-core and worker processes `<prefix>::EngineCore`, `<prefix>::Worker_TP0`, ...
     process_title_prefix = "VLLM::"
+    markers = (
+        phases.marker(phases.CONFIGURED, r"^Initializing a V1 LLM engine"),
+        phases.marker(phases.WEIGHTS_LOADED, r"^(Loading weights took|Model loading took)"),
+        phases.marker(phases.KV_CACHE_PROFILED, r"KV cache size: [\d,]+ tokens"),
+        phases.marker(phases.WARMED_UP, r"^init engine \(profile, create kv cache, warmup model\) took"),
+        phases.marker(phases.LISTENING, r"^Application startup complete"),
+        phases.marker(phases.SLEPT, r"^Sleep mode freed (?P<size>[\d.]+) (?P<unit>GiB) memory"),
+    )
+    zygote_modules = (
+        # the API server's
+        "uvicorn.lifespan.on",
+        "uvicorn.protocols.http.httptools_impl",
+        "uvicorn.protocols.websockets.websockets_sansio_impl",
+        "fastapi.staticfiles",
+        "prometheus_client.multiprocess",
+        "prometheus_fastapi_instrumentator",
+        "model_hosting_container_standards",
+        "model_hosting_container_standards.sagemaker",
+        "vllm.entrypoints.anthropic.api_router",
+        "vllm.entrypoints.cohere.api_router",
+        "vllm.entrypoints.generate.api_router",
+        "vllm.entrypoints.generate.generative_scoring.api_router",
+        "vllm.entrypoints.generate.structured_decisions.api_router",
+        "vllm.entrypoints.openai.chat_completion.api_router",
+        "vllm.entrypoints.openai.chat_completion.batch_serving",
+        "vllm.entrypoints.openai.completion.api_router",
+        "vllm.entrypoints.openai.models.api_router",
+        "vllm.entrypoints.openai.responses.api_router",
+        "vllm.entrypoints.rl.factories",
+        "vllm.entrypoints.rl.online.api_router",
+        "vllm.entrypoints.scale_out.factories",
+        "vllm.entrypoints.scale_out.derender.api_router",
+        "vllm.entrypoints.scale_out.render.api_router",
+        "vllm.entrypoints.scale_out.token_in_token_out.api_router",
+        "vllm.entrypoints.serve.dev.cache.api_router",
+        "vllm.entrypoints.serve.dev.rpc.api_router",
+        "vllm.entrypoints.serve.dev.server_info.api_router",
+        "vllm.entrypoints.serve.dev.sleep.api_router",
+        "vllm.entrypoints.serve.elastic_ep.api_router",
+        "vllm.entrypoints.serve.instrumentator.metrics",
+        "vllm.entrypoints.serve.instrumentator.offline_docs",
+        "vllm.entrypoints.serve.lora.api_router",
+        "vllm.entrypoints.serve.profile.api_router",
+        "vllm.entrypoints.serve.tokenize.api_router",
+        "vllm.entrypoints.serve.utils.fingerprint",
+        "vllm.entrypoints.serve.utils.orca_metrics",
+        "vllm.entrypoints.serve.utils.sse_keep_alive",
+        "vllm.renderers.hf",
+        "vllm.transformers_utils.chat_templates.registry",
+        "vllm.v1.engine.async_llm",
+        "vllm.v1.engine.core_client",
+        "vllm.v1.metrics.loggers",
+        "vllm.v1.metrics.prometheus",
+        "vllm.collect_env",
+        # the engine core's and its worker's
+        "compressed_tensors",
+        "compressed_tensors.compressors",
+        "compressed_tensors.quantization",
+        "compressed_tensors.transform",
+        "compressed_tensors.offload",
+        "loguru",
+        "vllm.distributed.elastic_ep.elastic_execute",
+        "vllm.model_executor.layers.quantization.compressed_tensors.utils",
+        "vllm.model_executor.layers.quantization.online.fp8",
+        "vllm.model_executor.layers.quantization.online.int8",
+        "vllm.model_executor.layers.quantization.online.mxfp4",
+        "vllm.model_executor.layers.quantization.online.mxfp8",
+        "vllm.model_executor.layers.quantization.online.nvfp4",
+        "vllm.v1.attention.backends.cpu_attn",
+        "vllm.v1.core.kv_cache_manager",
+        "vllm.v1.core.sched.scheduler",
+        "vllm.v1.pool.flash_maxsim.flash_maxsim_rerank",
+    )
 
     def preload(self) -> None:
         for module in ("vllm.entrypoints.launchers.api_server.entry", "vllm.v1.engine.core"):
@@ -222,6 +318,19 @@ class TransformersRuntime(KnownArgsRuntime):
     probe_logprobs = False  # it refuses `logprobs`; the probe compares token IDs alone
     requires = ("transformers", "peft", "torch")
     install_hint = "install dualpods[launcher-cpu] or dualpods[launcher-gpu]"
+    markers = (
+        phases.marker(phases.WEIGHTS_LOADED, r"^model loaded in"),
+        phases.marker(phases.LISTENING, r"^serving .* on http://"),
+        phases.marker(phases.SLEPT, r"^level 1: (?P<size>[\d.]+) (?P<unit>MB) of weights to host memory"),
+    )
+    zygote_modules = (
+        "transformers_runtime.app",
+        "transformers.models.auto.modeling_auto",
+        "transformers.models.auto.tokenization_auto",
+        "transformers.models.llama.modeling_llama",
+        "transformers.tokenization_utils_fast",
+        "safetensors.torch",
+    )
 
     def preload(self) -> None:
         for module in ("transformers_runtime.cli", "transformers", "peft", "torch"):
@@ -249,6 +358,8 @@ class StandInRuntime(KnownArgsRuntime):
     ignores those it does not model."""
 
     name = "stand-in"
+    markers = (phases.marker(phases.LISTENING, r"^serving .* on http://"),)
+    zygote_modules = ("standin.app", "standin.engine")
 
     def preload(self) -> None:
         import standin  # noqa: F401

@@ -607,8 +607,8 @@ async def _watch_headers(launcher: Launcher) -> None:
 
 @fma("TestWatchAPIEndpoint::test_watch_without_since_sends_initial_state")
 async def _watch_initial(launcher: Launcher) -> None:
-    for name in ("a", "b"):
-        await launcher.create(name)
+    for name in ("a", "b"):  # not ready during the test: a READY event would change the revisions listed
+        await launcher.create(name, extra="--startup-delay 60")
     revisions = {i["instance_id"]: i["revision"] for i in (await launcher.listing())["instances"]}
     async with launcher.watch() as watch:
         initial = [await next_event(watch) for _ in revisions]

@@ -295,10 +295,75 @@ async def test_gpu_uuids_become_cuda_visible_devices(http: aiohttp.ClientSession
 
 
 def instance_processes(launcher: LauncherProcess) -> dict[str, int]:
-    """Instance ID -> PID of the launcher's forked children, from their process titles."""
+    """Instance ID -> PID of the launcher's forked children (not its zygotes), from their process titles."""
     assert launcher.process is not None
     titles = {p.pid: " ".join(p.cmdline()).strip() for p in launcher.descendants() if p.ppid() == launcher.process.pid}
-    return {title.removeprefix("dualpods-instance "): pid for pid, title in titles.items()}
+    prefix = "dualpods-instance "
+    return {t.removeprefix(prefix): pid for pid, t in titles.items() if t.startswith(prefix)}
+
+
+def zygote_pid(launcher: LauncherProcess) -> int | None:
+    found = [p.pid for p in launcher.descendants() if " ".join(p.cmdline()).startswith("dualpods-zygote stand-in")]
+    return found[0] if found else None
+
+
+async def metrics(http: aiohttp.ClientSession) -> dict[str, float]:
+    """The launcher's samples, by name and labels as Prometheus writes them."""
+    async with http.get("/metrics") as response:
+        text = await response.text()
+    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))}
+
+
+async def test_an_instance_forks_from_the_zygote_and_reports_its_start_up_phases(
+    launcher: LauncherProcess, http: aiohttp.ClientSession
+) -> None:
+    await create(http, "phased")
+    state = await wait_ready(http, "phased")
+    startup = state["startup"]
+    assert startup["forked_by"] == "zygote"
+    # The stand-in marks when it listens; it loads no weights and has no engine to configure.
+    assert list(startup["phases"]) == ["fork", "api_listening", "first_healthy"]
+    assert sum(startup["phases"].values()) == pytest.approx(startup["total_seconds"], abs=1e-3)
+    pid = state["process"]["pid"]
+    assert instance_processes(launcher)["phased"] == pid  # the server itself, the launcher's own child
+    assert os.getpgid(pid) == os.getsid(pid) == pid  # its own session and process group
+    samples = await metrics(http)
+    for phase in startup["phases"]:
+        assert samples[f'dualpods_launcher_startup_phase_seconds_count{{phase="{phase}",runtime="stand-in"}}'] >= 1
+    assert samples['dualpods_launcher_zygote_ready{runtime="stand-in"}'] == 1
+    assert samples['dualpods_launcher_zygote_memory_bytes{kind="pss",runtime="stand-in"}'] > 0
+
+
+async def next_zygote(launcher: LauncherProcess, http: aiohttp.ClientSession, old: int) -> int:
+    """The PID of the zygote started after `old`, once it is ready."""
+    pid: int = await wait_for(lambda: (p := zygote_pid(launcher)) not in (None, old) and p, what="another zygote")
+
+    async def zygote_ready() -> bool:
+        return (await metrics(http))['dualpods_launcher_zygote_ready{runtime="stand-in"}'] == 1
+
+    await wait_for(zygote_ready, what="the new zygote ready")
+    return pid
+
+
+async def test_a_killed_zygote_is_restarted_and_creates_meanwhile_still_start(
+    launcher: LauncherProcess, http: aiohttp.ClientSession
+) -> None:
+    killed = zygote_pid(launcher)
+    assert killed is not None
+    os.kill(killed, signal.SIGKILL)
+    await create(http, "next")  # from the zygote started again, or from the launcher while it starts
+    await wait_ready(http, "next")
+    hung = await next_zygote(launcher, http, killed)
+
+    os.kill(hung, signal.SIGSTOP)  # a zygote that answers nothing is killed, and the launcher forks meanwhile
+    await create(http, "meanwhile")
+    assert (await wait_ready(http, "meanwhile"))["startup"]["forked_by"] == "launcher"
+    await next_zygote(launcher, http, hung)
+    await create(http, "after")
+    assert (await wait_ready(http, "after"))["startup"]["forked_by"] == "zygote"
+    assert set(instance_processes(launcher)) == {"next", "meanwhile", "after"}
+    samples = await metrics(http)
+    assert samples['dualpods_launcher_zygote_restarts_total{runtime="stand-in"}'] == 2
 
 
 async def test_deleting_an_instance_right_after_creating_it_never_stops_the_launcher(

@@ -3,6 +3,7 @@ option parsing, the liveness watch (against real processes and a scripted /healt
 post-wake check."""
 
 import asyncio
+import logging
 import os
 import signal
 import socket
@@ -11,6 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -30,14 +32,14 @@ from api.launcher import (
     WakeCheckStatus,
     WakeProbe,
 )
-from launcher import gpu_memory, liveness, validation
+from launcher import gpu_memory, liveness, startup_phases, validation
 from launcher.engine_defaults import GIB, GpuMemory, Machine, transformers_defaults, vllm_defaults
 from launcher.errors import BadRequest, Conflict, Gone, InvalidOptions, RangeNotSatisfiable
 from launcher.events import EventLog, Subscription
 from launcher.instances import MAX_DETAIL_CHARS
 from launcher.liveness import EngineProcesses, LivenessPolicy
 from launcher.logs import FIRST_PAGE, PAGE_BYTES, content_range, parse_range, resolve_range
-from launcher.runtimes import VllmRuntime
+from launcher.runtimes import TransformersRuntime, VllmRuntime
 from launcher.wake_check import LOGPROB_TOLERANCE, PROBE_PROMPT, PROBE_TOKENS, ProbeAnswer, compare, parse_choice
 
 
@@ -522,3 +524,40 @@ def test_a_vllm_completion_choice_is_read_with_its_runners_up() -> None:
     )
     with pytest.raises(ValueError, match="not a list of token IDs"):
         parse_choice({"text": "no ids"}, logprobs=False)
+
+
+# ----- start-up phases
+
+
+def test_a_phase_not_marked_is_counted_in_the_next_one() -> None:
+    marks = [
+        startup_phases.Mark(startup_phases.FORKED, 10.5),
+        startup_phases.Mark(startup_phases.CONFIGURED, 11.0),
+        startup_phases.Mark(startup_phases.LISTENING, 14.0),  # weights, KV cache and warm-up unmarked
+        startup_phases.Mark(startup_phases.LISTENING, 15.0),  # a later repeat changes nothing
+    ]
+    assert startup_phases.startup_phases(10.0, marks, 14.25) == {
+        "fork": 0.5, "engine_config": 0.5, "api_listening": 3.0, "first_healthy": 0.25,
+    }  # fmt: skip
+
+
+def test_runtime_log_lines_mark_phases_and_the_bytes_a_sleep_moved(tmp_path: Path) -> None:
+    """The hook sees records whatever the logger's handlers (none here, and propagation off)."""
+    marks_file = tmp_path / "marks"
+    original = logging.Logger.callHandlers
+    try:
+        startup_phases.record_marks(marks_file, (*VllmRuntime.markers, *TransformersRuntime.markers))
+        quiet = logging.getLogger("vllm.test.quiet")
+        quiet.propagate, quiet.level = False, logging.INFO
+        quiet.info("Loading weights took %.2f seconds", 0.07)
+        quiet.info("CPU KV cache size: 65,536 tokens, Maximum concurrency for 256 tokens per request: 256.00x")
+        quiet.info("Sleep mode freed %.2f GiB memory, %.2f GiB memory is still in use.", 1.5, 0.25)
+        quiet.info("level 1: %.1f MB of weights to host memory", 3.3)
+        quiet.debug("Loading weights took 9 seconds")  # below INFO: not a mark
+    finally:
+        logging.Logger.callHandlers = original  # type: ignore[method-assign]
+    marks = startup_phases.read_marks(marks_file)
+    assert [m.name for m in marks] == ["forked", "weights_loaded", "kv_cache_profiled", "slept", "slept"]
+    assert startup_phases.moved_bytes(marks, startup_phases.SLEPT, since=marks[3].at) == 3_300_000
+    assert startup_phases.moved_bytes(marks[:4], startup_phases.SLEPT, since=0) == int(1.5 * 2**30)
+    assert startup_phases.moved_bytes(marks, startup_phases.WOKE, since=0) is None

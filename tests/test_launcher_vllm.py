@@ -15,6 +15,7 @@ import pytest
 
 from e2e.cluster.ports import free_port
 from e2e.launcher_process import LauncherProcess
+from launcher.startup_phases import PHASE_NAMES
 
 BASE = "/v2/vllm/instances"
 READY_TIMEOUT_S = 180
@@ -98,9 +99,23 @@ def chat(port: int, model: str, prompt: str) -> str:
     return reply.choices[0].message.content or ""
 
 
+async def metric_samples(http: aiohttp.ClientSession) -> dict[str, float]:
+    async with http.get("/metrics") as response:
+        text = await response.text()
+    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))}
+
+
 async def test_create_serve_sleep_hold_wake_delete(http: aiohttp.ClientSession, model_a: Path) -> None:
     state = await start_instance(http, "a", model_a, "model-a", gpu_uuids=["GPU-1"])
     port = state["port"]
+    async with http.get(f"{BASE}/a") as response:
+        startup = (await response.json())["startup"]
+    assert startup["forked_by"] == "zygote"
+    assert list(startup["phases"]) == list(PHASE_NAMES)  # vLLM's log marks every phase
+    assert sum(startup["phases"].values()) == pytest.approx(startup["total_seconds"], abs=1e-3)
+    samples = await metric_samples(http)
+    for phase in PHASE_NAMES:
+        assert samples[f'dualpods_launcher_startup_phase_seconds_count{{phase="{phase}",runtime="vllm"}}'] >= 1
     assert "--dtype float32" in state["effective_options"]
     assert state["defaults_applied"]["--enforce-eager"] == "true"
     async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as vllm:
@@ -352,6 +367,10 @@ async def test_the_same_launcher_forks_the_transformers_runtime(http: aiohttp.Cl
     check = woken["wake_check"]  # token IDs alone: the transformers runtime gives no log-probabilities
     assert (check["status"], check["passed"], len(check["probe"]["token_ids"])) == ("recorded", 1, 4)
     assert "logprobs" not in check["probe"]
+    samples = await metric_samples(http)  # it reports the bytes its level-1 sleep moved to host memory
+    assert samples['dualpods_launcher_sleep_bytes_per_second_count{level="1"}'] >= 1
+    assert samples["dualpods_launcher_wake_bytes_per_second_count"] >= 1
+    assert samples["dualpods_launcher_wake_bytes_per_second_sum"] > 0
 
 
 async def test_sigterm_to_the_launcher_leaves_nothing(tmp_path: Path, model_a: Path) -> None:

@@ -16,7 +16,7 @@ import shlex
 import time
 from dataclasses import dataclass
 
-from api.launcher import EventType, InstanceState, InstanceStatus, VllmConfig
+from api.launcher import EventType, InstanceState, InstanceStatus, StartupTimes, VllmConfig
 from launcher.events import EventLog
 from launcher.gpus import GpuInventory
 from launcher.instances import Instance, InstanceManager, ManagerSettings
@@ -77,6 +77,8 @@ class SimulatedInstances(InstanceManager):
             temp_dir=work_dir,
             created_at=time.monotonic(),
             stats=_NoProcess(),
+            runtime_name=self._runtime(admitted.config.runtime).name,
+            startup=StartupTimes(forked_by="simulation"),
         )
         self._instances[instance.id] = instance
         values = admitted.parsed.values

@@ -53,6 +53,7 @@ class LauncherContainer(SimulatedContainer):
             state_dir=self.state_dir,
             stop_grace_seconds=args.stop_grace_seconds,
             backend_timeout_seconds=args.backend_timeout_seconds,
+            zygote=False,  # a simulated instance has no process to fork
         )
         inventory = self._inventory(args.mock_gpus or args.mock_gpu_count)
         self.manager = SimulatedInstances(inventory, LauncherMetrics(), EventLog(args.watch_history), settings)
