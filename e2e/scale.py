@@ -542,10 +542,9 @@ class Scenario:
 
     async def keep_logs(self, logs_to: Path) -> None:
         """The controllers' current logs (their retries and why), kept next to the profiles."""
-        logs_to.mkdir(parents=True, exist_ok=True)
         for component in (DUAL_PODS, POPULATOR):
             for pod in await self.env.controllers.pods(component):
-                (logs_to / f"{component}.log").write_text(self.cluster.container_log(pod, "controller"))
+                _write_log(logs_to / f"{component}.log", self.cluster.container_log(pod, "controller"))
 
     async def controller_metrics(self) -> dict[str, ControllerMetrics]:
         return {component: ControllerMetrics.parse(await self.env.controllers.metrics(component))
@@ -559,10 +558,14 @@ def _problem(requester: Obj) -> str:
 
 
 def _keep_logs(cluster: LoopbackCluster, pod: client.V1Pod, component: str, logs_to: Path) -> None:
-    logs_to.mkdir(parents=True, exist_ok=True)
     for previous in (True, False):
         text = cluster.container_log(pod, "controller", previous=previous)
-        (logs_to / f"{component}{'-previous' if previous else ''}.log").write_text(text)
+        _write_log(logs_to / f"{component}{'-previous' if previous else ''}.log", text)
+
+
+def _write_log(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
 
 
 def _peak_rss(pid: int) -> float:
