@@ -101,6 +101,8 @@ def report(result: ScaleResult) -> list[str]:
             parts.append(f"with calls p50 <= {metrics.work.p50:g} s, p99 <= {metrics.work.p99:g} s")
         if metrics.queued is not None:
             parts.append(f"queued p50 <= {metrics.queued.p50:g} s, p99 <= {metrics.queued.p99:g} s")
+        if metrics.queue_adds:
+            parts.append(f"{metrics.queue_adds} work items added, {metrics.queue_retries} retried after a failure")
         requests = sum(metrics.api_requests.values())
         per = f", {requests / spec.requesters:.1f} per requester" if spec.requesters else ""
         parts.append(f"its API requests {requests}{per} ("
@@ -145,7 +147,7 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a chart value (repeatable)")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument("--profile", type=Path, help="sample the controllers with py-spy; raw profiles go here "
-                        "(and the logs of a controller that restarted)")  # fmt: skip
+                        "(and the controllers' logs, a restarted one's previous run too)")  # fmt: skip
     return parser.parse_args()
 
 

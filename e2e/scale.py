@@ -150,12 +150,16 @@ class ControllerMetrics:
     throttled_seconds: float  # the sum of dualpods_kube_api_rate_limit_wait_seconds
     # fma_http_latency_seconds by purpose: the controller's calls to launchers and requesters.
     calls: dict[str, Quantiles] = field(default_factory=dict)
+    # fma_dpc_innerqueue_adds and _retries: work items added, and retried after a failed pass (dual-pods).
+    queue_adds: int = 0
+    queue_retries: int = 0
 
     @classmethod
     def parse(cls, text: str) -> "ControllerMetrics":
         buckets: dict[str, dict[float, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
         requests: collections.Counter[str] = collections.Counter()
         throttled = 0.0
+        counts: collections.Counter[str] = collections.Counter()
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name == "fma_http_latency_seconds_bucket":
@@ -168,6 +172,8 @@ class ControllerMetrics:
                     requests[sample.labels["method"]] += int(sample.value)
                 elif sample.name == "dualpods_kube_api_rate_limit_wait_seconds_sum":
                     throttled += sample.value
+                elif sample.name in ("fma_dpc_innerqueue_adds_total", "fma_dpc_innerqueue_retries_total"):
+                    counts[sample.name] += int(sample.value)
         return cls(
             own=Quantiles.of(buckets["dualpods_reconcile_own_seconds"]),
             work=Quantiles.of(buckets["fma_dpc_innerqueue_work_duration_seconds"]),
@@ -179,6 +185,8 @@ class ControllerMetrics:
                 for name, found in sorted(buckets.items())
                 if name.startswith("call ") and (quantiles := Quantiles.of(found)) is not None
             },
+            queue_adds=counts["fma_dpc_innerqueue_adds_total"],
+            queue_retries=counts["fma_dpc_innerqueue_retries_total"],
         )
 
 
@@ -532,6 +540,12 @@ class Scenario:
                     _keep_logs(self.cluster, pod, component, logs_to)
         return found
 
+    async def keep_logs(self, logs_to: Path) -> None:
+        """The controllers' current logs (their retries and why), kept next to the profiles."""
+        for component in (DUAL_PODS, POPULATOR):
+            for pod in await self.env.controllers.pods(component):
+                _write_log(logs_to / f"{component}.log", self.cluster.container_log(pod, "controller"))
+
     async def controller_metrics(self) -> dict[str, ControllerMetrics]:
         return {component: ControllerMetrics.parse(await self.env.controllers.metrics(component))
                 for component in (DUAL_PODS, POPULATOR)}  # fmt: skip
@@ -544,10 +558,14 @@ def _problem(requester: Obj) -> str:
 
 
 def _keep_logs(cluster: LoopbackCluster, pod: client.V1Pod, component: str, logs_to: Path) -> None:
-    logs_to.mkdir(parents=True, exist_ok=True)
     for previous in (True, False):
         text = cluster.container_log(pod, "controller", previous=previous)
-        (logs_to / f"{component}{'-previous' if previous else ''}.log").write_text(text)
+        _write_log(logs_to / f"{component}{'-previous' if previous else ''}.log", text)
+
+
+def _write_log(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
 
 
 def _peak_rss(pid: int) -> float:
@@ -616,6 +634,8 @@ async def run_scale(spec: ScaleSpec, work_dir: Path, profile_dir: Path | None = 
                 result.descriptors, result.rss_mib = scenario.footprint()
                 result.controller_metrics = await scenario.controller_metrics()
                 result.restarts = await scenario.restarts(profile_dir)
+                if profile_dir is not None:
+                    await scenario.keep_logs(profile_dir)
             finally:
                 await scenario.pods.stop()
             return result

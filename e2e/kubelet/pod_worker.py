@@ -216,7 +216,13 @@ class PodWorker:
             return
         meta = self.pod.metadata
         try:
-            await self._runtime.core.patch_namespaced_pod_status(meta.name, meta.namespace, body)
+            # The answer (the whole Pod) is not decoded into kubernetes-asyncio's models: nothing reads it.
+            answer = await self._runtime.core.patch_namespaced_pod_status(
+                meta.name, meta.namespace, body, _preload_content=False
+            )
+            async with answer:
+                if answer.status >= 300:
+                    raise ApiException(status=answer.status, reason=await answer.text())
             self._last_sent = body
         except API_ERRORS as error:
             if isinstance(error, ApiException) and error.status in (404, 409):  # gone, or a new Pod of the name

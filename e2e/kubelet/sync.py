@@ -13,6 +13,26 @@ from e2e.kubelet.runtime import NodeRuntime
 log = logging.getLogger(__name__)
 
 
+class _PodWatch(watch.Watch):  # type: ignore[misc]
+    """kubernetes-asyncio's watch, decoding with the kubelet's own client. Its own makes a client for every
+    watch, with an SSL context that loads the system's CA bundle: 250 Nodes renewing their watches together
+    (every 300 s) spent 12 s of the kubelet's CPU at once, and Pods' 1 s liveness probes timed out."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        # Not super().__init__(), which makes that client; the same fields, as the library sets them.
+        self._raw_return_type = None
+        self._stop = False
+        self._api_client = api
+        self.resource_version = None
+        self.resp = None
+
+    async def close(self) -> None:
+        """The response only: the client is the kubelet's, shared."""
+        if self.resp is not None:
+            self.resp.release()
+            self.resp = None
+
+
 class PodSync:
     def __init__(self, runtime: NodeRuntime) -> None:
         self._runtime = runtime
@@ -29,7 +49,7 @@ class PodSync:
                 self._relisted(listed.items)
                 version = listed.metadata.resource_version
                 while True:
-                    async with watch.Watch() as stream:
+                    async with _PodWatch(core.api_client) as stream:
                         async for event in stream.stream(
                             core.list_pod_for_all_namespaces,
                             field_selector=self._selector,
