@@ -59,5 +59,8 @@ RUN ldconfig -p | grep -q libnuma.so.1 || { apt-get update && apt-get install -y
 RUN python3 -m launcher.fma_compat /app
 USER 65532
 # No usage reports; torch inductor and vLLM keep their caches under $HOME (getpass needs USER under arbitrary UIDs).
-ENV VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 USER=dualpods
+# The image has no C++ compiler, which torch inductor needs on a CPU: the functions vLLM compiles with
+# torch.compile (for example the sampler's log-probabilities, which the post-wake check asks for) would kill the
+# engine at their first call, so they run eagerly. Read when the launcher imports torch, before any fork.
+ENV VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 USER=dualpods TORCHDYNAMO_DISABLE=1
 ENTRYPOINT ["python", "-m", "launcher"]
