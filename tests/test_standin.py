@@ -292,7 +292,7 @@ async def test_an_engine_process_that_dies_leaves_its_server_up_and_wedged(
     assert standin.stop() == 0
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 async def test_the_engine_process_ends_with_its_server(start_standin: Callable[..., Standin], sig: int) -> None:
     standin = start_standin()
     await standin.wait_healthy()
