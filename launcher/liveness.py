@@ -6,8 +6,7 @@ Two signs that an instance no longer serves, whichever comes first:
   says when each exits, at once), or polled where pidfds are not available. The server process
   itself is not among them: the launcher is its parent and learns of its exit from SIGCHLD. vLLM's
   server usually exits soon after its engine dies, but not always (it can stay up, wedged, still
-  answering nothing), so the launcher does not wait for it (only `SERVER_EXIT_GRACE_S`, to tell an
-  engine that died of its server's death).
+  answering nothing), so the launcher does not wait for it.
 - **Its /health stops answering**: probed every `health_interval_s` with a `health_timeout_s`
   timeout; `failure_threshold` failures in a row (a timeout, a refused connection, a status other
   than 200) make it unresponsive. A server sleeping, being put to sleep or woken still answers
@@ -32,10 +31,6 @@ log = logging.getLogger(__name__)
 
 # Where pidfds are not available: how often the engine processes are looked at.
 POLL_S = 0.1
-# A server that dies takes its engine processes with it (their parent-death signal), and the kernel sends
-# that signal before the server's own exit is complete: an engine's exit can be seen first. So a server
-# is looked at again this long after an engine died, before the instance is judged `EngineDied`.
-SERVER_EXIT_GRACE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -133,7 +128,6 @@ async def _engine_death(processes: EngineProcesses) -> Verdict | None:
         for fd in fds:
             loop.remove_reader(fd)
             os.close(fd)
-    await asyncio.sleep(SERVER_EXIT_GRACE_S)
     if not processes.server_alive():
         return None
     return Verdict(StopReason.ENGINE_DIED, f"{dead} of its process tree died")

@@ -12,8 +12,8 @@ launcher's engine watch (`launcher/liveness.py`) is what must catch it:
 - When the engine dies (its end of the socket closes), every inference request from then on, and
   every one waiting on it, fails with 500 (vLLM's EngineDeadError); `/health` and every other route
   keep answering 200. The server never exits for it.
-- The engine ignores SIGTERM and SIGINT and ends when its server does (its socket closes), so a
-  graceful stop of the server's process group is never mistaken for an engine death.
+- The engine ignores SIGTERM and SIGINT and ends after its server does, so neither a graceful stop of
+  the server's process group nor the server's own death is mistaken for an engine death.
 """
 
 import asyncio
@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import socket
+import time
 
 from api.openai_errors import ApiError
 
@@ -30,6 +31,7 @@ log = logging.getLogger("standin")
 
 ENGINE_TITLE = "standin::EngineCore"
 _READY = b"ready\n"
+PARENT_POLL_S = 0.01  # how often an engine whose server closed its end looks whether the server is gone
 
 
 def _set_title(title: str) -> None:
@@ -43,14 +45,20 @@ def _set_title(title: str) -> None:
 
 
 def _engine_main(sock: socket.socket) -> None:
-    """The engine process: answer each request line with itself until the server's end closes."""
+    """The engine process: answer each request line with itself until the server's end closes, then end
+    once the server has exited (no longer its parent). A server's sockets close early in its exit, so an
+    engine that ended at once could be seen dead while its server still looked alive: a dying server
+    would be taken for a wedged one."""
+    server = os.getppid()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)
     _set_title(ENGINE_TITLE)
-    sock.sendall(_READY)
-    with sock.makefile("rb") as requests:
+    with contextlib.suppress(OSError), sock.makefile("rb") as requests:
+        sock.sendall(_READY)
         for line in requests:
             sock.sendall(line)
+    while os.getppid() == server:
+        time.sleep(PARENT_POLL_S)
 
 
 class EngineCore:
