@@ -18,6 +18,7 @@ from api import keys
 from controller import pods
 from e2e.dualpods_env import DualPodsEnv, Obj
 from e2e.waiting import wait_for
+from standin.engine_core import ENGINE_TITLE
 
 PROXY_PORT = 8082  # the requester's OpenAI proxy (FMA 0.7's --proxy-port)
 
@@ -71,6 +72,15 @@ async def instance_process(env: DualPodsEnv, launcher: Obj, instance: str) -> ps
     listing = await env.instances(launcher)
     state = next(s for s in listing["instances"] if s["instance_id"] == instance)
     return in_container(launcher_process(launcher["status"]["podIP"]), int(state["process"]["pid"]))
+
+
+def engine_process(instance: psutil.Process) -> psutil.Process:
+    """The instance's engine process (the stand-in's, as vLLM's EngineCore), by its process title."""
+    for child in instance.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if " ".join(child.cmdline()).startswith(ENGINE_TITLE):
+                return child
+    raise LookupError(f"instance process {instance.pid} has no {ENGINE_TITLE} process")
 
 
 async def serving_pair(env: DualPodsEnv, replica_set: str) -> tuple[Obj, Obj, str]:

@@ -22,7 +22,7 @@ from api import keys
 from controller import pods
 from e2e.cluster.cluster import LoopbackCluster, node_is_ready
 from e2e.dualpods_env import DualPodsEnv, Obj, installed
-from e2e.faults import instance_process, launcher_process, serving_pair, signal_tree, wait_served
+from e2e.faults import engine_process, instance_process, launcher_process, serving_pair, signal_tree, wait_served
 from e2e.fixtures import fresh_namespace
 from e2e.waiting import wait_for
 
@@ -93,6 +93,31 @@ async def test_sigkill_of_a_serving_instance(faults: Faults) -> None:
         await wait_served(faults.env, rs, "a", within=60)
         (await instance_process(faults.env, launcher, instance)).send_signal(signal.SIGKILL)
         await wait_served(faults.env, rs, "a", within=RECOVERY_S)
+
+
+async def test_sigkill_of_only_its_engine_core_process(faults: Faults) -> None:
+    """The wedged-engine case: the instance's server stays up and answers /health, so only the launcher's
+    watch of its engine process can tell the controller why the old instance stopped."""
+    env = faults.env
+    async with requester_set(faults, "kill-engine", "isc-a") as rs:
+        requester, launcher, old = await serving_pair(env, rs)
+        await wait_served(env, rs, "a", within=60)
+        server = await instance_process(env, launcher, old)
+        engine_process(server).send_signal(signal.SIGKILL)
+        took = await wait_served(env, rs, "a", within=RECOVERY_S)
+        assert not server.is_running(), "the wedged server was killed, not left up"
+        _, launcher, instance = await serving_pair(env, rs)
+        assert (await instance_process(env, launcher, instance)).pid != server.pid, "served by a new instance"
+        why = f"its instance {old} stopped with exit code -9 (EngineDied)"
+
+        async def told() -> bool:
+            events = await env.core.list_namespaced_event(
+                env.namespace, field_selector=f"involvedObject.name={requester['metadata']['name']}"
+            )
+            return any(e.reason == "InstanceLost" and why in e.message for e in events.items)
+
+        await wait_for(told, what=f"an InstanceLost Event saying {why!r}", within=10)
+        print(f"served again {took:.1f} s after its engine process was killed")
 
 
 @contextlib.asynccontextmanager

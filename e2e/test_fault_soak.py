@@ -39,6 +39,7 @@ from e2e.chart import DUAL_PODS
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.dualpods_env import DualPodsEnv, Obj, installed
 from e2e.faults import (
+    engine_process,
     instance_process,
     launcher_process,
     namespace_pid,
@@ -218,13 +219,11 @@ async def inject(env: DualPodsEnv, cluster: LoopbackCluster, kind: str) -> str:
     if kind == "instance":
         instance.send_signal(signal.SIGKILL)
         return f"killed instance process {instance.pid}"
-    if kind == "engine-core":
-        children = instance.children(recursive=True)
-        if not children:  # the stand-in is one process: its engine is the process itself
-            instance.send_signal(signal.SIGKILL)
-            return f"killed instance process {instance.pid} (the stand-in has no separate engine process)"
-        children[0].send_signal(signal.SIGKILL)
-        return f"killed engine process {children[0].pid} of instance {instance.pid}"
+    if kind == "engine-core":  # only the engine: its server stays up, wedged, until the launcher sees it
+        # Forked by the instance as it starts, so a fault that lands at its start waits a moment for it.
+        engine = await wait_for(lambda: engine_process(instance), what="its engine process", within=10, interval=0.05)
+        engine.send_signal(signal.SIGKILL)
+        return f"killed engine process {engine.pid} of instance {instance.pid}"
     signal_tree(instance, signal.SIGSTOP)
     await asyncio.sleep(STOP_S)
     with _gone_ok():

@@ -528,9 +528,10 @@ class InstanceManager:
 
     def _kill(self, instance: Instance, verdict: Verdict) -> None:
         """Kill a broken instance's whole process group at once: there is nothing left to shut down
-        gracefully. Its STOPPED event follows when the reaper has its exit code."""
-        if not instance.running or instance.stopping:
-            return  # it is already going; this stop was asked for
+        gracefully. Its STOPPED event follows when the reaper has its exit code. The first verdict stands: the
+        kill itself ends its engine processes, maybe seen before its server's exit."""
+        if not instance.running or instance.stopping or instance.stop_reason is not None:
+            return  # it is already going: this stop was asked for, or it is already being killed
         instance.log.warning(
             "instance %s: %s; killing its process group (%s)", instance.id, verdict.message, verdict.reason
         )

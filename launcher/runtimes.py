@@ -355,7 +355,8 @@ class TransformersRuntime(KnownArgsRuntime):
 class StandInRuntime(KnownArgsRuntime):
     """The stand-in server (`standin`, the simulation runtime) in place of every runtime, for
     simulations and tests that need many instances or exact timings. It accepts vLLM's flags and
-    ignores those it does not model."""
+    ignores those it does not model. As vLLM, it forks an engine process (unless `--no-engine-process`),
+    which its liveness watches."""
 
     name = "stand-in"
     markers = (phases.marker(phases.LISTENING, r"^serving .* on http://"),)
@@ -365,6 +366,11 @@ class StandInRuntime(KnownArgsRuntime):
         import standin  # noqa: F401
 
         self.parser  # noqa: B018
+
+    def is_engine_process(self, title: str) -> bool:
+        from standin.engine_core import ENGINE_TITLE
+
+        return title.startswith(ENGINE_TITLE)
 
     def make_parser(self) -> argparse.ArgumentParser:
         from standin import build_parser

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from standin.app import create_app
 from standin.engine import Engine
+from standin.engine_core import EngineCore
 
 log = logging.getLogger("standin")
 
@@ -72,6 +73,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--shutdown-delay", type=_seconds, default=0.0, help="from SIGTERM to exiting (a server slow to stop)"
     )
     parser.add_argument(
+        "--engine-process",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="generate through a separate engine process, as vLLM's EngineCore; when it dies the server stays "
+        "up, wedged: /health answers 200, every inference request 500 (default: on)",
+    )
+    parser.add_argument(
         "--corrupt-after-wake",
         type=_wake_count,
         default=None,
@@ -81,7 +89,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace, core: EngineCore | None) -> None:
+    try:
+        await _listen(args, core)
+    finally:
+        if core is not None:
+            await core.close()
+
+
+async def _listen(args: argparse.Namespace, core: EngineCore | None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -93,6 +109,8 @@ async def _serve(args: argparse.Namespace) -> None:
         await asyncio.wait_for(stop.wait(), args.startup_delay)
     if stop.is_set():
         return
+    if core is not None:
+        await core.connect()
     engine = Engine(
         args.served_model_name or [args.model],
         args.model,
@@ -101,6 +119,7 @@ async def _serve(args: argparse.Namespace) -> None:
         wake_delay=args.wake_delay,
         request_delay=args.request_delay,
         corrupt_after_wake=args.corrupt_after_wake,
+        core=core,
     )
     runner = web.AppRunner(create_app(engine), shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
@@ -123,4 +142,6 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     if ignored:
         log.info("ignoring flags the stand-in does not model: %s", shlex.join(ignored))
-    asyncio.run(_serve(args))
+    # Forked before any event loop runs, and ready before the server listens (as vLLM's engine core).
+    core = EngineCore.start() if args.engine_process else None
+    asyncio.run(_serve(args, core))

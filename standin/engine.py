@@ -5,7 +5,8 @@ until `/wake_up`. The engine reproduces that with a gate that inference requests
 exports the same gauges (`vllm:num_requests_*`, `vllm:engine_sleep_state`) so tests can watch it.
 It can also come back wrong from a wake, on purpose (`corrupt_after_wake`): from that wake on it
 answers other tokens, as a model whose weights a sleep/wake cycle corrupted does, while every route
-keeps answering 200.
+keeps answering 200. Where it has an engine process (`engine_core`, as vLLM's EngineCore), every
+inference request makes a round trip through it, and fails once that process is dead.
 """
 
 import asyncio
@@ -13,6 +14,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from prometheus_client import CollectorRegistry, Gauge
+
+from standin.engine_core import EngineCore
 
 SLEEP_STATES = {"awake": None, "weights_offloaded": 1, "discard_all": 2}
 
@@ -30,6 +33,7 @@ class Engine:
         wake_delay: float = 0.0,
         request_delay: float = 0.0,
         corrupt_after_wake: int | None = None,
+        core: EngineCore | None = None,
     ) -> None:
         self.served_names = served_names
         self.root = root
@@ -38,6 +42,7 @@ class Engine:
         self._wake_delay = wake_delay
         self._request_delay = request_delay
         self._corrupt_after_wake = corrupt_after_wake
+        self._core = core
         self.wakes = 0
         self._level: int | None = None  # the sleep level, None while awake
         self._awake = asyncio.Event()
@@ -97,7 +102,8 @@ class Engine:
 
     @asynccontextmanager
     async def admit(self) -> AsyncIterator[None]:
-        """Hold the caller while asleep (counted as waiting), then run it for the request delay."""
+        """Hold the caller while asleep (counted as waiting), then run it for the request delay and through
+        the engine process, if there is one (ApiError 500 when it is dead)."""
         self.waiting += 1
         try:
             await self._awake.wait()
@@ -106,6 +112,8 @@ class Engine:
         self.running += 1
         try:
             await asyncio.sleep(self._request_delay)
+            if self._core is not None:
+                await self._core.step()
             yield
         finally:
             self.running -= 1

@@ -17,12 +17,14 @@ from typing import Any
 
 import aiohttp
 import openai
+import psutil
 import pytest
 
 from api.launcher import MAX_ANNOTATIONS_BYTES, MAX_EVENT_BYTES, MAX_OPTIONS_BYTES, WATCH_HEARTBEAT_S
 from e2e.cluster.ports import free_port
 from e2e.launcher_process import LauncherProcess
 from e2e.waiting import wait_for
+from standin.engine_core import ENGINE_TITLE
 
 TOKEN = "s3cret-token"
 BASE = "/v2/vllm/instances"
@@ -543,6 +545,26 @@ async def test_a_hung_instance_is_killed_as_unresponsive_and_calls_to_it_fail_in
     async with http.get("/metrics") as response:
         metrics = await response.text()
     assert 'dualpods_launcher_instance_stops_total{reason="Unresponsive"} 1.0' in metrics
+
+
+async def test_an_instance_whose_engine_process_dies_is_killed_as_engine_died(
+    launcher: LauncherProcess, http: aiohttp.ClientSession
+) -> None:
+    """The stand-in's engine process killed alone: its server stays up, wedged, still answering /health
+    (as vLLM's can), so only the launcher's engine watch can tell; it does at once."""
+    stops_before = await metric(http, 'dualpods_launcher_instance_stops_total{reason="EngineDied"}')
+    await create(http, "wedged")
+    await wait_ready(http, "wedged")
+    server = psutil.Process(instance_processes(launcher)["wedged"])
+    (engine,) = [p for p in server.children() if " ".join(p.cmdline()).startswith(ENGINE_TITLE)]
+    revision = (await listing(http, detail=False))["revision"]
+    async with http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
+        engine.kill()
+        async with asyncio.timeout(2.0):
+            event = await next_event_of(watch, "wedged", "STOPPED")
+    assert (event["exit_code"], event["object"]["stop_reason"]) == (-9, "EngineDied")
+    assert "wedged" not in instance_processes(launcher)
+    assert await metric(http, 'dualpods_launcher_instance_stops_total{reason="EngineDied"}') == stops_before + 1
 
 
 async def test_sleeping_waking_and_busy_instances_are_not_killed(http: aiohttp.ClientSession) -> None:

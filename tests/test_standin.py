@@ -14,10 +14,12 @@ from typing import Any
 
 import aiohttp
 import openai
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster.ports import free_port
+from standin.engine_core import ENGINE_TITLE
 
 REPO = Path(__file__).resolve().parent.parent
 # An instance's vLLM option string as a launcher would pass it, flags the stand-in ignores included.
@@ -254,6 +256,59 @@ async def test_sigterm_exits_0_promptly_while_holding_requests(
     assert time.monotonic() - started < 3
     with pytest.raises(aiohttp.ClientError):
         await held
+
+
+def _engine_of(standin: Standin) -> psutil.Process:
+    (engine,) = psutil.Process(standin.process.pid).children()
+    return engine
+
+
+async def _post_completion(http: aiohttp.ClientSession, url: str) -> tuple[int, str]:
+    async with http.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": "hi", "max_tokens": 2}) as response:
+        return response.status, await response.text()
+
+
+async def test_an_engine_process_that_dies_leaves_its_server_up_and_wedged(
+    start_standin: Callable[..., Standin], http: aiohttp.ClientSession
+) -> None:
+    """vLLM's bad case: /health and the rest keep answering 200, every inference request fails."""
+    standin = start_standin(*VLLM_FLAGS)
+    await standin.wait_healthy()
+    engine = _engine_of(standin)
+    assert " ".join(engine.cmdline()).startswith(ENGINE_TITLE)  # what a launcher finds it by
+    assert (await _post_completion(http, standin.url))[0] == 200
+    engine.kill()
+    await standin.wait_for_log(f"engine process {engine.pid} died")
+    status, body = await _post_completion(http, standin.url)
+    assert status == 500
+    assert f"EngineCore (process {engine.pid}) died" in body
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+    async with http.post(f"{standin.url}/v1/chat/completions", json=chat) as response:
+        assert response.status == 500
+    for route in ("/health", "/v1/models", "/is_sleeping", "/metrics"):
+        async with http.get(f"{standin.url}{route}") as response:
+            assert response.status == 200, route
+    assert standin.process.poll() is None
+    assert standin.stop() == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+async def test_the_engine_process_ends_with_its_server(start_standin: Callable[..., Standin], sig: int) -> None:
+    standin = start_standin()
+    await standin.wait_healthy()
+    engine = _engine_of(standin)
+    standin.process.send_signal(sig)
+    engine.wait(timeout=5)  # raises TimeoutExpired if it outlives its server
+    assert standin.process.wait(5) == (0 if sig == signal.SIGTERM else -sig)
+
+
+async def test_without_an_engine_process_it_generates_in_its_own(
+    start_standin: Callable[..., Standin], http: aiohttp.ClientSession
+) -> None:
+    standin = start_standin("--served-model-name", "tiny", "--no-engine-process")
+    await standin.wait_healthy()
+    assert psutil.Process(standin.process.pid).children() == []
+    assert (await _post_completion(http, standin.url))[0] == 200
 
 
 def test_refuses_to_bind_beyond_loopback() -> None:
