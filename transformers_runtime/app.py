@@ -20,7 +20,8 @@ from api.openai_errors import ApiError, ErrorBody
 from api.openapi import TEXT, Content, Operation, Reply, documented, serve_openapi
 from api.validation import first_problem
 
-from .engine import Done, Engine, Failed, GenerationJob, ModelContext, Prompt
+from .batch import Prompt
+from .engine import Done, Engine, Failed, GenerationJob, ModelContext
 from .generation import Delta
 from .lora import Adapter, AdapterRegistry
 from .metrics import Metrics
@@ -156,7 +157,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     body = await _json_body(request)
     parsed = _parse(ChatCompletionRequest, body) if chat else _parse(CompletionRequest, body)
     model_name, adapter = state.resolve(parsed.model)
-    params = parsed.sampling(*state.sampling_defaults())
+    params = parsed.sampling(*state.sampling_defaults(), state.vocab_size)
     if params.n > state.max_num_seqs:  # vLLM would queue them; here they would all be one batch
         raise ApiError(400, f"n must be at most {state.max_num_seqs} (--max-num-seqs), got {params.n}.", "n")
     prompt_count = len(parsed.prompt) if isinstance(parsed, CompletionRequest) else 1
@@ -169,7 +170,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
             "prompt",
         )
     prompts = [_budget(state, parsed, ids) for ids in _prompt_ids(state, parsed)]
-    job = GenerationJob(state.context, prompts, params, adapter)
+    job = GenerationJob(prompts, params, adapter)
     await state.engine.submit(job)
     reply = _Reply(chat, model_name, sum(len(p.token_ids) for p in prompts), job.choices)
     try:

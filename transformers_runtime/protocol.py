@@ -1,8 +1,10 @@
 """OpenAI request and response bodies (the subset vLLM's server accepts that this runtime implements).
 
-Requests ignore unknown fields, as vLLM does, but take JSON types strictly (a number is not a string);
-features vLLM has and this runtime lacks (logprobs, penalties, tools, structured output...) are
-refused with a 400 rather than silently dropped, so a client never gets an answer that quietly
+Requests ignore unknown fields, as vLLM does, but take JSON types strictly (a number is not a string).
+Every field of OpenAI's and vLLM's bodies that changes the answer is declared: what this runtime
+implements (sampling, penalties, logit bias, stop strings and token ids) is validated with vLLM's
+ranges; what it lacks (logprobs, echo, beam search, tools, structured output...) is refused with a
+400 naming the field unless it has its neutral value, so a client never gets an answer that quietly
 ignored what it asked for.
 """
 
@@ -23,13 +25,24 @@ _NEUTRAL: dict[str, tuple[object, ...]] = {
     "suffix": (None, ""),
     "logprobs": (None, False),
     "top_logprobs": (None, 0),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
+    "prompt_logprobs": (None,),
     "best_of": (None, 1),
+    "use_beam_search": (None, False),
+    "min_tokens": (None, 0),
+    "skip_special_tokens": (None, True),
     "tools": (None, []),
+    "functions": (None, []),
+    "tool_choice": (None, "none", "auto"),
+    "function_call": (None, "none", "auto"),
     "response_format": (None, {"type": "text"}),
+    "structured_outputs": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
 }
+PENALTY_LIMIT = 2.0  # OpenAI's and vLLM's range for presence and frequency penalties: [-2, 2]
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit bias: [-100, 100]
 GREEDY_EPSILON = 1e-5  # vLLM's: a temperature below it means greedy decoding
 # What torch.Generator.manual_seed takes; a seed beyond it would fail in the model thread.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
@@ -59,12 +72,39 @@ class _GenerationRequest(_Body):
     max_tokens: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    logprobs: Any = None
-    logit_bias: dict[str, float] | None = None
+    top_k: int | None = Field(default=None, description="vLLM's: -1 or 0 for every token")
+    min_p: float | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
+    repetition_penalty: float | None = Field(default=None, description="vLLM's: over the prompt and the output")
+    logit_bias: dict[str, float] | None = Field(default=None, description="token id (as a string) to a bias")
+    stop_token_ids: list[int] | None = Field(default=None, description="vLLM's: token ids that end a sequence")
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    # Refused unless neutral (see _NEUTRAL).
+    logprobs: Any = None
+    prompt_logprobs: Any = None
+    use_beam_search: bool | None = None
+    min_tokens: int | None = None
+    skip_special_tokens: bool | None = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
-    unsupported: ClassVar[tuple[str, ...]] = ("logprobs", "logit_bias", "presence_penalty", "frequency_penalty")
+    unsupported: ClassVar[tuple[str, ...]] = (
+        "logprobs",
+        "prompt_logprobs",
+        "use_beam_search",
+        "min_tokens",
+        "skip_special_tokens",
+        "structured_outputs",
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+    )
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
@@ -75,7 +115,7 @@ class _GenerationRequest(_Body):
         requested = self.requested_max_tokens()
         return room if requested is None else min(requested, room)
 
-    def sampling(self, default_temperature: float, default_top_p: float) -> SamplingParams:
+    def sampling(self, default_temperature: float, default_top_p: float, vocab_size: int) -> SamplingParams:
         """Validate the sampling fields with vLLM's messages; 400 on the first bad one."""
         for name in self.unsupported:
             value = getattr(self, name)
@@ -100,9 +140,63 @@ class _GenerationRequest(_Body):
             n=self.n,
             temperature=0.0 if greedy else temperature,
             top_p=1.0 if greedy else top_p,
+            top_k=self._top_k(),
+            min_p=self._min_p(),
             seed=self.seed,
             stop=tuple(s for s in stop if s),
+            stop_token_ids=frozenset(self._token_ids(self.stop_token_ids or [], vocab_size, "stop_token_ids")),
+            ignore_eos=self.ignore_eos,
+            include_stop=self.include_stop_str_in_output,
+            presence_penalty=self._penalty("presence_penalty"),
+            frequency_penalty=self._penalty("frequency_penalty"),
+            repetition_penalty=self._repetition_penalty(),
+            logit_bias=self._logit_bias(vocab_size),
         )
+
+    def _top_k(self) -> int:
+        top_k = -1 if self.top_k is None else self.top_k
+        if top_k < -1:
+            raise ApiError(400, f"top_k must be -1 (disable), or at least 1, got {top_k}.", "top_k")
+        return max(top_k, 0)
+
+    def _min_p(self) -> float:
+        min_p = 0.0 if self.min_p is None else self.min_p
+        if not 0.0 <= min_p <= 1.0:
+            raise ApiError(400, f"min_p must be in [0, 1], got {min_p}.", "min_p")
+        return min_p
+
+    def _penalty(self, name: str) -> float:
+        value: float | None = getattr(self, name)
+        penalty = 0.0 if value is None else value
+        if not -PENALTY_LIMIT <= penalty <= PENALTY_LIMIT:
+            raise ApiError(400, f"{name} must be in [-2, 2], got {penalty}.", name)
+        return penalty
+
+    def _repetition_penalty(self) -> float:
+        penalty = 1.0 if self.repetition_penalty is None else self.repetition_penalty
+        if not 0.0 < penalty <= 1e6:  # finite: a huge penalty is as good as any, an infinite one makes NaNs
+            raise ApiError(400, f"repetition_penalty must be greater than zero, got {penalty}.", "repetition_penalty")
+        return penalty
+
+    @staticmethod
+    def _token_ids(ids: list[int], vocab_size: int, name: str) -> list[int]:
+        for token in ids:
+            if not 0 <= token < vocab_size:
+                raise ApiError(400, f"{name}: token id {token} is out of vocabulary [0, {vocab_size}).", name)
+        return ids
+
+    def _logit_bias(self, vocab_size: int) -> dict[int, float]:
+        bias: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            try:
+                token = int(key)
+            except ValueError:
+                raise ApiError(400, f"logit_bias keys must be token ids, got {key!r}.", "logit_bias") from None
+            self._token_ids([token], vocab_size, "logit_bias")
+            if not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:
+                raise ApiError(400, f"logit_bias values must be in [-100, 100], got {value}.", "logit_bias")
+            bias[token] = value
+        return bias
 
     @property
     def include_usage(self) -> bool:
@@ -150,10 +244,21 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: int | None = None
     top_logprobs: int | None = None
     tools: list[Any] | None = None
+    functions: list[Any] | None = None
+    tool_choice: Any = None
+    function_call: Any = None
     response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
 
-    unsupported = (*_GenerationRequest.unsupported, "top_logprobs", "tools", "response_format")
+    unsupported = (
+        *_GenerationRequest.unsupported,
+        "top_logprobs",
+        "tools",
+        "functions",
+        "tool_choice",
+        "function_call",
+        "response_format",
+    )
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -194,7 +299,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: None = None
     finish_reason: FinishReason | None = None
-    stop_reason: str | None = None
+    stop_reason: str | int | None = None
 
 
 class CompletionResponse(_Envelope):
@@ -213,7 +318,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: None = None
     finish_reason: FinishReason | None = None
-    stop_reason: str | None = None
+    stop_reason: str | int | None = None
 
 
 class ChatCompletionResponse(_Envelope):
@@ -227,7 +332,7 @@ class ChatStreamChoice(BaseModel):
     delta: dict[str, str]  # {"role": "assistant", "content": ""} first, then {"content": ...}
     logprobs: None = None
     finish_reason: FinishReason | None = None
-    stop_reason: str | None = None
+    stop_reason: str | int | None = None
 
 
 class ChatCompletionChunk(_Envelope):
