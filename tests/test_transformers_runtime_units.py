@@ -19,9 +19,9 @@ from transformers_runtime import build_parser
 from transformers_runtime.batch import Batch, Prompt
 from transformers_runtime.engine import CallJob, Engine, Job
 from transformers_runtime.generation import Delta, TextSequence
-from transformers_runtime.sampling import SamplingParams, sample
 from transformers_runtime.lora import Adapter, AdapterRegistry, parse_lora_module
 from transformers_runtime.model import Checkpoint, ModelHolder, resolve_dtype
+from transformers_runtime.sampling import SamplingParams, sample
 from transformers_runtime.sleep import SleepManager, model_tensors
 from transformers_runtime.text import TextCodec
 
@@ -227,7 +227,8 @@ def test_top_k_min_p_penalties_and_logit_bias_change_what_is_drawn() -> None:
 
     assert greedy([0]) == 0
     assert greedy([0], presence_penalty=1.5) == 1  # 2.0 - 1.5 < 1.0
-    assert greedy([0], frequency_penalty=0.6) == 0 and greedy([0, 0], frequency_penalty=0.6) == 1
+    assert greedy([0], frequency_penalty=0.6) == 0
+    assert greedy([0, 0], frequency_penalty=0.6) == 1
     assert greedy([0], repetition_penalty=2.5) == 1  # 2.0 / 2.5 < 1.0
     assert greedy([3], repetition_penalty=100.0) == 0  # only seen tokens are penalised
 

@@ -22,7 +22,7 @@ while it runs, not of a row. The engine batches by adapter (see engine.py).
 
 import inspect
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any, Protocol
@@ -129,10 +129,12 @@ class Batch:
         """Sequences running or about to start: what a newcomer's `n` x prompts must fit next to."""
         return len(self._rows) + sum(m.request.params.n for m, _, _ in self._unstarted)
 
-    def step(self, joining: list[Request]) -> list[Request]:
+    def step(self, joining: Sequence[Request]) -> list[Request]:
         """Take in `joining`, advance every running sequence by one token, start what fits; return the finished."""
         for request in joining:
-            member = _Member(request, _new_generator(request.params, self._model.device), unstarted=len(request.prompts))
+            member = _Member(
+                request, _new_generator(request.params, self._model.device), unstarted=len(request.prompts)
+            )
             self._members.append(member)
             self._unstarted.extend((member, number, prompt) for number, prompt in enumerate(request.prompts))
         with torch.inference_mode():
@@ -239,4 +241,3 @@ class Batch:
             layer.keys = layer.keys[index, :, unused:, :]
             layer.values = layer.values[index, :, unused:, :]
         self._mask = self._mask[index, unused:]
-

@@ -81,7 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     lora.add_argument("--max-loras", type=_positive_int, default=4, help="adapters attached at once (LRU beyond)")
     serving = parser.add_argument_group("admission")
     serving.add_argument(
-        "--max-num-seqs", type=_positive_int, default=256, help="sequences decoded together in one batch (the largest n, too)"
+        "--max-num-seqs",
+        type=_positive_int,
+        default=256,
+        help="sequences decoded together in one batch (the largest n, too)",
     )
     serving.add_argument(
         "--max-waiting-requests", type=_positive_int, default=256, help="queued or held requests before 429"
@@ -127,7 +130,9 @@ async def _serve(args: argparse.Namespace) -> None:
     if stop.is_set():
         return
     context = ModelContext(holder, codec, slots)
-    engine = Engine(SleepManager(holder), args.max_waiting_requests, args.sleep_wait_timeout, context, args.max_num_seqs)
+    engine = Engine(
+        SleepManager(holder), args.max_waiting_requests, args.sleep_wait_timeout, context, args.max_num_seqs
+    )
     metrics = Metrics(served_names[0])
     metrics.watch(
         running=lambda: engine.running,

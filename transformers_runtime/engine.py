@@ -135,7 +135,7 @@ class ModelContext:
 
 
 class GenerationJob(Queued):
-    """Every prompt's n sequences, run in a batch; their deltas, then `Done` (or `Failed`), arrive through `events()`."""
+    """Every prompt's n sequences, run in a batch; deltas, then `Done` (or `Failed`), arrive through `events()`."""
 
     def __init__(self, prompts: list[Prompt], params: SamplingParams, adapter: Adapter | None) -> None:
         super().__init__()
@@ -321,11 +321,11 @@ class Engine:
             batch = await self.in_thread(start)
             while joining or self._current:
                 finished = await self.in_thread(partial(batch.step, joining))
-                for job in finished:
-                    assert isinstance(job, GenerationJob)
-                    self._current.remove(job)
+                for request in finished:
+                    assert isinstance(request, GenerationJob)
+                    self._current.remove(request)
                     self.running -= 1
-                    job.deliver(Done())
+                    request.deliver(Done())
                 joining = self._joiners(batch, adapter)
                 self._current += joining
                 self.running += len(joining)

@@ -17,7 +17,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from api.openai_errors import ApiError
 
-from .generation import FinishReason, SamplingParams
+from .generation import FinishReason
+from .sampling import SamplingParams
 
 # The neutral value of each refused feature: a request may send it, but nothing else.
 _NEUTRAL: dict[str, tuple[object, ...]] = {
