@@ -277,8 +277,8 @@ async def test_client_errors_are_openai_errors_with_vllms_statuses(
         await client.completions.create(model="tiny", prompt="x", temperature=0, n=2)
     with pytest.raises(openai.BadRequestError, match=rf"n must be at most {MAX_NUM_SEQS} \(--max-num-seqs\)"):
         await client.completions.create(model="tiny", prompt="x", n=1000)
-    with pytest.raises(openai.BadRequestError, match="logprobs is not supported"):
-        await client.completions.create(model="tiny", prompt="x", logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="echo is not supported"):
+        await client.completions.create(model="tiny", prompt="x", echo=True)
     async with http.post(f"{server.url}/v1/completions", data=b"{not json") as response:
         assert response.status == 400
         error = (await response.json())["error"]
@@ -311,6 +311,47 @@ async def test_sampling_parameters_take_effect(server: Server, client: openai.As
     assert forced.usage.completion_tokens == 1
 
 
+async def test_logprobs_are_the_models_and_streams_carry_the_same(client: openai.AsyncOpenAI) -> None:
+    """Greedy: each token is the most likely, so its logprob heads the top ones; streamed, the same entries."""
+    whole = await client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=0, logprobs=2)
+    logprobs = whole.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.tokens is not None
+    assert logprobs.token_logprobs is not None
+    assert logprobs.top_logprobs is not None
+    assert len(logprobs.tokens) == 8
+    for token, logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
+        assert logprob < 0
+        assert 1 <= len(top) <= 2
+        assert top[token] == logprob == max(top.values())
+    lengths = [len(token) for token in logprobs.tokens]
+    assert logprobs.text_offset == [sum(lengths[:i]) for i in range(8)]
+    stream = await client.completions.create(
+        model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=0, logprobs=2, stream=True
+    )
+    pieces = [chunk.choices[0].logprobs async for chunk in stream if chunk.choices and chunk.choices[0].logprobs]
+    assert [token for piece in pieces for token in piece.tokens or []] == logprobs.tokens
+    assert [offset for piece in pieces for offset in piece.text_offset or []] == logprobs.text_offset
+
+    messages: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": PROMPTS[3]}]
+    chat = await client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
+    assert chat.choices[0].logprobs is not None
+    content = chat.choices[0].logprobs.content
+    assert content is not None
+    assert len(content) == 6
+    for entry in content:
+        assert [top.logprob for top in entry.top_logprobs] == sorted(
+            (t.logprob for t in entry.top_logprobs), reverse=True
+        )
+        assert (entry.top_logprobs[0].token, entry.top_logprobs[0].logprob) == (entry.token, entry.logprob)
+        assert entry.bytes == list(entry.token.encode())
+    plain = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0)
+    assert plain.choices[0].logprobs is None
+    assert plain.choices[0].message.content == chat.choices[0].message.content
+
+
 REFUSED = [
     ({"top_k": -2}, "top_k", "top_k must be -1 (disable), or at least 1, got -2"),
     ({"min_p": 1.5}, "min_p", "min_p must be in [0, 1]"),
@@ -321,15 +362,15 @@ REFUSED = [
     ({"logit_bias": {"99999": 1.0}}, "logit_bias", "token id 99999 is out of vocabulary"),
     ({"logit_bias": {"5": 101.0}}, "logit_bias", "logit_bias values must be in [-100, 100]"),
     ({"stop_token_ids": [-1]}, "stop_token_ids", "token id -1 is out of vocabulary"),
-    ({"logprobs": 2}, "logprobs", "logprobs is not supported"),
+    ({"logprobs": 21}, "logprobs", "logprobs must be in [0, 20], got 21"),
     ({"echo": True}, "echo", "echo is not supported"),
     ({"min_tokens": 4}, "min_tokens", "min_tokens is not supported"),
     ({"use_beam_search": True}, "use_beam_search", "use_beam_search is not supported"),
     ({"guided_regex": "a+"}, "guided_regex", "guided_regex is not supported"),
 ]
 REFUSED_IN_CHAT = [
-    ({"logprobs": True}, "logprobs", "logprobs is not supported"),
-    ({"top_logprobs": 3}, "top_logprobs", "top_logprobs is not supported"),
+    ({"top_logprobs": 3}, "top_logprobs", "when using top_logprobs, logprobs must be set to true"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "top_logprobs must be in [0, 20], got 21"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tools is not supported"),
     ({"tool_choice": "required"}, "tool_choice", "tool_choice is not supported"),
     ({"response_format": {"type": "json_object"}}, "response_format", "response_format is not supported"),
@@ -339,7 +380,7 @@ REFUSED_IN_CHAT = [
 async def test_parameters_out_of_range_or_not_implemented_are_a_400_naming_them(
     server: Server, http: aiohttp.ClientSession
 ) -> None:
-    neutral = {"logprobs": False, "top_logprobs": 0, "tool_choice": "auto", "tools": [], "top_k": -1, "min_tokens": 0}
+    neutral = {"top_logprobs": 0, "tool_choice": "auto", "tools": [], "top_k": -1, "min_tokens": 0, "echo": False}
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     calls = [
         ("/v1/completions", {"prompt": "x", "max_tokens": 2}, REFUSED),

@@ -8,9 +8,9 @@ describe every route, built from the pydantic models below (as vLLM serves them 
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -22,7 +22,8 @@ from api.validation import first_problem
 
 from .batch import Prompt
 from .engine import Done, Engine, Failed, GenerationJob, ModelContext
-from .generation import Delta
+from .generation import Delta, TokenLogprob
+from .logprobs import render
 from .lora import Adapter, AdapterRegistry
 from .metrics import Metrics
 from .model import Checkpoint
@@ -51,7 +52,7 @@ from .protocol import (
 )
 from .sleep import LEVELS, TAGS
 from .streaming import SseStream
-from .text import NoChatTemplate
+from .text import NoChatTemplate, TextCodec
 
 log = logging.getLogger("transformers_runtime")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -172,7 +173,8 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     prompts = [_budget(state, parsed, ids) for ids in _prompt_ids(state, parsed)]
     job = GenerationJob(prompts, params, adapter)
     await state.engine.submit(job)
-    reply = _Reply(chat, model_name, sum(len(p.token_ids) for p in prompts), job.choices)
+    codec = state.context.codec if params.logprobs is not None else None
+    reply = _Reply(chat, model_name, sum(len(p.token_ids) for p in prompts), job.choices, codec)
     try:
         if parsed.stream:
             return await _stream(request, job, reply, parsed.include_usage)
@@ -191,8 +193,10 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
 class _Reply:
     """One request's answer, assembled from its deltas: whole, or chunk by chunk."""
 
-    def __init__(self, chat: bool, model: str, prompt_tokens: int, choices: int) -> None:
+    def __init__(self, chat: bool, model: str, prompt_tokens: int, choices: int, codec: TextCodec | None) -> None:
+        """`codec` names the tokens of the logprobs; None when the request asked for none."""
         self.chat = chat
+        self.codec = codec
         self.model = model
         self.id = chat_completion_id() if chat else completion_id()
         self.created = int(time.time())
@@ -200,9 +204,12 @@ class _Reply:
         self.completion_tokens = 0
         self.texts = [""] * choices
         self.finished: list[Delta | None] = [None] * choices
+        self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(choices)]
+        self.offsets = [0] * choices  # of a stream's next logprobs, in the choice's text
 
     def add(self, delta: Delta) -> None:
         self.texts[delta.index] += delta.text
+        self.logprobs[delta.index] += delta.logprobs
         if delta.finish_reason is not None:
             self.finished[delta.index] = delta
             self.completion_tokens += delta.tokens
@@ -210,32 +217,49 @@ class _Reply:
     def usage(self) -> Usage:
         return Usage.of(self.prompt_tokens, self.completion_tokens)
 
+    def _logprobs(self, index: int, entries: Sequence[TokenLogprob]) -> Any:
+        """Choice `index`'s logprobs for `entries` in the request's shape (None if it asked for none)."""
+        if self.codec is None:
+            return None
+        logprobs, self.offsets[index] = render(self.codec, entries, self.chat, self.offsets[index])
+        return logprobs
+
     def response(self) -> CompletionResponse | ChatCompletionResponse:
         ends = [(d.finish_reason, d.stop_reason) if d else (None, None) for d in self.finished]
+        logprobs = [self._logprobs(i, entries) for i, entries in enumerate(self.logprobs)]
         if self.chat:
             chat_choices = [
-                ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=end, stop_reason=stop)
+                ChatChoice(
+                    index=i,
+                    message=AssistantMessage(content=text),
+                    logprobs=logprobs[i],
+                    finish_reason=end,
+                    stop_reason=stop,
+                )
                 for i, (text, (end, stop)) in enumerate(zip(self.texts, ends, strict=True))
             ]
             return ChatCompletionResponse(
                 id=self.id, created=self.created, model=self.model, choices=chat_choices, usage=self.usage()
             )
         choices = [
-            CompletionChoice(index=i, text=text, finish_reason=end, stop_reason=stop)
+            CompletionChoice(index=i, text=text, logprobs=logprobs[i], finish_reason=end, stop_reason=stop)
             for i, (text, (end, stop)) in enumerate(zip(self.texts, ends, strict=True))
         ]
         return CompletionResponse(
             id=self.id, created=self.created, model=self.model, choices=choices, usage=self.usage()
         )
 
-    def chunk(self, index: int, text: str, delta: Delta | None = None, role: bool = False) -> BaseModel:
-        """One streamed piece of choice `index`; `delta` when it is the last (it carries the finish reason)."""
-        end, stop = (delta.finish_reason, delta.stop_reason) if delta else (None, None)
+    def chunk(self, delta: Delta, role: bool = False) -> BaseModel:
+        """One streamed piece of a choice (`role`: the chat stream's opening one)."""
+        index, text, end, stop = delta.index, delta.text, delta.finish_reason, delta.stop_reason
+        logprobs = None if role else self._logprobs(index, delta.logprobs)
         if self.chat:
             content = {"role": "assistant", "content": text} if role else {"content": text}
-            choice = ChatStreamChoice(index=index, delta=content, finish_reason=end, stop_reason=stop)
+            choice = ChatStreamChoice(
+                index=index, delta=content, logprobs=logprobs, finish_reason=end, stop_reason=stop
+            )
             return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
-        piece = CompletionChoice(index=index, text=text, finish_reason=end, stop_reason=stop)
+        piece = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=end, stop_reason=stop)
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[piece])
 
     def usage_chunk(self) -> BaseModel:
@@ -252,7 +276,7 @@ async def _stream(request: web.Request, job: GenerationJob, reply: _Reply, inclu
     try:
         if reply.chat:  # vLLM opens every chat choice with the role
             for index in range(job.choices):
-                await sse.send(reply.chunk(index, "", role=True))
+                await sse.send(reply.chunk(Delta(index, ""), role=True))
         async for event in job.events():
             if isinstance(event, Failed):
                 await sse.send_error(ApiError(500, event.message, err_type="InternalServerError"))
@@ -262,7 +286,7 @@ async def _stream(request: web.Request, job: GenerationJob, reply: _Reply, inclu
             else:
                 reply.add(event)
                 if event.text or event.finish_reason:
-                    await sse.send(reply.chunk(event.index, event.text, event if event.finish_reason else None))
+                    await sse.send(reply.chunk(event))
         return await sse.close()
     except ConnectionResetError:  # the client left; `finally` in the caller stops the generation
         return sse.response

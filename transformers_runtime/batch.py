@@ -31,7 +31,7 @@ import torch
 from torch.nn import functional
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from .generation import Delta, TextSequence
+from .generation import Delta, TextSequence, TokenLogprob
 from .sampling import SamplingParams, sample
 from .text import TextCodec
 
@@ -94,6 +94,21 @@ def _new_generator(params: SamplingParams, device: torch.device) -> torch.Genera
 def _forward_options(model: Any) -> dict[str, Any]:
     """Ask for the last position's logits only, where the model supports it (saves a vocab-sized matmul per row)."""
     return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
+def _logprobs(logits: torch.Tensor, chosen: torch.Tensor, top: int | None) -> list[TokenLogprob | None]:
+    """Per row: the chosen token's log-probability under the model (before any sampling parameter, as
+    vLLM's default), and the `top` most likely; Nones when not asked for."""
+    if top is None:
+        return [None] * len(chosen)
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    picked = logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1).tolist()
+    best = logprobs.topk(top, dim=-1) if top else None
+    rows: list[TokenLogprob | None] = []
+    for row, (token, logprob) in enumerate(zip(chosen.tolist(), picked, strict=True)):
+        pairs = () if best is None else tuple(zip(best.indices[row].tolist(), best.values[row].tolist(), strict=True))
+        rows.append(TokenLogprob(token, logprob, pairs))
+    return rows
 
 
 def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
@@ -193,17 +208,19 @@ class Batch:
         for member, group in groupby(rows, key=lambda row: row.member):
             members_rows = list(group)
             end = start + len(members_rows)
-            tokens = sample(
+            params = member.request.params
+            chosen = sample(
                 logits[start:end],
-                member.request.params,
+                params,
                 member.generator,
                 [row.prompt for row in members_rows],
                 [row.text.token_ids for row in members_rows],
-            ).tolist()
-            for row, token in zip(members_rows, tokens, strict=True):
+            )
+            logprobs = _logprobs(logits[start:end], chosen, params.logprobs)
+            for row, token, logprob in zip(members_rows, chosen.tolist(), logprobs, strict=True):
                 if not row.text.finished:
                     row.next_token = token
-                    row.text.push(token)
+                    row.text.push(token, logprob)
             start = end
 
     def _join(self, cache: DynamicCache, rows: list[_Row]) -> None:

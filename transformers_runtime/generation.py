@@ -17,6 +17,15 @@ FinishReason = Literal["stop", "length", "abort"]
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model, and the `top` most likely tokens at its place."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class Delta:
     """New text of sequence `index`; the last delta of a sequence says why it ended."""
 
@@ -25,6 +34,7 @@ class Delta:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or stop token id that matched
     tokens: int = 0  # on the last delta: the tokens the sequence generated (EOS included, as vLLM counts)
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens generated since the previous delta, when asked for
 
 
 Emit = Callable[[Delta], None]
@@ -44,6 +54,7 @@ class TextSequence:
         self.token_ids: list[int] = []
         self.text = ""
         self.sent = 0  # characters of `text` already emitted
+        self._unsent: list[TokenLogprob] = []  # logprobs of the tokens since the last delta
         self.finished = False
         self._stops = params.stop
         self._stop_ids = params.stop_token_ids
@@ -54,8 +65,10 @@ class TextSequence:
         self._codec = codec
         self._emit = emit
 
-    def push(self, token: int) -> None:
+    def push(self, token: int, logprob: TokenLogprob | None = None) -> None:
         self.token_ids.append(token)
+        if logprob is not None:
+            self._unsent.append(logprob)
         if token in self._eos_ids:
             self.finish("stop")
             return
@@ -75,10 +88,15 @@ class TextSequence:
             return
         settled = min(len(text.rstrip("\ufffd")), len(text) - self._holdback)
         if settled > self.sent:
-            self._emit(Delta(self.index, text[self.sent : settled]))
+            self._emit(Delta(self.index, text[self.sent : settled], logprobs=self._take_logprobs()))
             self.sent = settled
 
     def finish(self, reason: FinishReason, stop: str | int | None = None) -> None:
         self.finished = True
-        self._emit(Delta(self.index, self.text[self.sent :], reason, stop, len(self.token_ids)))
+        self._emit(Delta(self.index, self.text[self.sent :], reason, stop, len(self.token_ids), self._take_logprobs()))
         self.sent = len(self.text)
+
+    def _take_logprobs(self) -> tuple[TokenLogprob, ...]:
+        taken = tuple(self._unsent)
+        self._unsent.clear()
+        return taken

@@ -24,8 +24,6 @@ from .sampling import SamplingParams
 _NEUTRAL: dict[str, tuple[object, ...]] = {
     "echo": (None, False),
     "suffix": (None, ""),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
     "prompt_logprobs": (None,),
     "best_of": (None, 1),
     "use_beam_search": (None, False),
@@ -44,6 +42,8 @@ _NEUTRAL: dict[str, tuple[object, ...]] = {
 }
 PENALTY_LIMIT = 2.0  # OpenAI's and vLLM's range for presence and frequency penalties: [-2, 2]
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit bias: [-100, 100]
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf, which JSON cannot carry
 GREEDY_EPSILON = 1e-5  # vLLM's: a temperature below it means greedy decoding
 # What torch.Generator.manual_seed takes; a seed beyond it would fail in the model thread.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
@@ -83,7 +83,6 @@ class _GenerationRequest(_Body):
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
     # Refused unless neutral (see _NEUTRAL).
-    logprobs: Any = None
     prompt_logprobs: Any = None
     use_beam_search: bool | None = None
     min_tokens: int | None = None
@@ -95,7 +94,6 @@ class _GenerationRequest(_Body):
     guided_grammar: Any = None
 
     unsupported: ClassVar[tuple[str, ...]] = (
-        "logprobs",
         "prompt_logprobs",
         "use_beam_search",
         "min_tokens",
@@ -109,6 +107,16 @@ class _GenerationRequest(_Body):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def requested_logprobs(self) -> int | None:
+        """How many of the most likely tokens to report at each place; None: no logprobs at all."""
+        return None
+
+    @staticmethod
+    def _logprobs_count(count: int, name: str) -> int:
+        if not 0 <= count <= MAX_LOGPROBS:
+            raise ApiError(400, f"{name} must be in [0, {MAX_LOGPROBS}], got {count}.", name)
+        return count
 
     def max_new_tokens(self, prompt_tokens: int, max_model_len: int) -> int:
         """vLLM's rule: what was asked for (all the room left if nothing), never beyond the context."""
@@ -152,6 +160,7 @@ class _GenerationRequest(_Body):
             frequency_penalty=self._penalty("frequency_penalty"),
             repetition_penalty=self._repetition_penalty(),
             logit_bias=self._logit_bias(vocab_size),
+            logprobs=self.requested_logprobs(),
         )
 
     def _top_k(self) -> int:
@@ -217,8 +226,12 @@ class CompletionRequest(_GenerationRequest):
     echo: bool | None = None
     suffix: str | None = None
     best_of: int | None = None
+    logprobs: int | None = Field(default=None, description="report each token's and the N most likely logprobs")
 
     unsupported = (*_GenerationRequest.unsupported, "echo", "suffix", "best_of")
+
+    def requested_logprobs(self) -> int | None:
+        return None if self.logprobs is None else self._logprobs_count(self.logprobs, "logprobs")
 
 
 class ContentPart(_Body):
@@ -243,6 +256,7 @@ class ChatMessage(_Body):
 class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = None
+    logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[Any] | None = None
     functions: list[Any] | None = None
@@ -253,7 +267,6 @@ class ChatCompletionRequest(_GenerationRequest):
 
     unsupported = (
         *_GenerationRequest.unsupported,
-        "top_logprobs",
         "tools",
         "functions",
         "tool_choice",
@@ -263,6 +276,12 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def requested_logprobs(self) -> int | None:
+        top = self._logprobs_count(self.top_logprobs or 0, "top_logprobs")
+        if top and not self.logprobs:
+            raise ApiError(400, "when using top_logprobs, logprobs must be set to true.", "top_logprobs")
+        return top if self.logprobs else None
 
     def conversation(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
@@ -295,10 +314,47 @@ class _Envelope(BaseModel):
     model: str
 
 
+def _finite(logprob: float) -> float:
+    return max(logprob, LOGPROB_FLOOR)
+
+
+class CompletionLogprobs(BaseModel):
+    """The legacy completions' logprobs: one entry per generated token in each list."""
+
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+
+    def add(self, token: str, logprob: float, top: dict[str, float], offset: int) -> None:
+        self.text_offset.append(offset)
+        self.token_logprobs.append(_finite(logprob))
+        self.tokens.append(token)
+        self.top_logprobs.append({text: _finite(value) for text, value in top.items()})
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+    @classmethod
+    def of(cls, token: str, logprob: float) -> "TopLogprob":
+        return cls(token=token, logprob=_finite(logprob), bytes=list(token.encode()))
+
+
+class TokenLogprobs(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobs] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
 
@@ -317,7 +373,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
 
@@ -331,7 +387,7 @@ class ChatCompletionResponse(_Envelope):
 class ChatStreamChoice(BaseModel):
     index: int
     delta: dict[str, str]  # {"role": "assistant", "content": ""} first, then {"content": ...}
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
 

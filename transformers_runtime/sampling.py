@@ -28,6 +28,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: int | None = None  # None: none; k: each token's, and the k most likely at its place
 
     @property
     def greedy(self) -> bool:
