@@ -352,7 +352,8 @@ async def test_logprobs_are_the_models_and_streams_carry_the_same(client: openai
     assert plain.choices[0].message.content == chat.choices[0].message.content
 
 
-REFUSED = [
+Refusal = tuple[dict[str, object], str, str]  # fields, the param the 400 names, words of its message
+REFUSED: list[Refusal] = [
     ({"top_k": -2}, "top_k", "top_k must be -1 (disable), or at least 1, got -2"),
     ({"min_p": 1.5}, "min_p", "min_p must be in [0, 1]"),
     ({"presence_penalty": 2.5}, "presence_penalty", "presence_penalty must be in [-2, 2]"),
@@ -368,7 +369,7 @@ REFUSED = [
     ({"use_beam_search": True}, "use_beam_search", "use_beam_search is not supported"),
     ({"guided_regex": "a+"}, "guided_regex", "guided_regex is not supported"),
 ]
-REFUSED_IN_CHAT = [
+REFUSED_IN_CHAT: list[Refusal] = [
     ({"top_logprobs": 3}, "top_logprobs", "when using top_logprobs, logprobs must be set to true"),
     ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "top_logprobs must be in [0, 20], got 21"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tools is not supported"),
@@ -382,7 +383,7 @@ async def test_parameters_out_of_range_or_not_implemented_are_a_400_naming_them(
 ) -> None:
     neutral = {"top_logprobs": 0, "tool_choice": "auto", "tools": [], "top_k": -1, "min_tokens": 0, "echo": False}
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
-    calls = [
+    calls: list[tuple[str, dict[str, object], list[Refusal]]] = [
         ("/v1/completions", {"prompt": "x", "max_tokens": 2}, REFUSED),
         ("/v1/chat/completions", chat, REFUSED_IN_CHAT),
     ]
@@ -542,11 +543,16 @@ class Ask:
 
 async def _answer(client: openai.AsyncOpenAI, ask: Ask) -> tuple[str, str | None, int]:
     """The text, finish reason and completion tokens of `ask` (a stream asks for its usage, too)."""
-    options = {"stream_options": {"include_usage": True}} if ask.stream else {}
+    usage: openai.types.chat.ChatCompletionStreamOptionsParam | None = {"include_usage": True} if ask.stream else None
     if ask.chat:
         messages: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": ask.prompt}]
         chat = await client.chat.completions.create(
-            model=ask.model, messages=messages, max_tokens=ask.tokens, temperature=0, stream=ask.stream, **options
+            model=ask.model,
+            messages=messages,
+            max_tokens=ask.tokens,
+            temperature=0,
+            stream=ask.stream,
+            stream_options=usage,
         )
         if isinstance(chat, openai.AsyncStream):
             chunks = [chunk async for chunk in chat]
@@ -557,7 +563,12 @@ async def _answer(client: openai.AsyncOpenAI, ask: Ask) -> tuple[str, str | None
         assert chat.usage is not None
         return chat.choices[0].message.content or "", chat.choices[0].finish_reason, chat.usage.completion_tokens
     completion = await client.completions.create(
-        model=ask.model, prompt=ask.prompt, max_tokens=ask.tokens, temperature=0, stream=ask.stream, **options
+        model=ask.model,
+        prompt=ask.prompt,
+        max_tokens=ask.tokens,
+        temperature=0,
+        stream=ask.stream,
+        stream_options=usage,
     )
     if isinstance(completion, openai.AsyncStream):
         pieces = [chunk async for chunk in completion]
