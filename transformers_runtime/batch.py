@@ -203,19 +203,26 @@ class Batch:
         self._join(output.past_key_values, rows)
 
     def _choose(self, logits: torch.Tensor, rows: list[_Row]) -> None:
-        """Sample each request's rows with its own parameters and generator, and push the tokens."""
+        """Sample each request's rows with its own parameters and generator, and push the tokens.
+
+        The argmax of every row is taken at once: most requests are plain greedy ones and need nothing else.
+        """
+        argmax = logits.argmax(dim=-1)
         start = 0
         for member, group in groupby(rows, key=lambda row: row.member):
             members_rows = list(group)
             end = start + len(members_rows)
             params = member.request.params
-            chosen = sample(
-                logits[start:end],
-                params,
-                member.generator,
-                [row.prompt for row in members_rows],
-                [row.text.token_ids for row in members_rows],
-            )
+            if params.greedy and not params.penalised and not params.logit_bias:
+                chosen = argmax[start:end]
+            else:
+                chosen = sample(
+                    logits[start:end],
+                    params,
+                    member.generator,
+                    [row.prompt for row in members_rows],
+                    [row.text.token_ids for row in members_rows],
+                )
             logprobs = _logprobs(logits[start:end], chosen, params.logprobs)
             for row, token, logprob in zip(members_rows, chosen.tolist(), logprobs, strict=True):
                 if not row.text.finished:
