@@ -154,6 +154,7 @@ class Batch:
             self._unstarted.extend((member, number, prompt) for number, prompt in enumerate(request.prompts))
         with torch.inference_mode():
             self._end_aborted()
+            self._drop_finished()
             if self._rows:
                 self._decode()
             while self._unstarted and (not self._rows or self.joinable):

@@ -2,10 +2,10 @@
 
 Requests ignore unknown fields, as vLLM does, but take JSON types strictly (a number is not a string).
 Every field of OpenAI's and vLLM's bodies that changes the answer is declared: what this runtime
-implements (sampling, penalties, logit bias, stop strings and token ids) is validated with vLLM's
-ranges; what it lacks (logprobs, echo, beam search, tools, structured output...) is refused with a
-400 naming the field unless it has its neutral value, so a client never gets an answer that quietly
-ignored what it asked for.
+implements (sampling, penalties, logit bias, stop strings and token ids, logprobs) is validated with
+vLLM's ranges; what it lacks (prompt logprobs, echo, beam search, tools, structured output...) is
+refused with a 400 naming the field unless it has its neutral value, so a client never gets an
+answer that quietly ignored what it asked for.
 """
 
 import math
