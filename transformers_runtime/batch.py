@@ -197,11 +197,14 @@ class Batch:
             for sequence in sequences:
                 sequence.finish("abort")
             return
-        ids = torch.tensor([prompt.token_ids] * params.n, device=self._model.device)
+        ids = torch.tensor([prompt.token_ids], device=self._model.device)
         output = self._model(input_ids=ids, use_cache=True, **self._options)
+        cache = output.past_key_values
+        if params.n > 1:  # the n sequences share the prompt: prefilled once, its cache row copied
+            cache.batch_repeat_interleave(params.n)
         rows = [_Row(member, prompt.token_ids, sequence, len(prompt.token_ids)) for sequence in sequences]
-        self._choose(output.logits[:, -1, :], rows)
-        self._join(output.past_key_values, rows)
+        self._choose(output.logits[:, -1, :].expand(params.n, -1), rows)
+        self._join(cache, rows)
 
     def _choose(self, logits: torch.Tensor, rows: list[_Row]) -> None:
         """Sample each request's rows with its own parameters and generator, and push the tokens.
