@@ -628,6 +628,27 @@ async def test_requests_beyond_max_num_seqs_wait_for_room_in_the_batch(
     assert await asyncio.gather(*requests) == [expected] * (MAX_NUM_SEQS + 2)
 
 
+async def test_sleep_aborts_a_running_batch_and_the_wake_serves_the_same_answers(
+    server: Server, client: openai.AsyncOpenAI, http: aiohttp.ClientSession
+) -> None:
+    ask = Ask(PROMPTS[0], MAX_MODEL_LEN - 8, stream=True)
+    expected, end, _ = await _answer(client, ask)
+    assert end == "length"
+    streams = [asyncio.create_task(_answer(client, ask)) for _ in range(3)]
+
+    async def batched() -> bool:
+        return await _metric(http, server, "vllm:num_requests_running") == 3
+
+    await _until(batched, "3 requests in one batch")
+    assert (await _post(http, server, "/sleep", level="1"))[0] == 200
+    for text, end, tokens in await asyncio.gather(*streams):
+        assert end == "abort"
+        assert expected.startswith(text)
+        assert tokens < ask.tokens
+    assert (await _post(http, server, "/wake_up"))[0] == 200
+    assert (await _answer(client, ask))[0] == expected
+
+
 async def test_lora_adapters_change_the_output_and_load_and_unload_at_runtime(
     server: Server, client: openai.AsyncOpenAI, http: aiohttp.ClientSession
 ) -> None:
