@@ -305,9 +305,9 @@ def test_a_batch_answers_each_request_as_it_would_alone_whenever_it_joins(tiny: 
     model, codec = tiny
     alone = _requests(codec)
     for request in alone:
-        _run(Batch(model, codec, max_rows=8), {0: [request]})
+        _run(Batch(model, codec), {0: [request]})
     together = _requests(codec)
-    batch = Batch(model, codec, max_rows=8)
+    batch = Batch(model, codec)
     _run(batch, {0: together[:2], 2: [together[2]], 5: [together[3]], 6: [together[4]]})
     assert [r.answer() for r in together] == [r.answer() for r in alone]
     assert [len(r.answer()) for r in alone] == [1, 1, 3, 2, 1]
@@ -318,9 +318,9 @@ def test_a_batch_answers_each_request_as_it_would_alone_whenever_it_joins(tiny: 
 def test_an_aborted_request_leaves_the_batch_and_the_others_go_on(tiny: tuple[Any, TextCodec]) -> None:
     model, codec = tiny
     alone = _requests(codec)[0]
-    _run(Batch(model, codec, max_rows=8), {0: [alone]})
+    _run(Batch(model, codec), {0: [alone]})
     kept, dropped = _requests(codec)[0], _requests(codec)[3]
-    batch = Batch(model, codec, max_rows=8)
+    batch = Batch(model, codec)
     assert batch.step([kept, dropped]) == []
     dropped.aborted = True
     assert batch.step([]) == [dropped]

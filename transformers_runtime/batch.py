@@ -22,7 +22,7 @@ while it runs, not of a row. The engine batches by adapter (see engine.py).
 
 import inspect
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import groupby
 from typing import Any, Protocol
@@ -121,12 +121,12 @@ def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
 
 
 class Batch:
-    """The sequences running together on the model thread; only that thread calls `step`."""
+    """The sequences running together on the model thread; only that thread calls `step`. How many may
+    join is the engine's decision (`--max-num-seqs`, by `rows`)."""
 
-    def __init__(self, model: Any, codec: TextCodec, max_rows: int) -> None:
+    def __init__(self, model: Any, codec: TextCodec) -> None:
         self._model = model
         self._codec = codec
-        self.max_rows = max_rows
         self._options = _forward_options(model)
         self._members: list[_Member] = []
         self._unstarted: deque[tuple[_Member, int, Prompt]] = deque()  # (member, prompt number, prompt)
@@ -134,10 +134,6 @@ class Batch:
         self._cache: DynamicCache | None = None
         self._mask = torch.zeros(0, 0, dtype=torch.long, device=model.device)  # 1 where the cache holds a token
         self.joinable = True  # False once a cache turned out not to be made of plain layers
-
-    @property
-    def requests(self) -> Iterator[Request]:
-        return (member.request for member in self._members)
 
     @property
     def rows(self) -> int:

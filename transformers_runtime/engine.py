@@ -312,7 +312,7 @@ class Engine:
         def start() -> Batch:
             model = context.holder.module
             context.slots.activate(model, adapter)
-            return Batch(model, context.codec, self.max_num_seqs)
+            return Batch(model, context.codec)
 
         joining = [first]
         self._current = [first]
