@@ -6,6 +6,7 @@ byte-level fake tokenizer pin down the behaviour the HTTP tests can only observe
 
 import argparse
 import asyncio
+import random
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,6 +197,19 @@ def test_abort_ends_unfinished_sequences_with_abort() -> None:
     deltas = _decode([1, 2, 6, 6, 6], max_tokens=5, abort_after=2)
     assert "".join(d.text for d in deltas) == "Hello wor"
     assert deltas[-1].finish_reason == "abort"
+
+
+def test_incremental_text_is_the_whole_decode_on_the_tiny_tokenizer(model_a: Path) -> None:
+    """Random tokens (characters split across tokens, invalid bytes): the deltas add up to decoding them all."""
+    codec = TextCodec.load(model_a, [])
+    rng = random.Random(0)
+    for _ in range(200):
+        ids = [rng.randrange(4, 2048) for _ in range(rng.randrange(1, 40))]
+        deltas: list[Delta] = []
+        sequence = TextSequence(0, SamplingParams(temperature=0.0), len(ids), codec, deltas.append)
+        for token in ids:
+            sequence.push(token)
+        assert "".join(d.text for d in deltas) == codec.decode(ids), ids
 
 
 def test_stop_token_ids_ignore_eos_and_a_kept_stop_string() -> None:

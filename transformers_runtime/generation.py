@@ -4,6 +4,11 @@ Text leaves as deltas the moment it is final: a stop sequence could still be for
 the text (so the last `len(stop) - 1` characters wait), and a byte-level tokenizer may be in the
 middle of a UTF-8 character (a trailing U+FFFD waits). The concatenated deltas of a sequence are
 therefore exactly its final text, streamed or not.
+
+The text grows by decoding a short window of the latest tokens, not every token again (vLLM's
+incremental detokenization): the window starts at the last token boundary where the text was
+complete, so a tokenizer that decodes a token differently after another (a leading-space marker)
+still sees its context, and a token costs the same at the end of a long answer as at the start.
 """
 
 from collections.abc import Callable
@@ -54,6 +59,10 @@ class TextSequence:
         self.token_ids: list[int] = []
         self.text = ""
         self.sent = 0  # characters of `text` already emitted
+        self._complete = ""  # the text of token_ids[:self._read], which later tokens do not change
+        self._window = 0  # the first token decoded again with each new one
+        self._read = 0
+        self._read_text = ""  # the text of token_ids[self._window:self._read]
         self._unsent: list[TokenLogprob] = []  # logprobs of the tokens since the last delta
         self.finished = False
         self._stops = params.stop
@@ -75,7 +84,7 @@ class TextSequence:
         if token in self._stop_ids:  # vLLM's stop_token_ids: the token ends the text but is not part of it
             self.finish("stop", token)
             return
-        text = self._codec.decode(self.token_ids)
+        text = self._decode_new()
         hit = _first_stop(text, self._stops, self.sent)
         if hit is not None:
             position, stop = hit
@@ -90,6 +99,17 @@ class TextSequence:
         if settled > self.sent:
             self._emit(Delta(self.index, text[self.sent : settled], logprobs=self._take_logprobs()))
             self.sent = settled
+
+    def _decode_new(self) -> str:
+        """The whole text so far, decoding only the window of tokens since the last complete boundary."""
+        window = self._codec.decode(self.token_ids[self._window :])
+        if not window.startswith(self._read_text):  # a tokenizer whose text is not additive here: decode it all
+            return self._codec.decode(self.token_ids)
+        text = self._complete + window[len(self._read_text) :]
+        if not text.endswith("\ufffd"):  # no character in the making: a boundary to start the next window at
+            self._complete, self._window, self._read = text, self._read, len(self.token_ids)
+            self._read_text = self._codec.decode(self.token_ids[self._window : self._read])
+        return text
 
     def finish(self, reason: FinishReason, stop: str | int | None = None) -> None:
         self.finished = True
