@@ -1,15 +1,21 @@
 """Bodies of the launcher REST API (FMA 0.6's `/v2/vllm/instances`, plus dualpods' E1 fields).
 
-Fields that FMA omits when null are declared optional; serialize with `exclude_none=True`.
+Fields that FMA omits when null are declared optional; serialize with `exclude_none=True`. What FMA's
+own launcher shows of them (its state keys and event types) is named here too, for the launcher's
+FMA-only mode and for clients that must work with either launcher.
 """
 
 from enum import StrEnum
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, Field
 
 API_VERSION: Final = "2.0"
+# FMA's FastAPI title, which its index also carries as `name`.
+API_TITLE: Final = "Multi-Instance vLLM Management API"
 INSTANCES_PATH: Final = "/v2/vllm/instances"
+# The most an un-ranged or open-ended log read returns (FMA's MAX_LOG_RESPONSE_BYTES).
+LOG_PAGE_BYTES: Final = 1024 * 1024
 # A watch stream that has nothing to report sends an empty line this often (NDJSON readers, FMA's
 # included, skip it), so a client can tell a quiet stream from a dead one: one silent for
 # WATCH_SILENCE_TIMEOUT_S is taken as lost, and the client lists again.
@@ -47,14 +53,28 @@ class ErrorReason(StrEnum):
     METHOD_NOT_ALLOWED = "MethodNotAllowed"  # 405
     BACKEND_FAILED = "BackendFailed"  # 502: the instance's own server failed a forwarded call, or died in it
     BACKEND_TIMEOUT = "BackendTimeout"  # 504: the instance did not answer a forwarded call in time
+    WAKE_CHECK_FAILED = "WakeCheckFailed"  # 502: woken, the instance failed its probe; it was killed
     INTERNAL = "Internal"  # 500
 
 
-class ErrorBody(BaseModel):
-    """Every error answer of the launcher (but a 416, which has no body, as in FMA)."""
+class ValidationIssue(BaseModel):
+    """One problem of a request that failed validation, in FastAPI's form (FMA's launcher is FastAPI):
+    `loc` starts with where it is (`body`, `query`, `header`), then the field, or the offset of a JSON
+    syntax error; `type` and `msg` are pydantic's."""
 
-    detail: str  # FMA's field: what is wrong, for people
-    reason: ErrorReason  # for programs
+    type: str
+    loc: list[str | int]
+    msg: str
+    input: Any = None
+    ctx: dict[str, Any] | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error answer of the launcher. `detail` is FMA's field: a message, or for a 422 FastAPI's list of
+    validation issues; `reason` (omitted by the FMA-only mode) is for programs."""
+
+    detail: str | list[ValidationIssue]
+    reason: ErrorReason | None = None
 
 
 class StopReason(StrEnum):
@@ -87,6 +107,32 @@ class InstanceStatus(StrEnum):
     STOPPED = "stopped"
 
 
+class WakeCheckStatus(StrEnum):
+    OFF = "off"  # verify_wakes is false (or the launcher is FMA-only, or runs with --no-verify-wakes)
+    PENDING = "pending"  # to be recorded at the instance's first ready
+    RECORDED = "recorded"  # every wake is checked against the probe
+    UNAVAILABLE = "unavailable"  # the probe could not be recorded (`detail` says why): wakes go unchecked
+
+
+class WakeProbe(BaseModel):
+    """A short greedy completion of the instance, as recorded at its first ready: the prompt's token IDs, the
+    token IDs it generated, and their log-probabilities where the runtime gives them."""
+
+    prompt_token_ids: list[int] | None = None  # None where the runtime does not report them (the text is sent)
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+
+
+class WakeCheck(BaseModel):
+    """The post-wake check of one instance (`InstanceState.wake_check`)."""
+
+    status: WakeCheckStatus
+    probe: WakeProbe | None = None
+    passed: int = 0  # wakes checked and passed
+    last_seconds: float | None = None  # what the last check took
+    detail: str | None = None  # why the probe is unavailable, or why the last check failed
+
+
 class ProcessStats(BaseModel):
     """Resource use of an instance's whole process tree (psutil), in the detailed state only."""
 
@@ -117,6 +163,7 @@ class InstanceState(BaseModel):
     port: int | None = None
     exit_code: int | None = None
     stop_reason: StopReason | None = None
+    wake_check: WakeCheck | None = None
     process: ProcessStats | None = None
 
 
@@ -152,6 +199,13 @@ class EventType(StrEnum):
     DELETED = "DELETED"
 
 
+# What FMA 0.6.4's launcher shows: the keys of its instance state (the null ones omitted; a STOPPED event's
+# object adds `exit_code`) and its event types. The rest of InstanceState and EventType are dualpods'.
+FMA_STATE_KEYS: Final = frozenset({"status", "instance_id", "revision", "options", "gpu_uuids", "env_vars",
+                                   "annotations"})  # fmt: skip
+FMA_EVENT_TYPES: Final = frozenset({EventType.CREATED, EventType.STOPPED, EventType.DELETED})
+
+
 class WatchEvent(BaseModel):
     """One line of the NDJSON watch stream; STOPPED events also carry the exit code, and every event the
     launcher's boot ID."""
@@ -167,6 +221,35 @@ class Health(BaseModel):
 
 
 class Index(BaseModel):
-    name: str
+    """`GET /`: FMA's name and version, and each route by name as `"METHOD /path"` (FMA's ten, then
+    dualpods' own), so a client can tell which routes a launcher serves."""
+
+    name: str = API_TITLE
     version: str = API_VERSION
     endpoints: dict[str, str]
+
+
+class ListQuery(BaseModel):
+    detail: bool = Field(
+        default=True, description="full states (default), or only the IDs; pydantic's boolean spellings"
+    )
+
+
+class WatchQuery(BaseModel):
+    since: int | None = Field(
+        default=None,
+        description="resume after this revision; without it the stream starts with a CREATED event per instance",
+    )
+
+
+class SleepQuery(BaseModel):
+    level: int = Field(default=1, ge=1, le=2, description="1 offloads the weights to host memory, 2 discards them")
+
+
+class LogHeaders(BaseModel):
+    Range: str | None = Field(
+        default=None,
+        pattern=r"^bytes=(\d+)-(\d+)?$",
+        description="`bytes=START-END` (inclusive) or `bytes=START-` (at most 1 MiB); without it, 200 with the "
+        "first 1 MiB",
+    )

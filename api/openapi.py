@@ -57,6 +57,7 @@ class Operation:
     responses: dict[int, Reply]
     description: str = ""
     query: type[BaseModel] | None = None  # each field is a query parameter (its alias, if any, is the name)
+    headers: type[BaseModel] | None = None  # each field is a request header, the same way
     body: Content | None = None
     body_required: bool = True
     bearer: bool = False  # needs `Authorization: Bearer <token>`
@@ -107,11 +108,13 @@ def _parameters(operation: Operation, path: str, schemas: _Schemas) -> list[dict
     parameters = [
         {"name": name, "in": "path", "required": True, "schema": {"type": "string"}} for name in _path_names(path)
     ]
-    if operation.query is not None:
-        query = TypeAdapter(operation.query).json_schema(mode="validation", ref_template=_REF_TEMPLATE)
-        required = set(query.get("required", []))
-        for name, schema in query.get("properties", {}).items():
-            parameter = {"name": name, "in": "query", "required": name in required, "schema": schema}
+    for where, model in (("query", operation.query), ("header", operation.headers)):
+        if model is None:
+            continue
+        fields = TypeAdapter(model).json_schema(mode="validation", ref_template=_REF_TEMPLATE)
+        required = set(fields.get("required", []))
+        for name, schema in fields.get("properties", {}).items():
+            parameter = {"name": name, "in": where, "required": name in required, "schema": schema}
             if "description" in schema:
                 parameter["description"] = schema["description"]
             parameters.append(parameter)

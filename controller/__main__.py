@@ -22,8 +22,9 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
+from api import log_format
 from api.token_file import TokenFile
-from controller.kube import api_client
+from controller.kube import DEFAULT_BURST, DEFAULT_QPS, ApiLimits, api_client
 from controller.launcher_token import ensure_launcher_token
 from controller.leader import LeaderElection, LostLeadership
 from controller.serving import serve_metrics
@@ -32,6 +33,8 @@ if TYPE_CHECKING:
     from controller.dualpods.requester_tokens import RequesterTokens
 
 log = logging.getLogger("controller")
+# Reconciles at once: they mostly wait on the API server and on launchers (docs/benchmarks.md, Scale).
+DEFAULT_WORKERS = 16
 Run = Callable[[], Awaitable[None]]
 
 
@@ -106,15 +109,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     commands = parser.add_subparsers(dest="command", required=True)
     dual_pods = commands.add_parser("dual-pods", help="bind server-requesting Pods to server-providing Pods")
     populator = commands.add_parser("populator", help="keep launcher Pods populated per LauncherPopulationPolicy")
-    for command, default_workers in ((dual_pods, 4), (populator, 4)):
+    for command, default_workers in ((dual_pods, DEFAULT_WORKERS), (populator, DEFAULT_WORKERS)):
         command.add_argument("-n", "--namespace", required=True, help="the namespace the controller works in")
         command.add_argument("--kubeconfig", help="default: in-cluster credentials, else ~/.kube/config")
         command.add_argument("--leader-elect", action="store_true", help="hold a Lease; run several replicas")
         command.add_argument("--leader-election-id", help="the Lease's name (default: dualpods-<command>)")
         command.add_argument("--metrics-host", default=os.environ.get("POD_IP", "0.0.0.0"))
         command.add_argument("--metrics-port", type=int, default=8002)
-        command.add_argument("--num-workers", type=int, default=default_workers)
+        command.add_argument("--num-workers", type=int, default=default_workers, help="reconciles run at once")
+        command.add_argument(
+            "--kube-api-qps",
+            type=float,
+            default=DEFAULT_QPS,
+            help=f"requests per second to the API server, at most, on average (0: no limit; default {DEFAULT_QPS:g})",
+        )
+        command.add_argument(
+            "--kube-api-burst",
+            type=int,
+            default=DEFAULT_BURST,
+            help=f"requests to the API server at once beyond --kube-api-qps (default {DEFAULT_BURST})",
+        )
         command.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+        log_format.add_argument(command)
         command.add_argument("--launcher-token-secret", help="Secret with the launchers' bearer token (key `token`)")
         command.add_argument(
             "--create-launcher-token-secret",
@@ -142,8 +158,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def run(args: argparse.Namespace) -> None:
-    api = await api_client(args.kubeconfig)
     registry = CollectorRegistry()
+    api = await api_client(args.kubeconfig, ApiLimits(args.kube_api_qps, args.kube_api_burst), registry)
     metrics = await serve_metrics(registry, args.metrics_host, args.metrics_port)
     try:
         controller = args.build(api, args, registry, await launcher_token(api, args))
@@ -160,9 +176,7 @@ async def run(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
+    log_format.configure("controller", args.log_level, args.log_format)
     loop = asyncio.new_event_loop()
     task = loop.create_task(run(args))
     for signum in (signal.SIGTERM, signal.SIGINT):

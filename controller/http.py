@@ -18,6 +18,8 @@ from typing import Any
 import aiohttp
 from prometheus_client import Histogram
 
+from controller.passclock import waiting
+
 log = logging.getLogger(__name__)
 
 
@@ -66,6 +68,8 @@ TIMEOUTS_S: dict[str, float] = {
     Purpose.QUERY_SLEEPING: 10.0,
     Purpose.LIST_MODELS: 10.0,
 }
+# Calls in flight at once (each worker makes one at a time, so this is rarely the limit).
+CALL_CONNECTIONS = 100
 # A watch stream has no overall limit: its reader times out a silent stream instead.
 STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_connect=CONNECT_TIMEOUT_S)
 
@@ -99,8 +103,16 @@ def timeout_for(purpose: str) -> aiohttp.ClientTimeout:
 
 
 class HttpCaller:
-    def __init__(self, session: aiohttp.ClientSession, latency: Histogram | None, namespace: str) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        latency: Histogram | None,
+        namespace: str,
+        streams: aiohttp.ClientSession | None = None,
+    ) -> None:
+        """`streams`: the session of watch streams (default: `session`'s, see `http_caller`)."""
         self._session = session
+        self._streams = streams or session
         self._latency = latency
         self._namespace = namespace
 
@@ -120,11 +132,12 @@ class HttpCaller:
         log.debug("HTTP call start purpose=%s %s %s requesterName=%s", purpose, method, url, requester)
         status = "0"
         try:
-            async with self._session.request(
-                method, url, json=body, headers=headers, timeout=timeout_for(purpose)
-            ) as response:
-                status = str(response.status)
-                text = await response.text()
+            with waiting():
+                async with self._session.request(
+                    method, url, json=body, headers=headers, timeout=timeout_for(purpose)
+                ) as response:
+                    status = str(response.status)
+                    text = await response.text()
         except (aiohttp.ClientError, TimeoutError) as err:
             raise HttpError(purpose, url, None, err) from None
         finally:
@@ -152,5 +165,18 @@ class HttpCaller:
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """A GET whose body is read as it comes (a watch stream)."""
         log.debug("HTTP stream start purpose=%s GET %s", purpose, url)
-        async with self._session.get(url, headers=headers, timeout=STREAM_TIMEOUT) as response:
+        async with self._streams.get(url, headers=headers, timeout=STREAM_TIMEOUT) as response:
             yield response
+
+
+@contextlib.asynccontextmanager
+async def http_caller(latency: Histogram | None, namespace: str) -> AsyncIterator[HttpCaller]:
+    """Calls and watch streams, each on connections of their own. A stream per launcher holds its connection
+    for as long as the launcher lives: streams get a pool without a limit, and calls one of `CALL_CONNECTIONS`
+    that streams never fill (in one pool of aiohttp's default 100, a hundred launchers' streams left no
+    connection for any call)."""
+    async with (
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=CALL_CONNECTIONS)) as calls,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as streams,
+    ):
+        yield HttpCaller(calls, latency, namespace, streams)

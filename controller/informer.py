@@ -4,7 +4,8 @@ Objects are the API server's JSON (dicts), never mutated in place: a change repl
 cache is fed by the controllers' one list/watch loop (controller.listwatch): lists are paged
 (`limit`/`continue`), the watch resumes from the last resourceVersion it saw, and when that is gone
 (410 Gone, "resourceVersion too old") it lists again and emits the differences, so handlers see every
-change as (old, new) pairs exactly once per observed version. `upsert` and `remove` load the cache by
+change as (old, new) pairs exactly once per observed version. Objects are trimmed before they are cached
+(`trim`: no managedFields field sets, no last-applied annotation). `upsert` and `remove` load the cache by
 hand (tests, and a controller that learns of a change before its watch does).
 """
 
@@ -31,6 +32,28 @@ WATCH_SILENCE_S = WATCH_TIMEOUT_S + 30
 LIST_PAGE_SIZE = 500
 LIST_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=10)
 STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10)
+
+
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+MANAGED_FIELDS_KEPT = ("manager", "operation", "time")
+
+
+def trim(obj: Obj) -> Obj:
+    """What a cache keeps of an object (changed in place, before it is cached): each managedFields entry
+    without its field set (who wrote it and when stays, which is all a controller reads of it) and without
+    kubectl's last-applied annotation (a copy of the object as applied). Together they were nearly half of a
+    Pod's JSON (docs/benchmarks.md). Writes never send them back (PodWriter patches what it changes; status
+    writes leave managedFields out), so the API server keeps its own."""
+    meta = obj.get("metadata")
+    if not isinstance(meta, dict):
+        return obj
+    fields = meta.get("managedFields")
+    if fields:
+        meta["managedFields"] = [{k: e[k] for k in MANAGED_FIELDS_KEPT if k in e} for e in fields]
+    annotations = meta.get("annotations")
+    if annotations and LAST_APPLIED in annotations:
+        meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
+    return obj
 
 
 class ListWatchFunction(Protocol):
@@ -85,7 +108,7 @@ class Informer:
 
     def upsert(self, obj: Obj) -> None:
         """Put `obj` in the cache (handlers are told), unless the cached copy has its resourceVersion."""
-        self._apply(object_key(obj), obj)
+        self._apply(object_key(obj), trim(obj))
 
     def remove(self, key: str) -> None:
         """Drop the object at `key` (handlers are told)."""
@@ -108,7 +131,7 @@ class Informer:
                 # List items lack kind/apiVersion; fill them so cached objects look like watched ones.
                 item.setdefault("kind", kind)
                 item.setdefault("apiVersion", page.get("apiVersion"))
-                fresh[object_key(item)] = item
+                fresh[object_key(item)] = trim(item)
             token = page["metadata"].get("continue") or None
             if token is None:
                 break
@@ -151,7 +174,7 @@ class Informer:
         return body
 
     def _on_event(self, event: Obj) -> None:
-        kind, obj = event["type"], event["object"]
+        kind, obj = event["type"], trim(event["object"])
         if kind == "ERROR":
             if obj.get("code") == 410:
                 raise Expired(str(obj.get("message")))

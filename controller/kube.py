@@ -1,26 +1,113 @@
-"""Connecting to the API server: in-cluster credentials in a Pod, else a kubeconfig."""
+"""Connecting to the API server: in-cluster credentials in a Pod, else a kubeconfig; with client-go's
+client-side rate limit (QPS and burst, `--kube-api-qps`/`--kube-api-burst`), every request counted, and
+each one's time charged to the reconcile pass that makes it (controller.passclock).
+
+kubernetes-asyncio has no rate limit of its own: without one, a wave of work (a thousand requesters
+scheduled at once) would reach the API server as fast as the workers can send it.
+"""
 
 import functools
 import json
+import time
+from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from api.crds import GROUP, VERSION, CustomResource
 from controller.informer import ListWatchFunction
+from controller.passclock import waiting
+from controller.ratelimit import TokenBucket
+
+# client-go's own defaults (5 requests/s, burst 10) suit a controller of a few objects; these carry 1,000
+# requesters on 250 nodes in a minute (docs/benchmarks.md: about 11 requests per requester bound).
+DEFAULT_QPS = 200.0
+DEFAULT_BURST = 400
+WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
-async def api_client(kubeconfig: str | None) -> client.ApiClient:
+@dataclass(frozen=True)
+class ApiLimits:
+    qps: float = DEFAULT_QPS  # <= 0: no limit
+    burst: int = DEFAULT_BURST
+
+
+class ApiMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "dualpods_kube_api_requests",
+            "Requests this controller made to the API server, by HTTP method and status code (0: no answer).",
+            ["method", "code"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "dualpods_kube_api_request_seconds",
+            "Each request to the API server, from its send (after the rate limit) to its answer, by HTTP method.",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.throttled = Histogram(
+            "dualpods_kube_api_rate_limit_wait_seconds",
+            "How long each request waited for the client-side rate limit (--kube-api-qps, --kube-api-burst).",
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+
+
+class LimitedApiClient(client.ApiClient):  # type: ignore[misc]
+    """kubernetes-asyncio's client, rate-limited and counted."""
+
+    def __init__(self, configuration: client.Configuration, limits: ApiLimits, metrics: ApiMetrics | None) -> None:
+        super().__init__(configuration)
+        # kubernetes-asyncio opens its session with trust_env=True, and aiohttp then reads ~/.netrc in a thread
+        # for every request (9 % of the controller's Python time at scale); a proxy comes from the kubeconfig's
+        # `proxy-url` (configuration.proxy), which is still sent with each request.
+        self.rest_client.pool_manager._trust_env = False
+        self.limits = limits
+        self._bucket = TokenBucket(limits.qps, limits.burst)
+        self._metrics = metrics
+
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        return self._send(method, super().request(method, url, *args, **kwargs))
+
+    async def _send(self, method: str, sending: Awaitable[Any]) -> Any:
+        with waiting():
+            waited = await self._bucket.acquire()
+            sent = time.monotonic()
+            code = 0
+            try:
+                response = await sending
+                code = int(getattr(response, "status", 0) or 0)
+                return response
+            except ApiException as err:
+                code = int(err.status or 0)
+                raise
+            finally:
+                if self._metrics is not None:
+                    self._metrics.throttled.observe(waited)
+                    self._metrics.latency.labels(method).observe(time.monotonic() - sent)
+                    self._metrics.requests.labels(method, str(code)).inc()
+
+
+async def api_client(
+    kubeconfig: str | None, limits: ApiLimits = ApiLimits(), registry: CollectorRegistry | None = None
+) -> LimitedApiClient:
+    """In a Pod its ServiceAccount (unless a kubeconfig is given), else the kubeconfig."""
+    metrics = ApiMetrics(registry) if registry is not None else None
+    configuration = client.Configuration()
     if kubeconfig is None:
         try:
-            config.load_incluster_config()
-            return client.ApiClient()
+            config.load_incluster_config(client_configuration=configuration)
+            return LimitedApiClient(configuration, limits, metrics)
         except config.ConfigException:
             pass
-    configuration = client.Configuration()
     await config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    return client.ApiClient(configuration)
+    return LimitedApiClient(configuration, limits, metrics)
 
 
 def custom_objects(api: client.ApiClient, namespace: str, kind: type[CustomResource]) -> ListWatchFunction:

@@ -218,13 +218,20 @@ class DualPodsEnv:
         await self.objects.create_namespaced_custom_object(GROUP, VERSION, self.namespace, kind.RESOURCE.plural, body)
 
     async def create_requesters(
-        self, name: str, isc: str, replicas: int = 1, gpus: int = 1, node: str | None = None, gpu: str | None = None
+        self,
+        name: str,
+        isc: str,
+        replicas: int = 1,
+        gpus: int = 1,
+        node: str | None = None,
+        gpu: str | None = None,
+        probe_period: int = 1,
     ) -> None:
         """A ReplicaSet of server-requesting Pods asking for launchers' instances of `isc`, as FMA users write
         them. `gpu` pins one GPU the way FMA's tests do: no GPU requested from the scheduler, the UUID given in
-        NVIDIA_VISIBLE_DEVICES."""
+        NVIDIA_VISIBLE_DEVICES. `probe_period`: of their readiness probe, in seconds."""
         annotations = {keys.INFERENCE_SERVER_CONFIG_ANNOTATION: isc}
-        await self._create_requester_set(name, annotations, replicas, gpus, node, gpu)
+        await self._create_requester_set(name, annotations, replicas, gpus, node, gpu, probe_period)
 
     async def create_direct_requesters(
         self, name: str, patch: str, replicas: int = 1, gpus: int = 1, node: str | None = None, gpu: str | None = None
@@ -233,7 +240,14 @@ class DualPodsEnv:
         await self._create_requester_set(name, {keys.SERVER_PATCH_ANNOTATION: patch}, replicas, gpus, node, gpu)
 
     async def _create_requester_set(
-        self, name: str, annotations: dict[str, str], replicas: int, gpus: int, node: str | None, gpu: str | None
+        self,
+        name: str,
+        annotations: dict[str, str],
+        replicas: int,
+        gpus: int,
+        node: str | None,
+        gpu: str | None,
+        probe_period: int = 1,
     ) -> None:
         await self.apps.create_namespaced_replica_set(self.namespace, {
             "metadata": {"name": name},
@@ -242,7 +256,7 @@ class DualPodsEnv:
                 "selector": {"matchLabels": {"app": name}},
                 "template": {
                     "metadata": {"labels": {"app": name}, "annotations": annotations},
-                    "spec": _requester_spec(self.images.requester, gpus, node, gpu),
+                    "spec": _requester_spec(self.images.requester, gpus, node, gpu, probe_period),
                 },
             },
         })  # fmt: skip
@@ -343,14 +357,14 @@ class DualPodsEnv:
                 raise
 
 
-def _requester_spec(image: str, gpus: int, node: str | None, gpu: str | None) -> Obj:
+def _requester_spec(image: str, gpus: int, node: str | None, gpu: str | None, probe_period: int = 1) -> Obj:
     """A requester Pod's spec; `gpu` pins that GPU (0 GPUs asked for from the scheduler)."""
     count = "0" if gpu else str(gpus)
     container: Obj = {
         "name": keys.INFERENCE_SERVER_CONTAINER,
         "image": image,
         "resources": {"limits": {"nvidia.com/gpu": count}, "requests": {"nvidia.com/gpu": count}},
-        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": 1},
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": probe_period},
     }
     if gpu:
         container["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": gpu}]

@@ -1,13 +1,21 @@
-"""The controllers' Kubernetes plumbing against the real API server: informer cache and leader election."""
+"""The controllers' Kubernetes plumbing against the real API server: informer cache, Pod writes, the rate-limited
+client, and leader election."""
 
 import asyncio
 import functools
+import time
 from typing import Any
 
+import pytest
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
+from prometheus_client import CollectorRegistry
 
-from controller.informer import Informer, Obj
+from controller.dualpods.writer import FIELD_MANAGER, PodWriter, set_label
+from controller.informer import LAST_APPLIED, Informer, Obj
+from controller.kube import ApiLimits, api_client
 from controller.leader import LeaderElection, LostLeadership
+from e2e.cluster.cluster import LoopbackCluster
 from e2e.waiting import wait_for
 
 
@@ -83,3 +91,51 @@ async def test_one_leader_at_a_time_and_a_fast_handover(api: client.ApiClient, n
         pass
     else:
         raise AssertionError("the leader kept leading after losing the lease")
+
+
+async def test_pod_writes_patch_only_their_change(api: client.ApiClient, namespace: str) -> None:
+    """An update sends a metadata patch guarded by the cached resourceVersion: what the cache trims stays as
+    the API server has it, a stale copy gets 409, and a change beyond metadata is refused before any call."""
+    core = client.CoreV1Api(api)
+    applied = '{"kind": "Pod", "metadata": {"name": "written"}}'
+    await core.create_namespaced_pod(namespace, {
+        "metadata": {"name": "written", "annotations": {LAST_APPLIED: applied}},
+        # Bound to no Node: nobody else writes to it while the test does.
+        "spec": {"nodeName": "no-such-node", "containers": [{"name": "c", "image": "pause"}]},
+    })  # fmt: skip
+    informer = Informer("pods", functools.partial(core.list_namespaced_pod, namespace))
+    await informer.list()
+    cached = informer.get(f"{namespace}/written")
+    assert cached is not None
+    assert LAST_APPLIED not in cached["metadata"]["annotations"], "the cache holds the trimmed copy"
+
+    writer = PodWriter(api, namespace)
+    assert await writer.update(cached, lambda pod: set_label(pod, "team", "blue"), "test")
+    live = api.sanitize_for_serialization(await core.read_namespaced_pod("written", namespace))
+    assert live["metadata"]["labels"] == {"team": "blue"}
+    assert live["metadata"]["annotations"][LAST_APPLIED] == applied
+    ours = [f for f in live["metadata"]["managedFields"] if f["manager"] == FIELD_MANAGER]
+    assert ours, "the write is tracked as the controller's"
+    assert "f:labels" in ours[0]["fieldsV1"]["f:metadata"]
+
+    with pytest.raises(ApiException) as stale:
+        await writer.update(cached, lambda pod: set_label(pod, "team", "red"), "stale")
+    assert stale.value.status == 409
+    assert not await writer.update(cached, lambda pod: None, "nothing to change")
+    with pytest.raises(ValueError, match="metadata only"):
+        await writer.update(cached, lambda pod: pod.update(spec={}), "not metadata")
+
+
+async def test_the_api_client_is_rate_limited_and_counted(cluster: LoopbackCluster) -> None:
+    registry = CollectorRegistry()
+    limited = await api_client(str(cluster.kubeconfig), ApiLimits(qps=20, burst=2), registry)
+    assert not limited.rest_client.pool_manager.trust_env, "no ~/.netrc read in a thread for every request"
+    try:
+        core = client.CoreV1Api(limited)
+        started = time.monotonic()
+        await asyncio.gather(*(core.list_namespace() for _ in range(6)))
+        assert time.monotonic() - started >= (6 - 2) / 20 * 0.9, "four beyond the burst, at 20 per second"
+    finally:
+        await limited.close()
+    assert registry.get_sample_value("dualpods_kube_api_requests_total", {"method": "GET", "code": "200"}) == 6
+    assert registry.get_sample_value("dualpods_kube_api_rate_limit_wait_seconds_count") == 6

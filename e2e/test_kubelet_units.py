@@ -9,7 +9,7 @@ from kubernetes_asyncio import client
 from e2e.kubelet.addresses import AddressBlock, require_loopback
 from e2e.kubelet.env import ContainerConfigError, PodFields, expand, resolve_env
 from e2e.kubelet.gpus import GpuAllocator, InsufficientGpusError, gpu_uuid
-from e2e.kubelet.images import DEFAULT_IMAGE_MAP, ImageEntry, ImageMap, ImageMapError, command_line
+from e2e.kubelet.images import DEFAULT_IMAGE_MAP, REPO_ROOT, ImageEntry, ImageMap, ImageMapError, command_line
 from e2e.kubelet.supervisor import Backoff
 
 
@@ -99,6 +99,9 @@ def test_image_map_follows_docker_command_rules(tmp_path: Path) -> None:
     assert http.entrypoint[1:] == ["-m", "e2e.testapps.http_server"]
     assert images.lookup("docker.io/library/python:3.11") == images.lookup("python")
     assert images.lookup("registry.example/unknown:1") is None, "unknown images run as pause containers"
+    launcher = images.lookup("dualpods/launcher:v1")  # an image's own files and working directory
+    assert launcher is not None
+    assert (launcher.working_dir, launcher.files) == ("/app", {"/app": str(REPO_ROOT / "images" / "fma-app")})
 
     entry = ImageEntry(entrypoint=["ep"], cmd=["c1", "c2"])
     assert command_line(entry, None, None) == ["ep", "c1", "c2"]

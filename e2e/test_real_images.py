@@ -159,6 +159,20 @@ def test_the_gpu_launcher_dockerfile_starts_on_vllms_image_layout(images: None) 
     assert vllm_file.startswith("/usr/local/lib/python3"), "where vllm/vllm-openai has it"
 
 
+@pytest.mark.parametrize("image", [catalogue.LAUNCHER_CPU, catalogue.LAUNCHER_GPU], ids=lambda i: i.name)
+def test_the_launcher_images_answer_to_fmas_commands(images: None, image: catalogue.ImageSpec) -> None:
+    """`python3 launcher.py` in the working directory, with FMA's PYTHONPATH=/app, is dualpods' launcher; the
+    notifier sidecar's `python3 /app/launcher_pod_notifier.py` is FMA's notifier (it needs its Pod's name)."""
+    fma_env = ["PYTHONPATH=/app", "python3"]  # through `env`, which then runs python3 (in the working directory)
+    usage = run(image, *fma_env, "launcher.py", "--help", entrypoint="env")
+    assert usage.returncode == 0, usage.stderr
+    assert usage.stdout.startswith("usage: launcher.py"), usage.stdout
+    assert "--mock-gpus" in usage.stdout
+    notifier = run(image, *fma_env, "/app/launcher_pod_notifier.py", entrypoint="env")
+    assert notifier.returncode == 1
+    assert "missing required environment variable POD_NAME" in notifier.stderr, notifier.stderr
+
+
 # ----- the three images in the loopback cluster
 
 MODELS = {"model-a": (1, 8005), "model-b": (2, 8006)}

@@ -39,7 +39,7 @@ LABEL org.opencontainers.image.title="dualpods-${COMPONENT}" \
       org.opencontainers.image.source="${SOURCE}" \
       org.opencontainers.image.licenses="Apache-2.0"
 ENV PATH=/opt/dualpods/bin:$PATH HOME=/home/dualpods PYTHONUNBUFFERED=1
-# The working directory of FMA's launcher entry points (launcher.py), for images that add them later.
+# The working directory of FMA's launcher entry points (launcher.py, which the launcher images add).
 WORKDIR /app
 USER 65532
 
@@ -54,6 +54,9 @@ FROM component AS launcher-cpu
 USER root
 RUN ldconfig -p | grep -q libnuma.so.1 || { apt-get update && apt-get install -y --no-install-recommends libnuma1 \
       && rm -rf /var/lib/apt/lists/*; }
+# FMA's entry points, for FMA's controllers: `python3 launcher.py ...` here and the notifier sidecar's
+# `python3 /app/launcher_pod_notifier.py` (launcher/fma_compat.py).
+RUN python3 -m launcher.fma_compat /app
 USER 65532
 # No usage reports; torch inductor and vLLM keep their caches under $HOME (getpass needs USER under arbitrary UIDs).
 ENV VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 USER=dualpods

@@ -29,5 +29,8 @@ LABEL org.opencontainers.image.title="dualpods-launcher-gpu" \
 # No usage reports; torch inductor and vLLM keep their caches under $HOME (getpass needs USER under arbitrary UIDs).
 ENV HOME=/home/dualpods USER=dualpods PYTHONUNBUFFERED=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 WORKDIR /app
+# FMA's entry points, for FMA's controllers: `python3 launcher.py ...` here and the notifier sidecar's
+# `python3 /app/launcher_pod_notifier.py` (launcher/fma_compat.py).
+RUN python3 -m launcher.fma_compat /app
 USER 65532
 ENTRYPOINT ["python3", "-m", "launcher"]

@@ -9,16 +9,18 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from aiohttp import web
 
+from api import log_format
 from api.keys import LAUNCHER_PORT
 from api.token_file import DEFAULT_GRACE_SECONDS, TokenFile
 
-from . import gpus, process_control
+from . import gpus, output_relay, process_control
 from .app import build_app
+from .dialect import Dialect
 from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES
 from .events import HISTORY_SIZE, EventLog
 from .instances import DEFAULT_RUNTIME, InstanceManager, ManagerSettings
@@ -42,14 +44,23 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], float]:
     return parse
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    env = os.environ.get
+def parse_args(
+    argv: list[str] | None = None, environ: Mapping[str, str] = os.environ, prog: str = "python -m launcher"
+) -> argparse.Namespace:
+    """The flags, each variable they default to read from `environ` (a container's, in a simulation)."""
+    env = environ.get
+
+    def env_flag(name: str) -> bool:
+        """A flag's default from the environment (for commands that cannot add flags: FMA's `python3 launcher.py`)."""
+        return env(name, "").lower() in ("1", "true", "yes")
+
     parser = argparse.ArgumentParser(
-        prog="python -m launcher", description="Preloads vLLM and forks model-server instances on request."
+        prog=prog, description="Preloads vLLM and forks model-server instances on request."
     )
     parser.add_argument("--host", default=env("LAUNCHER_HOST", "0.0.0.0"), help="address to serve on (default: all)")
     parser.add_argument("--port", type=int, default=int(env("LAUNCHER_PORT", LAUNCHER_PORT)))
     parser.add_argument("--log-level", choices=LOG_LEVELS, default=env("LAUNCHER_LOG_LEVEL", "info"))
+    log_format.add_argument(parser, env="LAUNCHER_LOG_FORMAT")
     parser.add_argument(
         "--auth-token-file",
         default=env("LAUNCHER_AUTH_TOKEN_FILE"),
@@ -75,7 +86,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--stand-in",
         action="store_true",
-        help="fork the stand-in server (the simulation runtime, no model) instead of vLLM",
+        default=env_flag("LAUNCHER_STAND_IN"),
+        help="fork the stand-in server (the simulation runtime, no model) instead of vLLM (env LAUNCHER_STAND_IN=true)",
+    )
+    parser.add_argument(
+        "--fma-only",
+        action="store_true",
+        default=env_flag("LAUNCHER_FMA_ONLY"),
+        help="serve FMA 0.6.4's launcher API alone, every dualpods addition off (env LAUNCHER_FMA_ONLY=true)",
+    )
+    parser.add_argument(
+        "--verify-wakes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="check every wake of an instance against a probe recorded at its first ready, before it is reported "
+        "awake; an instance's own verify_wakes wins (off with --fma-only)",
     )
     parser.add_argument("--stop-grace-seconds", type=float, default=10.0)
     parser.add_argument(
@@ -144,13 +169,11 @@ def make_runtimes(args: argparse.Namespace) -> dict[str, Runtime]:
     return runtimes
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def main(argv: list[str] | None = None, prog: str = "python -m launcher") -> None:
+    """Also FMA's `python3 launcher.py` (`fma_compat`), which takes the same arguments."""
+    args = parse_args(argv, prog=prog)
+    log_format.configure("launcher", args.log_level, args.log_format)
+    output_relay.configure(args.log_format)
     token = read_token(args.auth_token_file, args.auth_token_grace_seconds)
     process_control.become_subreaper()
     runtimes = make_runtimes(args)
@@ -166,6 +189,9 @@ def main(argv: list[str] | None = None) -> None:
     own_state_dir = args.state_dir is None
     state_dir: Path = Path(tempfile.mkdtemp(prefix="dualpods-launcher-")) if own_state_dir else args.state_dir
     state_dir.mkdir(parents=True, exist_ok=True)
+    dialect = Dialect(fma_only=args.fma_only)
+    if dialect.fma_only:
+        log.info("serving FMA's launcher API alone (--fma-only): no sleep/wake routes, events or fields of dualpods")
     inventory = gpus.inventory(args.mock_gpus, os.environ.get("NODE_NAME"), os.environ.get("NAMESPACE"))
     log.info("GPUs come from %s", inventory.source)
     settings = ManagerSettings(
@@ -178,9 +204,11 @@ def main(argv: list[str] | None = None) -> None:
             args.health_interval_seconds, args.health_timeout_seconds, args.health_failure_threshold
         ),
         backend_timeout_seconds=args.backend_timeout_seconds,
+        dialect=dialect,
+        verify_wakes=args.verify_wakes and not dialect.fma_only,
     )
     manager = InstanceManager(runtimes, inventory, metrics, EventLog(args.watch_history), settings)
-    app = build_app(manager, token)
+    app = build_app(manager, token, dialect)
 
     async def reap_children(app: web.Application) -> None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGCHLD, manager.reaper.reap)

@@ -1,5 +1,7 @@
 """Errors the launcher's core raises; the HTTP layer maps each to its status code and error reason."""
 
+from typing import Any
+
 from api.launcher import ErrorReason
 
 
@@ -16,6 +18,11 @@ class LauncherError(Exception):
         self.message = message
         if reason is not None:
             self.reason = reason
+
+    @property
+    def detail(self) -> str | list[dict[str, Any]]:
+        """The error body's `detail`."""
+        return self.message
 
 
 class BadRequest(LauncherError):
@@ -72,6 +79,13 @@ class BackendError(LauncherError):
     reason = ErrorReason.BACKEND_FAILED
 
 
+class WakeCheckFailed(LauncherError):
+    """Woken, the instance no longer answered its recorded probe; it was killed (`launcher.wake_check`)."""
+
+    status = 502
+    reason = ErrorReason.WAKE_CHECK_FAILED
+
+
 class BackendTimeout(LauncherError):
     """The instance did not answer a forwarded request in time (it hung, or stopped answering /health)."""
 
@@ -86,5 +100,16 @@ class Unauthorized(LauncherError):
 
 
 class Unprocessable(LauncherError):
+    """A request that failed validation; its `detail` is FastAPI's list of issues (`api.launcher.ValidationIssue`),
+    as FMA's launcher answers."""
+
     status = 422
     reason = ErrorReason.INVALID_BODY
+
+    def __init__(self, issues: list[dict[str, Any]]) -> None:
+        super().__init__("; ".join(f"{'.'.join(map(str, i['loc']))}: {i['msg']}" for i in issues))
+        self.issues = issues
+
+    @property
+    def detail(self) -> list[dict[str, Any]]:
+        return self.issues

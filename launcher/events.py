@@ -37,9 +37,9 @@ class Subscription:
         self._queue = queue
         self._pending = collections.deque(initial)
 
-    async def next(self, idle_timeout: float) -> WatchEvent | None:
+    async def next(self, idle_timeout: float | None) -> WatchEvent | None:
         """The next event; None once the stream has ended; TimeoutError when none came in `idle_timeout`
-        seconds (the caller sends a heartbeat and asks again: no event is lost)."""
+        seconds (the caller sends a heartbeat and asks again: no event is lost), if it is not None."""
         if self._pending:
             return self._pending.popleft()
         return await asyncio.wait_for(self._queue.get(), idle_timeout)

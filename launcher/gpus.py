@@ -86,13 +86,18 @@ def gpu_map_loader(node_name: str, namespace: str) -> Loader:
             await config.load_kube_config()
         async with client.ApiClient() as api:
             configmap = await client.CoreV1Api(api).read_namespaced_config_map(GPU_MAP_CONFIGMAP, namespace)
-        entry = (configmap.data or {}).get(node_name)
-        if entry is None:
-            raise LookupError(f"ConfigMap {namespace}/{GPU_MAP_CONFIGMAP} has no entry for node {node_name}")
-        parsed = json.loads(entry)
-        return {str(uuid): int(index) for uuid, index in parsed.items()}
+        return gpu_map_entry(configmap.data, node_name, namespace)
 
     return load
+
+
+def gpu_map_entry(data: dict[str, str] | None, node_name: str, namespace: str) -> GpuMap:
+    """The node's GPUs in the `data` of a gpu-map ConfigMap (node name -> JSON {"<UUID>": index})."""
+    entry = (data or {}).get(node_name)
+    if entry is None:
+        raise LookupError(f"ConfigMap {namespace}/{GPU_MAP_CONFIGMAP} has no entry for node {node_name}")
+    parsed = json.loads(entry)
+    return {str(uuid): int(index) for uuid, index in parsed.items()}
 
 
 def inventory(mock_count: int | None, node_name: str | None, namespace: str | None) -> GpuInventory:

@@ -8,6 +8,11 @@ A create checks everything that could fail later (sizes, environment, port, the 
 option parser) before it forks. From its first ready on, an instance's liveness is watched
 (`liveness`): one whose engine dies or whose /health stops answering is killed and reported
 STOPPED with its `stop_reason`; a call forwarded to it (sleep, wake) ends when it stops.
+
+At its first ready an instance's answer to a short greedy probe is recorded (`wake_check`); every wake,
+through the launcher or behind its back (vLLM's own /wake_up, seen at the next read or liveness probe),
+is checked against it before the instance is reported awake, and one that fails is killed
+(`WakeCheckFailed`).
 """
 
 import asyncio
@@ -37,11 +42,15 @@ from api.launcher import (
     InstanceStatus,
     StopReason,
     VllmConfig,
+    WakeCheck,
+    WakeCheckStatus,
 )
+from api.log_format import INSTANCE_FIELD
 
-from . import gpu_memory, liveness, process_control, validation
-from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES, Machine
-from .errors import BackendError, BackendTimeout, BadRequest, Conflict, InvalidOptions, NotFound
+from . import gpu_memory, liveness, output_relay, process_control, validation, wake_check
+from .dialect import Dialect
+from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES, EngineDefaults, Machine
+from .errors import BackendError, BackendTimeout, BadRequest, Conflict, InvalidOptions, NotFound, WakeCheckFailed
 from .events import EventLog
 from .fork import fork_instance
 from .gpu_usage import gpu_memory_by_pid
@@ -50,6 +59,7 @@ from .liveness import EngineProcesses, LivenessPolicy, Verdict
 from .metrics import LauncherMetrics
 from .process_stats import ProcessTreeStats
 from .runtimes import ParsedOptions, Runtime
+from .wake_check import ProbeAnswer
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +74,8 @@ SLEEP_STATE_TIMEOUT = aiohttp.ClientTimeout(total=2)
 CONNECT_TIMEOUT_S = 5.0
 REAP_WAIT_S = 1.0  # for the exit code of an instance just killed
 LOG_FILE = "log"  # in the instance's work directory
+MAX_DETAIL_CHARS = 500  # of a wake check's detail, which every event of the instance carries
+OUTPUT_DRAIN_S = 5.0  # the most a stop waits for an instance's last output lines to be copied
 DEFAULT_RUNTIME = "vllm"  # when the instance names none
 T = TypeVar("T")
 
@@ -85,6 +97,22 @@ class ManagerSettings:
     # The most a forwarded sleep or wake may take; one to an instance that hangs fails sooner, when
     # its liveness check kills it.
     backend_timeout_seconds: float = 120.0
+    dialect: Dialect = field(default_factory=Dialect)  # which events are recorded
+    verify_wakes: bool = True  # the post-wake check, for instances that do not say (VllmConfig.verify_wakes)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A create that passed every check: what to start, and how."""
+
+    instance_id: str
+    config: VllmConfig  # with the GPUs' CUDA_VISIBLE_DEVICES echoed in `env_vars`
+    runtime: Runtime
+    parsed: ParsedOptions
+    argv: list[str]  # the effective options: the user's, the defaults added, the launcher's --host
+    defaults: EngineDefaults
+    port: int
+    env: dict[str, str]  # the instance's environment (the user's, and CUDA_VISIBLE_DEVICES)
 
 
 @dataclass
@@ -110,12 +138,20 @@ class Instance:
     stopping: bool = False  # asked to stop (a DELETE, the launcher's shutdown)
     engine: EngineProcesses | None = None  # found at the first ready
     health_failing: bool = False  # its last /health probe failed
+    wake_check: WakeCheck = field(default_factory=lambda: WakeCheck(status=WakeCheckStatus.OFF))
+    output: "asyncio.Task[None] | None" = None  # copies its log to the launcher's stdout (output_relay)
+    probe: ProbeAnswer | None = None  # recorded at its first ready
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def log_path(self) -> Path:
         return self.work_dir / LOG_FILE
+
+    @property
+    def log(self) -> logging.LoggerAdapter[logging.Logger]:
+        """The launcher's log, its records about this instance carrying its ID (`instance`)."""
+        return logging.LoggerAdapter(log, {INSTANCE_FIELD: self.id})
 
     @property
     def running(self) -> bool:
@@ -139,6 +175,7 @@ class Instance:
             port=self.port,
             exit_code=self.exit_code,
             stop_reason=self.stop_reason,
+            wake_check=self.wake_check.model_copy(),
             process=self.stats.sample(gpu_usage) if detail and self.running else None,
         )
 
@@ -213,6 +250,45 @@ class InstanceManager:
 
     async def create(self, config: VllmConfig, instance_id: str | None = None) -> InstanceState:
         """Check everything that could fail later, then fork; nothing is started for a refused request."""
+        admitted = await self._admit(config, instance_id)
+        # `_admit` ends with the checks that must not be raced, and nothing awaits from there to the insert.
+        instance_id, runtime, effective, port = admitted.instance_id, admitted.runtime, admitted.argv, admitted.port
+        work_dir = self.settings.state_dir / instance_id
+        work_dir.mkdir(parents=True, exist_ok=True)
+        temp_dir = _short_temp_dir()
+        child_env = {**runtime.child_environment(), "TMPDIR": str(temp_dir), **admitted.env}
+        started = time.monotonic()
+        pid = fork_instance(runtime, effective, child_env, work_dir / LOG_FILE, f"dualpods-instance {instance_id}")
+        self.metrics.fork_seconds.observe(time.monotonic() - started)
+        instance = Instance(
+            id=instance_id,
+            config=admitted.config,
+            argv=effective,
+            defaults_applied=admitted.defaults.chosen,
+            port=port,
+            pid=pid,
+            work_dir=work_dir,
+            temp_dir=temp_dir,
+            created_at=started,
+            stats=ProcessTreeStats(pid),
+            wake_check=WakeCheck(
+                status=WakeCheckStatus.PENDING if self._verifies(admitted.config) else WakeCheckStatus.OFF
+            ),
+        )
+        self._instances[instance_id] = instance
+        instance.log.info(
+            "created instance %s (pid %d, port %d): %s; defaults added: %s",
+            instance_id, pid, port, shlex.join(effective), admitted.defaults.chosen or "none",
+        )  # fmt: skip
+        self._publish(instance, EventType.CREATED)
+        self.reaper.watch(pid, lambda code: self._on_exit(instance, code))
+        instance.output = self._spawn(output_relay.follow(instance.log_path, instance.id, instance.exited))
+        self._spawn(self._serve(instance, runtime))
+        return instance.state()
+
+    async def _admit(self, config: VllmConfig, instance_id: str | None) -> Admission:
+        """Every check of a create, in order; what to start. It returns right after the checks that must
+        not be raced (no await between them and the caller's insert)."""
         if instance_id is None:
             instance_id = str(uuid.uuid4())
         elif not INSTANCE_ID.match(instance_id):
@@ -236,7 +312,7 @@ class InstanceManager:
         port = int(parsed.values.port)
         validation.check_port(port, self.settings.port)
         env = dict(config.env_vars or {})
-        if config.gpu_uuids is not None:
+        if config.gpu_uuids:  # as FMA: an empty list leaves every GPU visible
             indices = await self.gpus.indices(config.gpu_uuids)
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in indices)
             # Echoed in the state, as FMA does, so clients see the devices the instance got.
@@ -254,34 +330,10 @@ class InstanceManager:
         if holder is not None:
             raise Conflict(f"port {port} is already used by instance {holder.id}", ErrorReason.PORT_IN_USE)
         validation.check_port_free(self.host, port)
-        work_dir = self.settings.state_dir / instance_id
-        work_dir.mkdir(parents=True, exist_ok=True)
-        temp_dir = _short_temp_dir()
-        child_env = {**runtime.child_environment(), "TMPDIR": str(temp_dir), **env}
-        started = time.monotonic()
-        pid = fork_instance(runtime, effective, child_env, work_dir / LOG_FILE, f"dualpods-instance {instance_id}")
-        self.metrics.fork_seconds.observe(time.monotonic() - started)
-        instance = Instance(
-            id=instance_id,
-            config=config,
-            argv=effective,
-            defaults_applied=defaults.chosen,
-            port=port,
-            pid=pid,
-            work_dir=work_dir,
-            temp_dir=temp_dir,
-            created_at=started,
-            stats=ProcessTreeStats(pid),
-        )
-        self._instances[instance_id] = instance
-        log.info(
-            "created instance %s (pid %d, port %d): %s; defaults added: %s",
-            instance_id, pid, port, shlex.join(effective), defaults.chosen or "none",
-        )  # fmt: skip
-        self._publish(instance, EventType.CREATED)
-        self.reaper.watch(pid, lambda code: self._on_exit(instance, code))
-        self._spawn(self._serve(instance, runtime))
-        return instance.state()
+        return Admission(instance_id, config, runtime, parsed, effective, defaults, port, env)
+
+    def _verifies(self, config: VllmConfig) -> bool:
+        return self.settings.verify_wakes if config.verify_wakes is None else config.verify_wakes
 
     def _check_id_free(self, instance_id: str) -> None:
         if instance_id in self._instances:
@@ -310,11 +362,15 @@ class InstanceManager:
         await self._await_ready(instance)
         if not instance.running:
             return
+        if instance.wake_check.status is WakeCheckStatus.PENDING:
+            self._spawn(self._record_probe(instance, runtime))
         instance.engine = EngineProcesses.find(instance.pid, runtime.is_engine_process)
         if instance.engine is None:
             return  # its server is already gone; the reaper reports it
         if instance.engine.engine:
-            log.info("instance %s: watching its engine processes %s", instance.id, ", ".join(instance.engine.titles))
+            instance.log.info(
+                "instance %s: watching its engine processes %s", instance.id, ", ".join(instance.engine.titles)
+            )
         try:
             verdict = await self._while_running(
                 instance, liveness.watch(instance.engine, lambda: self._probe_health(instance), self.settings.liveness)
@@ -340,11 +396,85 @@ class InstanceManager:
         instance.ready = True
         elapsed = time.monotonic() - instance.created_at
         self.metrics.ready_seconds.observe(elapsed)
-        log.info("instance %s is ready after %.2f s", instance.id, elapsed)
+        instance.log.info("instance %s is ready after %.2f s", instance.id, elapsed)
         self._publish(instance, EventType.READY)
 
+    async def _asleep(self, instance: Instance) -> bool:
+        try:
+            async with self.session.get(
+                f"{self._base_url(instance)}/is_sleeping", timeout=SLEEP_STATE_TIMEOUT
+            ) as response:
+                return response.status == 200 and (await response.json())["is_sleeping"] is True
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
+            return False
+
+    async def _record_probe(self, instance: Instance, runtime: Runtime, locked: bool = False) -> None:
+        """Record the instance's answer to the probe, once it is ready (not before: a runtime's first completion
+        can take seconds, vLLM's first with log-probabilities on a CPU about 2.5 s, which would delay every cold
+        start); a sleep waits for it. Without an answer its wakes go unchecked (and the state says why)."""
+        started = time.monotonic()
+        ask = wake_check.ask(self.session, self._base_url(instance), wake_check.PROBE_PROMPT, runtime.probe_logprobs)
+        try:
+            async with contextlib.nullcontext() if locked else instance.lock:
+                answer = await self._while_running(instance, ask)
+        except InstanceExited:
+            return
+        except wake_check.ProbeError as err:
+            if await self._asleep(instance):  # put to sleep behind the launcher's back meanwhile
+                instance.log.info(
+                    "instance %s: its probe was cut short by a sleep; recorded at its next wake", instance.id
+                )
+                return
+            instance.log.warning(
+                "instance %s: cannot record its probe, so its wakes go unchecked: %s", instance.id, err
+            )
+            instance.wake_check = WakeCheck(status=WakeCheckStatus.UNAVAILABLE, detail=str(err)[:MAX_DETAIL_CHARS])
+            return
+        instance.probe = answer
+        instance.wake_check = WakeCheck(status=WakeCheckStatus.RECORDED, probe=answer.recorded())
+        instance.log.info("instance %s: recorded its probe in %.3f s: %s", instance.id, time.monotonic() - started,
+                 answer.recorded().model_dump_json(exclude_none=True))  # fmt: skip
+
+    async def _check_wake(self, instance: Instance, runtime: Runtime) -> None:
+        """Replay the probe of an instance just woken; kill it and raise WakeCheckFailed if it answers otherwise.
+        One whose probe a sleep cut short before it was recorded has it recorded now."""
+        recorded = instance.probe
+        if recorded is None:
+            self.metrics.wake_checks.labels("unchecked").inc()
+            if instance.wake_check.status is WakeCheckStatus.PENDING:
+                await self._record_probe(instance, runtime, locked=True)
+            return
+        started = time.monotonic()
+        prompt = recorded.prompt_token_ids or wake_check.PROBE_PROMPT
+        ask = wake_check.ask(self.session, self._base_url(instance), prompt, recorded.logprobs is not None)
+        try:
+            problem = wake_check.compare(recorded, await self._while_running(instance, ask))
+        except wake_check.ProbeError as err:
+            problem = str(err)
+        except InstanceExited:
+            raise BackendError(
+                f"instance {instance.id} stopped (exit code {instance.exit_code}) during its post-wake check"
+            ) from None
+        elapsed = time.monotonic() - started
+        self.metrics.wake_check_seconds.observe(elapsed)
+        instance.wake_check.last_seconds = round(elapsed, 6)
+        if problem is None:
+            instance.wake_check.passed += 1
+            self.metrics.wake_checks.labels("passed").inc()
+            return
+        self.metrics.wake_checks.labels("failed").inc()
+        instance.wake_check.detail = problem[:MAX_DETAIL_CHARS]
+        self._kill(instance, Verdict(StopReason.WAKE_CHECK_FAILED, f"woken, it failed its post-wake check: {problem}"))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(instance.exited.wait(), REAP_WAIT_S)
+        raise WakeCheckFailed(
+            f"instance {instance.id} failed its post-wake check and was killed: {problem}; create it again"
+        )
+
     async def _probe_health(self, instance: Instance) -> str | None:
-        """One liveness probe of the instance's /health: None when it answered 200, else what went wrong."""
+        """One liveness probe of the instance's /health: None when it answered 200, else what went wrong. A healthy
+        instance's sleep state is looked at too, so a sleep or wake asked of its server directly is seen (and a
+        wake checked) within an interval, whether or not anyone reads the launcher meanwhile."""
         timeout_s = self.settings.liveness.health_timeout_s
         try:
             async with self.session.get(
@@ -356,6 +486,8 @@ class InstanceManager:
         except aiohttp.ClientError as err:
             problem = f"{type(err).__name__}: {err}"
         instance.health_failing = problem is not None
+        if problem is None and not instance.lock.locked():
+            self._spawn(self._refresh_sleep_state(instance))
         return problem
 
     def _kill(self, instance: Instance, verdict: Verdict) -> None:
@@ -363,15 +495,16 @@ class InstanceManager:
         gracefully. Its STOPPED event follows when the reaper has its exit code."""
         if not instance.running or instance.stopping:
             return  # it is already going; this stop was asked for
-        log.warning("instance %s: %s; killing its process group (%s)", instance.id, verdict.message, verdict.reason)
+        instance.log.warning(
+            "instance %s: %s; killing its process group (%s)", instance.id, verdict.message, verdict.reason
+        )
         instance.stop_reason = verdict.reason
         self._signal(instance, signal.SIGKILL)
 
     # ----- sleeping and waking (E1)
 
     async def sleep(self, instance_id: str, level: int) -> InstanceState:
-        if level not in (1, 2):
-            raise BadRequest(f"invalid sleep level {level}: use 1 (offload weights) or 2 (discard them)")
+        """Sleep at `level` 1 (weights offloaded to host memory) or 2 (discarded)."""
         instance = self.get(instance_id)
         async with instance.lock:
             self._require_serving(instance)
@@ -391,6 +524,7 @@ class InstanceManager:
                 started = time.monotonic()
                 await self._call_backend(instance, "POST", "/wake_up")
                 self.metrics.wake_seconds.observe(time.monotonic() - started)
+                await self._check_wake(instance, self._runtime(instance.config.runtime))
                 instance.sleeping, instance.sleep_level = False, None
                 self._publish(instance, EventType.AWAKE)
         return instance.state()
@@ -405,8 +539,9 @@ class InstanceManager:
             raise Conflict(f"Instance {instance.id} is still starting; retry when it is ready", ErrorReason.NOT_READY)
 
     async def _refresh_sleep_state(self, instance: Instance) -> None:
-        """Pick up sleeps and wakes that clients asked of the server directly (vLLM's own routes); not
-        of one whose /health fails, which would hold every read for the timeout."""
+        """Pick up sleeps and wakes that clients asked of the server directly (vLLM's own routes), a wake
+        checked before it is recorded; not of one whose /health fails, which would hold every read for the
+        timeout."""
         if not (instance.running and instance.ready) or instance.lock.locked() or instance.health_failing:
             return
         try:
@@ -418,9 +553,17 @@ class InstanceManager:
             return
         if sleeping is None or sleeping == instance.sleeping or instance.lock.locked() or not instance.running:
             return
-        instance.sleeping = sleeping
-        instance.sleep_level = None
-        self._publish(instance, EventType.SLEEPING if sleeping else EventType.AWAKE)
+        async with instance.lock:
+            if sleeping == instance.sleeping or not instance.running:
+                return  # another read saw it first
+            if not sleeping:
+                try:
+                    await self._check_wake(instance, self._runtime(instance.config.runtime))
+                except (WakeCheckFailed, BackendError):
+                    return  # killed, or stopped meanwhile: its STOPPED event says so
+            instance.sleeping = sleeping
+            instance.sleep_level = None
+            self._publish(instance, EventType.SLEEPING if sleeping else EventType.AWAKE)
 
     async def _call_backend(self, instance: Instance, method: str, path: str) -> None:
         """Forward a call to the instance's server; it fails (never hangs) when the server does not answer
@@ -481,9 +624,10 @@ class InstanceManager:
         instance.deleting = True
         await self._stop(instance)
         del self._instances[instance_id]
+        await _copied(instance)
         _remove_files(instance)
         self._publish(instance, EventType.DELETED)
-        log.info("deleted instance %s", instance_id)
+        instance.log.info("deleted instance %s", instance_id)
         return instance.state()
 
     async def delete_all(self) -> DeleteAllResult:
@@ -503,7 +647,7 @@ class InstanceManager:
             try:
                 await asyncio.wait_for(instance.exited.wait(), grace)
             except TimeoutError:
-                log.warning("instance %s ignored SIGTERM for %.0f s; killing it", instance.id, grace)
+                instance.log.warning("instance %s ignored SIGTERM for %.0f s; killing it", instance.id, grace)
                 self._signal(instance, signal.SIGKILL)
                 await instance.exited.wait()
 
@@ -525,7 +669,7 @@ class InstanceManager:
             self.metrics.stops.labels(instance.stop_reason).inc()
         if instance.deleting:
             return  # the DELETE reports it
-        log.warning(
+        instance.log.warning(
             "instance %s stopped with exit code %d (%s); its log: %s",
             instance.id, exit_code, instance.stop_reason or "asked to stop", instance.log_path,
         )  # fmt: skip
@@ -535,6 +679,7 @@ class InstanceManager:
         """Stop every instance and its process tree; used when the launcher itself stops."""
         instances = list(self._instances.values())
         await asyncio.gather(*(self._stop(i) for i in instances))
+        await asyncio.gather(*(_copied(i) for i in instances))
         for instance in instances:
             _remove_files(instance)
         for task in self._tasks:
@@ -552,13 +697,16 @@ class InstanceManager:
         return self._session
 
     def _publish(self, instance: Instance, type_: EventType, exit_code: int | None = None) -> None:
+        if not self.settings.dialect.publishes(type_):
+            return
         instance.revision = self.events.next_revision()
         self.events.publish(type_, instance.state(), exit_code)
 
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> "asyncio.Task[None]":
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
 
 def _short_temp_dir() -> Path:
@@ -567,6 +715,13 @@ def _short_temp_dir() -> Path:
     if len(root) + len(TEMP_DIR_PREFIX) + 8 + IPC_NAME_CHARS + 2 > MAX_IPC_PATH_CHARS:
         root = "/tmp"
     return Path(tempfile.mkdtemp(prefix=TEMP_DIR_PREFIX, dir=root))
+
+
+async def _copied(instance: Instance) -> None:
+    """Until the instance's output is on the launcher's stdout, its last lines included (it has exited)."""
+    if instance.output is not None:
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(instance.output), OUTPUT_DRAIN_S)
 
 
 def _remove_files(instance: Instance) -> None:

@@ -7,6 +7,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 _SECONDS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
+_SHORT_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
 class _InstancesByState(Collector):
@@ -55,8 +56,22 @@ class LauncherMetrics:
         )
         self.stops = Counter(
             "dualpods_launcher_instance_stops",
-            "Instances that stopped without being asked to, by why (Exited, EngineDied, Unresponsive).",
+            "Instances that stopped without being asked to, by why "
+            "(Exited, EngineDied, Unresponsive, WakeCheckFailed).",
             ["reason"],
+            registry=self.registry,
+        )
+        self.wake_checks = Counter(
+            "dualpods_launcher_wake_checks",
+            "Wakes by the outcome of their post-wake check: passed, failed (the instance was killed), unchecked "
+            "(no probe was recorded: verify_wakes off, or the runtime could not answer it).",
+            ["result"],
+            registry=self.registry,
+        )
+        self.wake_check_seconds = Histogram(
+            "dualpods_launcher_wake_check_seconds",
+            "Time to replay an instance's probe after a wake (not in dualpods_launcher_wake_seconds).",
+            buckets=_SHORT_SECONDS,
             registry=self.registry,
         )
         self.http_requests = Counter(

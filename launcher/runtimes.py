@@ -32,6 +32,8 @@ class ParsedOptions:
 class Runtime(ABC):
     name: str
     on_cpu = True  # set by preload where it matters
+    # Whether its completions give log-probabilities (the post-wake probe compares them too).
+    probe_logprobs = True
     # Top-level modules the runtime cannot run without, and the extra that brings them (docs/install.md).
     requires: tuple[str, ...] = ()
     install_hint = ""
@@ -217,6 +219,7 @@ class TransformersRuntime(KnownArgsRuntime):
     """The transformers fallback runtime (E4, E5): `python -m transformers_runtime` in the child."""
 
     name = "transformers"
+    probe_logprobs = False  # it refuses `logprobs`; the probe compares token IDs alone
     requires = ("transformers", "peft", "torch")
     install_hint = "install dualpods[launcher-cpu] or dualpods[launcher-gpu]"
 

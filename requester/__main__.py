@@ -13,14 +13,15 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import FrameType
 
 import psutil
 
+from api import log_format
 from api.requester import DEFAULT_TRUSTED_CONTROLLERS, requester_audience
 
-from . import probes, proxy, spi, structured_logs
+from . import probes, proxy, spi
 from .backend_limits import BackendLimits
 from .gpus import GpuDiscoveryError, GpuSource, SourceChoice, discover
 from .log_relay import LogRelay
@@ -64,9 +65,11 @@ def _one_of(allowed: tuple[str, ...]) -> Callable[[str], str]:
     return check
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.environ) -> argparse.Namespace:
+    """The flags, each variable they default to read from `environ` (a container's, in a simulation)."""
+
     def env(name: str, default: str) -> str:
-        return os.environ.get(name) or default
+        return environ.get(name) or default
 
     parser = argparse.ArgumentParser(
         prog="python -m requester",
@@ -127,6 +130,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=env("REQUESTER_LOG_LEVEL", "info"),
         help="(env REQUESTER_LOG_LEVEL; default info)",
     )
+    log_format.add_argument(parser, default="json", env="REQUESTER_LOG_FORMAT")
     parser.add_argument(
         "--pod-name",
         default=env("POD_NAME", socket.gethostname()),
@@ -214,7 +218,7 @@ def build_listeners(
 def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _exit_before_serving)
     args = parse_args(argv)
-    structured_logs.configure(args.log_level, args.pod_name)
+    log_format.configure("requester", args.log_level, args.log_format, requester=args.pod_name)
     process_started = psutil.Process().create_time()
     try:
         gpus = discover(SourceChoice(args.gpu_source), parse(os.environ.get(ENV_NAME)))

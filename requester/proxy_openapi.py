@@ -6,6 +6,7 @@ It is served on the SPI port (`/v1/proxy/openapi.json`), because the proxy port'
 model server's own document, forwarded like every other path.
 """
 
+import functools
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -69,7 +70,9 @@ def _monitoring() -> Operation:
                      tags=("monitoring",))  # fmt: skip
 
 
+@functools.cache
 def document() -> dict[str, Any]:
+    """Built once per process (pydantic's JSON schemas take ~20 ms): callers serve it, never change it."""
     operations: list[tuple[str, str, Operation]] = [
         ("GET", "/ready", Operation("Whether the proxy would forward at once (bound and ready)", {
             200: Reply("`OK`", TEXT), 503: Reply("`Service Unavailable`", TEXT)})),

@@ -30,6 +30,7 @@ import os
 import ssl
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -229,13 +230,15 @@ class _Unconfigured:
         return None
 
 
-def review_api(kubeconfig: str | None) -> ReviewApi:
+def review_api(
+    kubeconfig: str | None, environ: Mapping[str, str] = os.environ, account_dir: Path = SERVICE_ACCOUNT_DIR
+) -> ReviewApi:
     """In a Pod its ServiceAccount (unless a kubeconfig is given), else the kubeconfig (`--kubeconfig`,
-    `$KUBECONFIG`)."""
-    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT", "443")
+    `$KUBECONFIG`). `environ` and `account_dir` are the Pod's (a simulation passes a container's own)."""
+    host, port = environ.get("KUBERNETES_SERVICE_HOST"), environ.get("KUBERNETES_SERVICE_PORT", "443")
     if kubeconfig is None and host:
-        return InClusterApi(host, port)
-    path = kubeconfig or os.environ.get("KUBECONFIG")
+        return InClusterApi(host, port, account_dir)
+    path = kubeconfig or environ.get("KUBECONFIG")
     return KubeconfigApi(path) if path else _Unconfigured()
 
 

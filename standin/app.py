@@ -49,7 +49,7 @@ async def _inference(request: web.Request, chat: bool) -> web.StreamResponse:
         body = await request.json()
     except json.JSONDecodeError as error:
         raise ApiError(400, f"JSON decode error: {error}", "body") from error
-    job = Job.parse(body, chat, engine.served_names)
+    job = Job.parse(body, chat, engine.served_names, engine.corruption)
     async with engine.admit():
         if not job.stream:
             return web.json_response(job.response())

@@ -3,6 +3,7 @@
 The flags that shape what a client sees (`--model`, `--served-model-name`, `--host`, `--port`,
 `--max-model-len`) mean what they mean to vLLM; every other vLLM flag (`--dtype float32`,
 `--enforce-eager`, ...) is accepted and ignored, so an instance's vLLM option string works unchanged.
+As vLLM, it logs at the level VLLM_LOGGING_LEVEL names (default INFO).
 """
 
 import argparse
@@ -10,6 +11,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
+import os
 import shlex
 import signal
 
@@ -42,6 +44,13 @@ def _seconds(value: str) -> float:
     return seconds
 
 
+def _wake_count(value: str) -> int:
+    count = int(value)
+    if count < 1:
+        raise argparse.ArgumentTypeError(f"a wake count starts at 1, not {value}")
+    return count
+
+
 def build_parser() -> argparse.ArgumentParser:
     """vLLM's client-visible serve flags plus the stand-in's delays; see `main` for the rest."""
     parser = argparse.ArgumentParser(
@@ -59,6 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
     delays.add_argument("--sleep-delay", type=_seconds, default=0.0, help="of each POST /sleep")
     delays.add_argument("--wake-delay", type=_seconds, default=0.0, help="of each POST /wake_up")
     delays.add_argument("--request-delay", type=_seconds, default=0.0, help="of each inference request")
+    delays.add_argument(
+        "--shutdown-delay", type=_seconds, default=0.0, help="from SIGTERM to exiting (a server slow to stop)"
+    )
+    parser.add_argument(
+        "--corrupt-after-wake",
+        type=_wake_count,
+        default=None,
+        metavar="N",
+        help="answer other tokens from the N-th wake on (a model a sleep/wake cycle corrupted; N >= 1)",
+    )
     return parser
 
 
@@ -81,6 +100,7 @@ async def _serve(args: argparse.Namespace) -> None:
         sleep_delay=args.sleep_delay,
         wake_delay=args.wake_delay,
         request_delay=args.request_delay,
+        corrupt_after_wake=args.corrupt_after_wake,
     )
     runner = web.AppRunner(create_app(engine), shutdown_timeout=SHUTDOWN_GRACE_S)
     await runner.setup()
@@ -89,6 +109,7 @@ async def _serve(args: argparse.Namespace) -> None:
         log.info("serving %s on http://%s:%d", ", ".join(engine.served_names), args.host, args.port)
         await stop.wait()
         log.info("shutting down")
+        await asyncio.sleep(args.shutdown_delay)
     finally:
         await runner.cleanup()
 
@@ -96,7 +117,10 @@ async def _serve(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then return (exit status 0). Blocks; `argv` as vLLM's."""
     args, ignored = build_parser().parse_known_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    level = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper()
+    if level not in logging.getLevelNamesMapping():
+        level = "INFO"
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     if ignored:
         log.info("ignoring flags the stand-in does not model: %s", shlex.join(ignored))
     asyncio.run(_serve(args))

@@ -3,6 +3,9 @@
 Real vLLM pauses its scheduler while asleep: requests that arrive are neither rejected nor served
 until `/wake_up`. The engine reproduces that with a gate that inference requests pass through, and
 exports the same gauges (`vllm:num_requests_*`, `vllm:engine_sleep_state`) so tests can watch it.
+It can also come back wrong from a wake, on purpose (`corrupt_after_wake`): from that wake on it
+answers other tokens, as a model whose weights a sleep/wake cycle corrupted does, while every route
+keeps answering 200.
 """
 
 import asyncio
@@ -26,6 +29,7 @@ class Engine:
         sleep_delay: float = 0.0,
         wake_delay: float = 0.0,
         request_delay: float = 0.0,
+        corrupt_after_wake: int | None = None,
     ) -> None:
         self.served_names = served_names
         self.root = root
@@ -33,6 +37,8 @@ class Engine:
         self._sleep_delay = sleep_delay
         self._wake_delay = wake_delay
         self._request_delay = request_delay
+        self._corrupt_after_wake = corrupt_after_wake
+        self.wakes = 0
         self._level: int | None = None  # the sleep level, None while awake
         self._awake = asyncio.Event()
         self._awake.set()
@@ -65,6 +71,11 @@ class Engine:
     def is_sleeping(self) -> bool:
         return self._level is not None
 
+    @property
+    def corruption(self) -> int:
+        """How far off its answers are: 0 until the `corrupt_after_wake`-th wake, 1 from then on."""
+        return int(self._corrupt_after_wake is not None and self.wakes >= self._corrupt_after_wake)
+
     async def sleep(self, level: int) -> None:
         """Stop admitting requests now; after the sleep delay, report sleeping at `level`.
 
@@ -79,6 +90,8 @@ class Engine:
         """After the wake delay, report awake and release every held request."""
         async with self._transition:
             await asyncio.sleep(self._wake_delay)
+            if self._level is not None:
+                self.wakes += 1
             self._level = None
             self._awake.set()
 

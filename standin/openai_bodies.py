@@ -3,11 +3,16 @@
 The stand-in answers the way vLLM's OpenAI server does — same objects, ids, `finish_reason`,
 `usage`, chunk sequence (a role chunk first for chat, `finish_reason` on the last token, an optional
 usage chunk) — so clients and proxies can be tested without a model. A "token" is one word of a
-fixed text; prompt tokens are the prompt's whitespace-separated words.
+fixed text; prompt tokens are the prompt's whitespace-separated words, or the token IDs it is made of.
+As vLLM, a completion can also carry token IDs (`return_token_ids`: `prompt_token_ids` and `token_ids`)
+and log-probabilities (`logprobs: N`, with `return_tokens_as_token_ids`), which a greedy probe of the
+model compares (the launcher's post-wake check). A corrupted engine (`--corrupt-after-wake`) answers
+other tokens, as a model whose weights came back wrong from a wake would.
 """
 
 import time
 import uuid
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,15 +21,40 @@ from api.openai_errors import ApiError
 
 WORDS = ("The", "stand-in", "server", "answers", "every", "prompt", "with", "this", "same", "text.")
 DEFAULT_MAX_TOKENS = 16
+VOCAB_SIZE = 32000
+WORD_TOKEN_IDS = tuple(range(1000, 1000 + len(WORDS)))  # the token ID of each word of the canned text
+LOGPROB = -0.25  # of every token it answers; the runner-up is RUNNER_UP_LOGPROB
+RUNNER_UP_LOGPROB = -2.5
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
 
 
-def canned_pieces(count: int) -> list[str]:
-    """The first `count` tokens of the canned answer, each with its leading space."""
-    return [("" if i == 0 else " ") + WORDS[i % len(WORDS)] for i in range(count)]
+def canned_pieces(count: int, shift: int = 0) -> list[str]:
+    """The first `count` tokens of the canned answer, each with its leading space (`shift`: a corrupted one)."""
+    return [("" if i == 0 else " ") + WORDS[(i + shift) % len(WORDS)] for i in range(count)]
+
+
+def canned_token_ids(count: int, shift: int = 0) -> list[int]:
+    return [WORD_TOKEN_IDS[(i + shift) % len(WORDS)] for i in range(count)]
+
+
+def word_token_id(word: str) -> int:
+    return zlib.crc32(word.encode()) % VOCAB_SIZE
 
 
 def _words(text: object) -> int:
     return len(text.split()) if isinstance(text, str) else 0
+
+
+def _prompt_token_ids(prompt: str | list[int]) -> list[int]:
+    return list(prompt) if isinstance(prompt, list) else [word_token_id(w) for w in prompt.split()]
+
+
+def _is_token_ids(prompt: object) -> bool:
+    return (
+        isinstance(prompt, list)
+        and bool(prompt)
+        and all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < VOCAB_SIZE for t in prompt)
+    )
 
 
 def _message_words(message: object) -> int:
@@ -56,11 +86,15 @@ class Job:
     prompt_tokens: int
     stream: bool
     include_usage: bool
+    prompt_token_ids: tuple[list[int], ...] = ()  # per prompt, with return_token_ids
+    logprobs: int | None = None  # top log-probabilities per token asked for
+    token_ids_as_tokens: bool = False  # return_tokens_as_token_ids
+    shift: int = 0  # a corrupted engine's
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     created: int = field(default_factory=lambda: int(time.time()))
 
     @classmethod
-    def parse(cls, body: object, chat: bool, served_names: list[str]) -> "Job":
+    def parse(cls, body: object, chat: bool, served_names: list[str], shift: int = 0) -> "Job":
         """Validate a request body as vLLM would; raise `ApiError` 400/404 where vLLM does."""
         if not isinstance(body, dict):
             raise ApiError(400, "The request body must be a JSON object.", "body")
@@ -73,14 +107,30 @@ class Job:
             if not isinstance(messages, list) or not messages:
                 raise ApiError(400, "messages must be a non-empty list.", "messages")
             prompts, prompt_tokens = 1, sum(_message_words(m) for m in messages)
+            token_prompts: list[str | list[int]] = []
         else:
             prompt = body.get("prompt")
-            batch = prompt if isinstance(prompt, list) else [prompt]
-            if not batch or not all(isinstance(p, str) and p for p in batch):
+            batch = [prompt] if isinstance(prompt, str) or _is_token_ids(prompt) else prompt
+            if (
+                not isinstance(batch, list)
+                or not batch
+                or not all((isinstance(p, str) and p) or _is_token_ids(p) for p in batch)
+            ):
                 raise ApiError(400, "Either prompt or prompt_embeds must be provided and non-empty.", "prompt")
-            prompts, prompt_tokens = len(batch), sum(_words(p) for p in batch)
+            token_prompts = batch
+            prompts, prompt_tokens = len(batch), sum(len(_prompt_token_ids(p)) for p in batch)
+        logprobs = None if chat else body.get("logprobs")  # chat's logprobs are not modelled
+        if logprobs is not None and (
+            not isinstance(logprobs, int) or isinstance(logprobs, bool) or not 0 <= logprobs <= MAX_LOGPROBS
+        ):
+            raise ApiError(400, f"logprobs must be an integer from 0 to {MAX_LOGPROBS}, got {logprobs!r}.", "logprobs")
+        with_ids = body.get("return_token_ids") is True and not chat
         stream_options = body.get("stream_options") or {}
         return cls(
+            prompt_token_ids=tuple(_prompt_token_ids(p) for p in token_prompts) if with_ids else (),
+            logprobs=logprobs,
+            token_ids_as_tokens=body.get("return_tokens_as_token_ids") is True,
+            shift=shift,
             chat=chat,
             model=model,
             choices=prompts * _positive_int(body, "n", default=1),
@@ -105,19 +155,39 @@ class Job:
             "completion_tokens": completion_tokens,
         }
 
+    def _logprobs(self) -> dict[str, Any] | None:
+        """vLLM's completion `logprobs` object for the canned tokens (the runner-up is the next word)."""
+        if self.logprobs is None:
+            return None
+        pieces = canned_pieces(self.max_tokens, self.shift)
+        ids = canned_token_ids(self.max_tokens + 1, self.shift)
+        names = [f"token_id:{t}" for t in ids] if self.token_ids_as_tokens else [*pieces, WORDS[0]]
+        top = [{names[i]: LOGPROB, names[i + 1]: RUNNER_UP_LOGPROB} for i in range(len(pieces))]
+        return {
+            "text_offset": [sum(map(len, pieces[:i])) for i in range(len(pieces))],
+            "token_logprobs": [LOGPROB] * len(pieces),
+            "tokens": names[: len(pieces)],
+            "top_logprobs": [dict(list(t.items())[: self.logprobs]) for t in top] if self.logprobs else None,
+        }
+
     def response(self) -> dict[str, Any]:
         """The whole answer, as a non-streaming request gets it."""
-        text = "".join(canned_pieces(self.max_tokens))
+        text = "".join(canned_pieces(self.max_tokens, self.shift))
         payload: dict[str, Any] = {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
-        choices = [
-            {"index": i, **payload, "logprobs": None, "finish_reason": "length", "stop_reason": None}
-            for i in range(self.choices)
-        ]
+        choices = []
+        logprobs = self._logprobs()
+        for i in range(self.choices):
+            choice = {"index": i, **payload, "logprobs": logprobs, "finish_reason": "length", "stop_reason": None}
+            if self.prompt_token_ids:
+                per_prompt = self.choices // len(self.prompt_token_ids)
+                choice["prompt_token_ids"] = self.prompt_token_ids[i // per_prompt]
+                choice["token_ids"] = canned_token_ids(self.max_tokens, self.shift)
+            choices.append(choice)
         return {**self._envelope(chunk=False), "choices": choices, "usage": self._usage()}
 
     def chunks(self) -> Iterator[dict[str, Any]]:
         """The answer as SSE `data:` objects, in vLLM's order (without the final `[DONE]`)."""
-        pieces = canned_pieces(self.max_tokens)
+        pieces = canned_pieces(self.max_tokens, self.shift)
         if self.chat:
             for i in range(self.choices):
                 yield self._chunk(i, {"delta": {"role": "assistant", "content": ""}}, None)

@@ -29,6 +29,7 @@ import psutil
 import requests
 import schemathesis
 from schemathesis.core.result import Err
+from schemathesis.core.transport import Response
 from schemathesis.specs.openapi.checks import negative_data_rejection
 
 MAX_EXAMPLES = 200  # per operation and mode, the issue's bound
@@ -38,6 +39,14 @@ REQUEST_TIMEOUT_S = 30.0
 def detail_message(body: Any) -> str | None:
     """`{"detail": ...}`: the requester's SPI (and FMA's launcher)."""
     return body.get("detail") if isinstance(body, dict) else None
+
+
+def launcher_message(body: Any) -> str | None:
+    """The launcher's `{"detail": ..., "reason": ...}`: a message, or for a 422 FastAPI's list of issues."""
+    detail = detail_message(body)
+    if isinstance(detail, list):
+        return "; ".join(str(issue.get("msg", "")) for issue in detail if isinstance(issue, dict)) or None
+    return detail
 
 
 def openai_message(body: Any) -> str | None:
@@ -60,6 +69,12 @@ class FuzzTarget:
     headers: dict[str, str] = field(default_factory=dict)  # sent with every request
     # Whether what the document forbids must be refused; False for a proxy, which forwards what it cannot judge.
     rejects_invalid: bool = True
+    # Operations ("GET /watch") whose accepted requests never end (a stream that a server keeps alive): their
+    # answers' status and headers are checked, and a successful answer's body is not read.
+    streaming: frozenset[str] = frozenset()
+    # Child processes the server accounts for at the end (PIDs), beyond those it had at the start: what `restore`
+    # made again (the launcher's instances).
+    accounted_children: Callable[[], set[int]] = set
 
 
 @dataclass
@@ -74,10 +89,22 @@ class FuzzFailure(AssertionError):
     pass
 
 
+def _call(target: FuzzTarget, case: schemathesis.Case[Any]) -> Response:
+    if f"{case.method.upper()} {case.path}" not in target.streaming:
+        return case.call(base_url=target.base_url, headers=target.headers, timeout=REQUEST_TIMEOUT_S)
+    started = time.monotonic()
+    sent = case.as_transport_kwargs(base_url=target.base_url, headers=target.headers)
+    with requests.request(**sent, stream=True, timeout=REQUEST_TIMEOUT_S) as answer:
+        content = b"" if answer.status_code < 300 else answer.content  # a stream ends when the client leaves
+        headers = {name: answer.raw.headers.getlist(name) for name in answer.raw.headers}
+        return Response(answer.status_code, headers, content, answer.request, time.monotonic() - started,
+                        verify=True, message=answer.reason, encoding=answer.encoding)  # fmt: skip
+
+
 def _check(target: FuzzTarget, case: schemathesis.Case[Any], report: FuzzReport, negative: bool) -> None:
     before = target.snapshot()
     try:
-        response = case.call(base_url=target.base_url, headers=target.headers, timeout=REQUEST_TIMEOUT_S)
+        response = _call(target, case)
     except requests.RequestException as err:
         alive = target.process.is_running() and target.process.status() != psutil.STATUS_ZOMBIE
         raise FuzzFailure(f"{target.name}: no HTTP answer ({'alive' if alive else 'the process died'}): {err!r}\n"
@@ -150,7 +177,7 @@ def fuzz(target: FuzzTarget) -> FuzzReport:
     print(f"fuzzed {target.name}: {report.cases} requests in {report.seconds:.1f} s, by status {report.by_status}")
     if not target.process.is_running() or target.process.status() == psutil.STATUS_ZOMBIE:
         raise FuzzFailure(f"{target.name} died during the run")
-    leaked = {p.pid for p in target.process.children(recursive=True)} - children
+    leaked = {p.pid for p in target.process.children(recursive=True)} - children - target.accounted_children()
     if leaked:
         raise FuzzFailure(f"{target.name} left processes behind: {sorted(leaked)}")
     return report

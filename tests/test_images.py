@@ -72,3 +72,15 @@ def test_every_image_names_a_dockerfile_and_target_that_exist() -> None:
     for image in catalogue.IMAGES:
         assert image.target in stages(REPO / image.dockerfile), image.name
         assert image.base == catalogue.DEBIAN or image.base in catalogue.BY_NAME
+
+
+@pytest.mark.parametrize("image", [catalogue.LAUNCHER_CPU, catalogue.LAUNCHER_GPU], ids=lambda image: image.name)
+def test_launcher_images_have_fmas_entry_points_in_their_working_directory(image: catalogue.ImageSpec) -> None:
+    """FMA's controllers run `python3 launcher.py` there and the sidecar `python3 /app/launcher_pod_notifier.py`;
+    the loopback kubelet gives the launcher image the same files (images/fma-app, checked in test_fma_commands)."""
+    text = (REPO / image.dockerfile).read_text()
+    stage = stages(REPO / image.dockerfile)[image.target]
+    assert re.findall(r"^WORKDIR (\S+)$", text, flags=re.MULTILINE)[-1] == "/app"
+    assert "RUN python3 -m launcher.fma_compat /app" in stage
+    assert IMAGE_MAP["dualpods/launcher"]["workingDir"] == "/app"
+    assert IMAGE_MAP["dualpods/launcher"]["files"] == {"/app": "{repo}/images/fma-app"}

@@ -92,11 +92,14 @@ def with_options(options: str, **body: Any) -> dict[str, Any]:
 
 
 CASES = [
-    Case("malformed JSON", "POST", BASE, 400, BODY, "malformed JSON", body=b'{"options": "--model x"'),
-    Case("body not an object", "POST", BASE, 422, BODY, "invalid instance configuration", json_body=["--model"]),
-    Case("missing options", "POST", BASE, 422, BODY, "options: Field required", json_body={"gpu_uuids": []}),
-    Case("options not a string", "POST", BASE, 422, BODY, "options: Input should be a valid string",
-         json_body={"options": 3}),
+    Case("malformed JSON", "POST", BASE, 422, BODY, '"json_invalid", "loc": ["body", 23]',
+         body=b'{"options": "--model x"'),
+    Case("body not an object", "POST", BASE, 422, BODY, '"loc": ["body"], "msg": "Input should be a valid dictionary',
+         json_body=["--model"]),
+    Case("missing options", "POST", BASE, 422, BODY, '"loc": ["body", "options"], "msg": "Field required"',
+         json_body={"gpu_uuids": []}),
+    Case("options not a string", "POST", BASE, 422, BODY,
+         '"loc": ["body", "options"], "msg": "Input should be a valid string"', json_body={"options": 3}),
     Case("body too large", "POST", BASE, 413, BODY, "Maximum request body size", body=b" " * (2 << 20)),
     Case("unbalanced quotes", "POST", BASE, 400, OPTIONS, "cannot split", json_body=with_options('--model "tiny')),
     Case("unknown flag", "POST", BASE, 400, OPTIONS, "invalid options",
@@ -142,18 +145,21 @@ CASES = [
     Case("delete unknown ID", "DELETE", f"{BASE}/nope", 404, "NotFound", "Instance nope not found"),
     Case("sleep unknown ID", "POST", f"{BASE}/nope/sleep", 404, "NotFound", "Instance nope not found"),
     Case("log of unknown ID", "GET", f"{BASE}/nope/log", 404, "NotFound", "Instance nope not found"),
-    Case("bad sleep level", "POST", f"{BASE}/{DUP}/sleep?level=3", 400, BODY, "invalid sleep level 3"),
-    Case("sleep level not a number", "POST", f"{BASE}/{DUP}/sleep?level=deep", 400, BODY, "not an integer"),
+    Case("bad sleep level", "POST", f"{BASE}/{DUP}/sleep?level=3", 422, BODY,
+         '"loc": ["query", "level"], "msg": "Input should be less than or equal to 2"'),
+    Case("sleep level not a number", "POST", f"{BASE}/{DUP}/sleep?level=deep", 422, BODY, '"int_parsing"'),
     Case("suffix Range", "GET", f"{BASE}/{DUP}/log", 400, BODY, "malformed Range", headers={"Range": "bytes=-10"}),
     Case("Range end before start", "GET", f"{BASE}/{DUP}/log", 400, BODY, "end is before",
          headers={"Range": "bytes=9-2"}),
     Case("Range unit", "GET", f"{BASE}/{DUP}/log", 400, BODY, "malformed Range", headers={"Range": "lines=0-2"}),
-    Case("since not a number", "GET", f"{BASE}/watch?since=yesterday", 400, BODY, "not an integer"),
+    Case("since not a number", "GET", f"{BASE}/watch?since=yesterday", 422, BODY,
+         '"type": "int_parsing", "loc": ["query", "since"]'),
     Case("negative since", "GET", f"{BASE}/watch?since=-1", 410, "RevisionGone", "-1 is not a revision"),
     Case("since too old", "GET", f"{BASE}/watch?since=0", 410, "RevisionGone", "too old"),
     Case("since ahead", "GET", f"{BASE}/watch?since=987654", 410, "RevisionGone",
          "revision 987654 is ahead of this launcher's current revision"),
-    Case("detail not a boolean", "GET", f"{BASE}?detail=maybe", 400, BODY, "not a boolean"),
+    Case("detail not a boolean", "GET", f"{BASE}?detail=maybe", 422, BODY,
+         '"type": "bool_parsing", "loc": ["query", "detail"]'),
     Case("no token", "GET", BASE, 401, "Unauthorized", "bearer token", headers={"Authorization": ""}),
     Case("wrong token", "GET", BASE, 401, "Unauthorized", "bearer token", headers={"Authorization": "Bearer guess"}),
     Case("unknown route", "GET", "/v3/everything", 404, "NotFound", "Not Found"),
@@ -203,7 +209,9 @@ async def _run_cases(launcher: LauncherProcess, http: aiohttp.ClientSession, cas
         else:
             status, text, _ = await _send(http, case, headers)
         body = json.loads(text) if text else {}
-        if (status, body.get("reason")) != (case.status, case.reason) or case.message not in body.get("detail", ""):
+        detail = body.get("detail", "")
+        detail = detail if isinstance(detail, str) else json.dumps(detail)  # a 422's list of issues
+        if (status, body.get("reason")) != (case.status, case.reason) or case.message not in detail:
             failures.append(
                 f"{case.name}: got {status} {text[:300]!r}, want {case.status} {case.reason} with {case.message!r}"
             )
@@ -524,3 +532,107 @@ async def test_deleting_a_stopped_process_is_prompt(launcher: LauncherProcess, h
     assert loop.time() - started < 2.5
     assert (deleted["status"], deleted["exit_code"]) == ("stopped", 0)
     assert "stop_reason" not in deleted  # it was asked to stop
+
+
+# ----- the post-wake check
+
+
+async def wait_recorded(http: aiohttp.ClientSession, instance_id: str) -> dict[str, Any]:
+    async def recorded() -> dict[str, Any]:
+        async with http.get(f"{BASE}/{instance_id}") as response:
+            state: dict[str, Any] = await response.json()
+        return state if state["wake_check"]["status"] == "recorded" else {}
+
+    return await wait_for(recorded, what=f"the probe of {instance_id} to be recorded", within=10, interval=0.05)
+
+
+async def metric(http: aiohttp.ClientSession, line_start: str) -> float:
+    async with http.get("/metrics") as response:
+        text = await response.text()
+    values = [float(line.split()[-1]) for line in text.splitlines() if line.startswith(line_start)]
+    return values[0] if values else 0.0
+
+
+async def sleep_and_wake(http: aiohttp.ClientSession, instance_id: str) -> tuple[int, dict[str, Any]]:
+    async with http.post(f"{BASE}/{instance_id}/sleep") as response:
+        assert response.status == 200
+    async with http.post(f"{BASE}/{instance_id}/wake_up") as response:
+        return response.status, await response.json()
+
+
+async def test_a_wake_that_corrupts_the_model_fails_its_check_and_the_instance_is_killed(
+    launcher: LauncherProcess, http: aiohttp.ClientSession
+) -> None:
+    failed_before = await metric(http, 'dualpods_launcher_wake_checks_total{result="failed"}')
+    passed_before = await metric(http, 'dualpods_launcher_wake_checks_total{result="passed"}')
+    await create(http, "fragile", options=standin_options(extra="--corrupt-after-wake 2"))
+    probe = (await wait_recorded(http, "fragile"))["wake_check"]["probe"]
+    assert (len(probe["token_ids"]), len(probe["logprobs"])) == (4, 4)
+    assert probe["prompt_token_ids"]
+    status, woken = await sleep_and_wake(http, "fragile")  # the first wake: the model is still right
+    assert (status, woken["sleeping"], woken["wake_check"]["passed"]) == (200, False, 1)
+    assert woken["wake_check"]["last_seconds"] < 0.05
+    revision = (await listing(http, detail=False))["revision"]
+    async with http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
+        status, body = await sleep_and_wake(http, "fragile")  # the second wake corrupts it
+        async with asyncio.timeout(5):
+            events = [await next_event(watch), await next_event(watch)]
+    assert (status, body["reason"]) == (502, "WakeCheckFailed"), body
+    assert "failed its post-wake check and was killed: token 0 is" in body["detail"]
+    assert [e["type"] for e in events] == ["SLEEPING", "STOPPED"]  # never AWAKE
+    stopped = events[1]
+    assert (stopped["exit_code"], stopped["object"]["stop_reason"]) == (-9, "WakeCheckFailed")
+    assert stopped["object"]["wake_check"]["detail"].startswith("token 0 is")
+    assert "fragile" not in instance_processes(launcher)
+    assert await metric(http, 'dualpods_launcher_wake_checks_total{result="failed"}') == failed_before + 1
+    assert await metric(http, 'dualpods_launcher_wake_checks_total{result="passed"}') == passed_before + 1
+    assert await metric(http, 'dualpods_launcher_instance_stops_total{reason="WakeCheckFailed"}') >= 1
+
+
+async def test_a_wake_behind_the_launchers_back_is_checked_before_it_is_reported(
+    launcher: LauncherProcess, http: aiohttp.ClientSession
+) -> None:
+    """FMA's controllers sleep and wake through vLLM's own routes; the launcher sees the sleep at a read, and checks
+    the wake at its next liveness probe (every 2 s), with nobody reading."""
+    state = await create(http, "direct", options=standin_options(extra="--corrupt-after-wake 1"))
+    await wait_recorded(http, "direct")
+    revision = (await listing(http, detail=False))["revision"]
+    async with (
+        aiohttp.ClientSession(f"http://127.0.0.1:{state['port']}") as server,
+        http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch,
+    ):
+        async with server.post("/sleep") as response:
+            assert response.status == 200
+        async with http.get(f"{BASE}/direct") as response:
+            assert (await response.json())["sleeping"] is True
+        async with server.post("/wake_up") as response:
+            assert response.status == 200
+        async with asyncio.timeout(10):
+            events = [await next_event(watch), await next_event(watch)]
+    assert [e["type"] for e in events] == ["SLEEPING", "STOPPED"]
+    assert events[1]["object"]["stop_reason"] == "WakeCheckFailed"
+
+
+async def test_verify_wakes_false_leaves_a_wake_unchecked(http: aiohttp.ClientSession) -> None:
+    unchecked_before = await metric(http, 'dualpods_launcher_wake_checks_total{result="unchecked"}')
+    await create(http, "trusted", options=standin_options(extra="--corrupt-after-wake 1"), verify_wakes=False)
+    assert (await wait_ready(http, "trusted"))["wake_check"] == {"status": "off", "passed": 0}
+    status, woken = await sleep_and_wake(http, "trusted")
+    assert (status, woken["status"], woken["sleeping"]) == (200, "running", False)
+    assert await metric(http, 'dualpods_launcher_wake_checks_total{result="unchecked"}') == unchecked_before + 1
+
+
+async def test_an_instances_output_is_on_the_launchers_stdout_prefixed_with_its_id(
+    launcher: LauncherProcess, http: aiohttp.ClientSession
+) -> None:
+    state = await create(http, "talker")
+    await wait_ready(http, "talker")
+    expected = "talker | "  # then the server's own line, as in its log file
+
+    def copied() -> list[str]:
+        return [line for line in launcher.log_path.read_text().splitlines() if line.startswith(expected)]
+
+    lines = await wait_for(copied, what="the instance's lines on the launcher's stdout", within=5, interval=0.1)
+    assert any(f"serving tiny on http://127.0.0.1:{state['port']}" in line for line in lines), lines
+    async with http.get(f"{BASE}/talker/log") as response:
+        assert lines[0].removeprefix(expected) in await response.text()  # the file keeps every line

@@ -1,5 +1,6 @@
 """Parts of the launcher on their own: log ranges, the event history, event bounds, engine defaults,
-option parsing, and the liveness watch (against real processes and a scripted /health)."""
+option parsing, the liveness watch (against real processes and a scripted /health), and the rules of the
+post-wake check."""
 
 import asyncio
 import os
@@ -25,14 +26,19 @@ from api.launcher import (
     InstanceState,
     InstanceStatus,
     StopReason,
+    WakeCheck,
+    WakeCheckStatus,
+    WakeProbe,
 )
 from launcher import gpu_memory, liveness, validation
 from launcher.engine_defaults import GIB, GpuMemory, Machine, transformers_defaults, vllm_defaults
 from launcher.errors import BadRequest, Conflict, Gone, InvalidOptions, RangeNotSatisfiable
 from launcher.events import EventLog, Subscription
+from launcher.instances import MAX_DETAIL_CHARS
 from launcher.liveness import EngineProcesses, LivenessPolicy
-from launcher.logs import PAGE_BYTES, resolve_range
+from launcher.logs import FIRST_PAGE, PAGE_BYTES, content_range, parse_range, resolve_range
 from launcher.runtimes import VllmRuntime
+from launcher.wake_check import LOGPROB_TOLERANCE, PROBE_PROMPT, PROBE_TOKENS, ProbeAnswer, compare, parse_choice
 
 
 @pytest.mark.parametrize(
@@ -46,19 +52,26 @@ from launcher.runtimes import VllmRuntime
     ],
 )
 def test_satisfiable_ranges(header: str, total: int, expected: str) -> None:
-    assert resolve_range(header, total).content_range == expected
+    byte_range = resolve_range(parse_range(header), total)
+    assert content_range(byte_range.start, b"x" * byte_range.length, total) == expected
+
+
+def test_no_range_is_the_first_page() -> None:
+    assert resolve_range(FIRST_PAGE, 3 * PAGE_BYTES).length == PAGE_BYTES
+    assert resolve_range(FIRST_PAGE, 30).length == 30
 
 
 @pytest.mark.parametrize("header", ["bytes=-5", "bytes=5-2", "bytes=1-2,4-5", "lines=0-1", "bytes=a-b", ""])
 def test_malformed_ranges(header: str) -> None:
     with pytest.raises(BadRequest):
-        resolve_range(header, 100)
+        parse_range(header)
 
 
-def test_a_range_past_the_end_is_unsatisfiable() -> None:
+@pytest.mark.parametrize(("header", "total"), [("bytes=100-", 100), ("bytes=0-", 0), ("bytes=1048576-2097151", 10)])
+def test_a_range_past_the_end_is_unsatisfiable(header: str, total: int) -> None:
     with pytest.raises(RangeNotSatisfiable) as caught:
-        resolve_range("bytes=100-", 100)
-    assert caught.value.total == 100
+        resolve_range(parse_range(header), total)
+    assert caught.value.total == total
 
 
 def _publish(log: EventLog, count: int) -> None:
@@ -166,6 +179,18 @@ def test_the_largest_event_the_bounds_allow_fits_a_watch_line() -> None:
         port=65535,
         exit_code=-(2**31),
         stop_reason=max(StopReason, key=len),
+        # A probe of the whole prompt in single bytes, 7-digit token IDs, and the longest detail, all escaped.
+        wake_check=WakeCheck(
+            status=WakeCheckStatus.UNAVAILABLE,
+            probe=WakeProbe(
+                prompt_token_ids=[9_999_999] * (len(PROBE_PROMPT.encode()) + 1),
+                token_ids=[9_999_999] * PROBE_TOKENS,
+                logprobs=[-1.2345678901234567e-300] * PROBE_TOKENS,
+            ),
+            passed=2**63 - 1,
+            last_seconds=1.2345678901234567e300,
+            detail="\x01" * MAX_DETAIL_CHARS,
+        ),
     )
     for name, value, bound in [
         ("options", state.options, MAX_OPTIONS_BYTES),
@@ -437,3 +462,63 @@ async def test_a_healthy_instance_is_never_judged() -> None:
 def test_a_liveness_policy_must_be_able_to_fire() -> None:
     with pytest.raises(ValueError, match="invalid liveness policy"):
         LivenessPolicy(failure_threshold=0)
+
+
+# ----- the post-wake check
+
+
+def _answer(tokens: list[int], logprobs: list[float] | None = None, runner_up: float = -3.0) -> ProbeAnswer:
+    runners_up: list[tuple[int, float] | None] | None = None
+    if logprobs is not None:
+        runners_up = [(t + 1, runner_up) for t in tokens]
+    return ProbeAnswer([1, 2, 3], tokens, logprobs, runners_up)
+
+
+@pytest.mark.parametrize(
+    ("replayed", "problem"),
+    [
+        (_answer([5, 6, 7], [-0.5, -1.0, -0.2]), None),
+        (_answer([5, 6, 7], [-0.5 + LOGPROB_TOLERANCE / 2, -1.0, -0.2]), None),  # within the tolerance
+        (_answer([5, 6, 7], [-0.5, -1.5, -0.2]), "token 1 (6) has log-probability -1.5000, recorded -1.0000"),
+        (_answer([5, 9, 7], [-0.5, -1.0, -0.2]), "token 1 is 9, recorded 6"),
+        (_answer([5, 7, 7], [-0.5, -3.0, -0.2]), "token 1 is 7, recorded 6"),  # the runner-up, far behind
+        (_answer([5, 6], [-0.5, -1.0]), "the answer has 2 tokens [5, 6], recorded [5, 6, 7]"),
+    ],
+)
+def test_a_replayed_probe_must_answer_as_recorded(replayed: ProbeAnswer, problem: str | None) -> None:
+    recorded = _answer([5, 6, 7], [-0.5, -1.0, -0.2])
+    found = compare(recorded, replayed)
+    assert found == problem if problem is None else problem in (found or "")
+
+
+def test_a_near_tie_may_go_the_other_way() -> None:
+    """Recorded: token 6 at -1.0 and its runner-up 7 at -1.05; a replay that takes 7 there parts from it, and passes."""
+    recorded = _answer([5, 6, 7], [-0.5, -1.0, -0.2], runner_up=-1.05)
+    assert compare(recorded, _answer([5, 7, 42, 43], [-0.5, -1.05, -2.0, -2.0])) is None
+    assert compare(recorded, _answer([5, 8, 42], [-0.5, -1.05, -2.0])) is not None  # not the runner-up
+
+
+def test_without_logprobs_the_tokens_alone_are_compared() -> None:
+    recorded = _answer([5, 6, 7])
+    assert compare(recorded, _answer([5, 6, 7])) is None
+    assert compare(recorded, _answer([5, 6, 8])) == "token 2 is 8, recorded 7 (answer [5, 6, 8], recorded [5, 6, 7])"
+
+
+def test_a_vllm_completion_choice_is_read_with_its_runners_up() -> None:
+    choice = {
+        "text": " a b",
+        "token_ids": [11, 12],
+        "prompt_token_ids": [1, 2],
+        "logprobs": {
+            "tokens": ["token_id:11", "token_id:12"],
+            "token_logprobs": [-0.1, -0.2],
+            "top_logprobs": [{"token_id:11": -0.1, "token_id:40": -2.0}, {"token_id:12": -0.2}],
+        },
+    }
+    answer = parse_choice(choice, logprobs=True)
+    assert answer == ProbeAnswer([1, 2], [11, 12], [-0.1, -0.2], [(40, -2.0), None])
+    assert parse_choice({"text": "", "token_ids": [3], "prompt_token_ids": None}, logprobs=False) == ProbeAnswer(
+        None, [3]
+    )
+    with pytest.raises(ValueError, match="not a list of token IDs"):
+        parse_choice({"text": "no ids"}, logprobs=False)

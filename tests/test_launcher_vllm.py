@@ -80,6 +80,16 @@ async def start_instance(
     return state
 
 
+async def recorded(http: aiohttp.ClientSession, instance_id: str) -> None:
+    """Until the instance's probe is recorded (just after its first ready)."""
+    async with asyncio.timeout(60):
+        while True:
+            async with http.get(f"{BASE}/{instance_id}") as response:
+                if (await response.json())["wake_check"]["status"] == "recorded":
+                    return
+            await asyncio.sleep(0.1)
+
+
 def chat(port: int, model: str, prompt: str) -> str:
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=60)
     reply = client.chat.completions.create(
@@ -112,8 +122,12 @@ async def test_create_serve_sleep_hold_wake_delete(http: aiohttp.ClientSession, 
         assert not held.done(), "a request sent while asleep was answered before the wake"
         async with http.post(f"{BASE}/a/wake_up") as response:
             assert response.status == 200
-            assert not (await response.json())["sleeping"]
+            woken = await response.json()
+        assert not woken["sleeping"]
         assert await asyncio.wait_for(held, 60) == before
+    check = woken["wake_check"]  # recorded at the first ready, replayed before the wake was answered
+    assert (check["status"], check["passed"]) == ("recorded", 1)
+    assert len(check["probe"]["token_ids"]) == len(check["probe"]["logprobs"]) == 4
 
     async with http.delete(f"{BASE}/a") as response:
         assert (await response.json())["status"] == "stopped"
@@ -141,6 +155,7 @@ async def test_two_models_at_once(http: aiohttp.ClientSession, model_a: Path, mo
 
 async def test_sleep_asked_of_vllm_directly_shows_in_the_launcher(http: aiohttp.ClientSession, model_a: Path) -> None:
     state = await start_instance(http, "direct", model_a, "model-a")
+    await recorded(http, "direct")
     events = events_after(http)
     first = asyncio.ensure_future(anext(events))
     await asyncio.sleep(0.2)
@@ -152,7 +167,31 @@ async def test_sleep_asked_of_vllm_directly_shows_in_the_launcher(http: aiohttp.
     async with http.get(f"{BASE}/direct") as response:
         assert (await response.json())["sleeping"] is True
     assert (await asyncio.wait_for(first, 5))["type"] == "SLEEPING"
+    async with (
+        aiohttp.ClientSession(f"http://127.0.0.1:{state['port']}") as vllm,
+        vllm.post("/wake_up") as response,
+    ):
+        assert response.status == 200
+    awake = await next_event(events, "direct", "AWAKE", 10)  # seen at a liveness probe, checked, then reported
     await events.aclose()
+    assert (awake["type"], awake["object"]["wake_check"]["passed"]) == ("AWAKE", 1)
+
+
+async def test_repeated_sleep_wake_cycles_pass_the_post_wake_check(http: aiohttp.ClientSession, model_a: Path) -> None:
+    """No false positive: every wake of a healthy vLLM answers its probe as recorded (and says what that took)."""
+    await start_instance(http, "cycled", model_a, "model-a")
+    seconds = []
+    for cycle in range(1, 6):
+        async with http.post(f"{BASE}/cycled/sleep", params={"level": "1"}) as response:
+            assert response.status == 200
+        async with http.post(f"{BASE}/cycled/wake_up") as response:
+            woken = await response.json()
+        assert response.status == 200, woken
+        assert (woken["status"], woken["wake_check"]["passed"]) == ("running", cycle)
+        seconds.append(woken["wake_check"]["last_seconds"])
+    print(f"post-wake check on vLLM (CPU, tiny model): {', '.join(f'{s * 1000:.0f}' for s in seconds)} ms")
+    async with http.get("/metrics") as response:
+        assert 'dualpods_launcher_wake_checks_total{result="failed"}' not in await response.text()
 
 
 async def test_killed_instance_stops_with_its_exit_code(
@@ -307,8 +346,12 @@ async def test_the_same_launcher_forks_the_transformers_runtime(http: aiohttp.Cl
     async with aiohttp.ClientSession(f"http://127.0.0.1:{port}") as server, server.get("/is_sleeping") as response:
         assert await response.json() == {"is_sleeping": True}
     async with http.post(f"{BASE}/hf/wake_up") as response:
-        assert (await response.json())["sleeping"] is False
+        woken = await response.json()
+    assert woken["sleeping"] is False
     assert await asyncio.to_thread(chat, port, "model-hf", "def hello(") == answer
+    check = woken["wake_check"]  # token IDs alone: the transformers runtime gives no log-probabilities
+    assert (check["status"], check["passed"], len(check["probe"]["token_ids"])) == ("recorded", 1, 4)
+    assert "logprobs" not in check["probe"]
 
 
 async def test_sigterm_to_the_launcher_leaves_nothing(tmp_path: Path, model_a: Path) -> None:

@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
@@ -265,3 +266,30 @@ def test_refuses_to_bind_beyond_loopback() -> None:
     )
     assert result.returncode == 2
     assert "loopback addresses only" in result.stderr
+
+
+async def test_token_ids_logprobs_and_a_wake_that_corrupts_on_purpose(
+    start_standin: Callable[..., Standin], http: aiohttp.ClientSession
+) -> None:
+    """vLLM's `return_token_ids`, `logprobs` and `return_tokens_as_token_ids`; from the 2nd wake on other tokens."""
+    standin = start_standin("--corrupt-after-wake", "2")
+    await standin.wait_healthy()
+    probe = {"prompt": [7, 8, 9], "max_tokens": 3, "temperature": 0, "return_token_ids": True, "logprobs": 2,
+             "return_tokens_as_token_ids": True}  # fmt: skip
+
+    async def answer() -> dict[str, Any]:
+        async with http.post(f"{standin.url}/v1/completions", json=probe) as response:
+            assert response.status == 200
+            choice: dict[str, Any] = (await response.json())["choices"][0]
+            return choice
+
+    first = await answer()
+    assert (first["prompt_token_ids"], len(first["token_ids"])) == ([7, 8, 9], 3)
+    logprobs = first["logprobs"]
+    assert logprobs["tokens"] == [f"token_id:{t}" for t in first["token_ids"]]
+    assert [len(top) for top in logprobs["top_logprobs"]] == [2, 2, 2]
+    for wakes, same in ((1, True), (2, False)):
+        for route in ("/sleep", "/wake_up"):
+            async with http.post(f"{standin.url}{route}") as response:
+                assert response.status == 200
+        assert ((await answer())["token_ids"] == first["token_ids"]) is same, f"after wake {wakes}"

@@ -180,6 +180,23 @@ async def test_greedy_completion_is_deterministic_and_counts_usage(server: Serve
     prompt_tokens = _prompt_tokens(server, PROMPTS[0])
     assert (first.usage.prompt_tokens, first.usage.completion_tokens) == (prompt_tokens, 10)
     assert first.usage.total_tokens == prompt_tokens + 10
+    with_ids = await client.completions.create(
+        model="tiny", prompt=PROMPTS[0], max_tokens=10, temperature=0, extra_body={"return_token_ids": True}
+    )
+    choice = with_ids.choices[0].model_dump()  # vLLM's fields: the prompt's token IDs and the answer's
+    assert len(choice["prompt_token_ids"]) == prompt_tokens
+    assert len(choice["token_ids"]) == 10
+    replayed = await client.completions.create(
+        model="tiny",
+        prompt=choice["prompt_token_ids"],
+        max_tokens=10,
+        temperature=0,
+        extra_body={"return_token_ids": True},
+    )
+    assert (replayed.choices[0].text, replayed.choices[0].model_dump()["token_ids"]) == (
+        first.choices[0].text,
+        choice["token_ids"],
+    )
 
 
 async def test_seeded_sampling_repeats_and_n_gives_n_choices(client: openai.AsyncOpenAI) -> None:
@@ -332,6 +349,19 @@ async def test_logprobs_are_the_models_and_streams_carry_the_same(client: openai
     pieces = [chunk.choices[0].logprobs async for chunk in stream if chunk.choices and chunk.choices[0].logprobs]
     assert [token for piece in pieces for token in piece.tokens or []] == logprobs.tokens
     assert [offset for piece in pieces for offset in piece.text_offset or []] == logprobs.text_offset
+
+    as_ids = await client.completions.create(
+        model="tiny",
+        prompt=PROMPTS[0],
+        max_tokens=8,
+        temperature=0,
+        logprobs=1,
+        extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True},
+    )
+    named = as_ids.choices[0].logprobs
+    assert named is not None
+    assert named.tokens == [f"token_id:{token}" for token in as_ids.choices[0].model_dump()["token_ids"]]
+    assert named.token_logprobs == logprobs.token_logprobs
 
     messages: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": PROMPTS[3]}]
     chat = await client.chat.completions.create(

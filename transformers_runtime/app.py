@@ -175,6 +175,9 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     await state.engine.submit(job)
     codec = state.context.codec if params.logprobs is not None else None
     reply = _Reply(chat, model_name, sum(len(p.token_ids) for p in prompts), job.choices, codec)
+    reply.tokens_as_ids = parsed.return_tokens_as_token_ids
+    if isinstance(parsed, CompletionRequest) and parsed.return_token_ids:
+        reply.prompt_token_ids = [p.token_ids for p in prompts for _ in range(params.n)]
     try:
         if parsed.stream:
             return await _stream(request, job, reply, parsed.include_usage)
@@ -206,6 +209,8 @@ class _Reply:
         self.finished: list[Delta | None] = [None] * choices
         self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(choices)]
         self.offsets = [0] * choices  # of a stream's next logprobs, in the choice's text
+        self.tokens_as_ids = False  # name the logprobs' tokens `token_id:N`
+        self.prompt_token_ids: list[list[int]] | None = None  # per choice, when the request asked for token ids
 
     def add(self, delta: Delta) -> None:
         self.texts[delta.index] += delta.text
@@ -221,7 +226,7 @@ class _Reply:
         """Choice `index`'s logprobs for `entries` in the request's shape (None if it asked for none)."""
         if self.codec is None:
             return None
-        logprobs, self.offsets[index] = render(self.codec, entries, self.chat, self.offsets[index])
+        logprobs, self.offsets[index] = render(self.codec, entries, self.chat, self.tokens_as_ids, self.offsets[index])
         return logprobs
 
     def response(self) -> CompletionResponse | ChatCompletionResponse:
@@ -245,6 +250,10 @@ class _Reply:
             CompletionChoice(index=i, text=text, logprobs=logprobs[i], finish_reason=end, stop_reason=stop)
             for i, (text, (end, stop)) in enumerate(zip(self.texts, ends, strict=True))
         ]
+        if self.prompt_token_ids is not None:
+            for choice, prompt_ids, delta in zip(choices, self.prompt_token_ids, self.finished, strict=True):
+                choice.prompt_token_ids = prompt_ids
+                choice.token_ids = list(delta.token_ids) if delta else []
         return CompletionResponse(
             id=self.id, created=self.created, model=self.model, choices=choices, usage=self.usage()
         )

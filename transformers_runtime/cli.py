@@ -16,6 +16,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from api import log_format
 from api.openai_errors import ApiError
 
 from .app import ServerState, create_app
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     serving.add_argument(
         "--sleep-wait-timeout", type=_seconds, default=300.0, help="seconds a request waits for a wake before 503"
     )
+    log_format.add_argument(parser)
     return parser
 
 
@@ -177,7 +179,7 @@ def _quiet_libraries() -> None:
 def main(argv: list[str] | None = None) -> None:
     """Serve until SIGTERM or SIGINT, then return (exit status 0). Blocks; `argv` as vLLM's serve flags."""
     args, ignored = build_parser().parse_known_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    log_format.configure("transformers_runtime", "info", args.log_format)
     if ignored:
         log.info("ignoring flags the transformers runtime does not use: %s", shlex.join(ignored))
     # Offline only; effective where huggingface_hub is not imported yet (a forked child inherits the parent's).

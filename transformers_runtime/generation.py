@@ -40,6 +40,7 @@ class Delta:
     stop_reason: str | int | None = None  # the stop string or stop token id that matched
     tokens: int = 0  # on the last delta: the tokens the sequence generated (EOS included, as vLLM counts)
     logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens generated since the previous delta, when asked for
+    token_ids: tuple[int, ...] = ()  # on the last delta: those tokens
 
 
 Emit = Callable[[Delta], None]
@@ -113,7 +114,17 @@ class TextSequence:
 
     def finish(self, reason: FinishReason, stop: str | int | None = None) -> None:
         self.finished = True
-        self._emit(Delta(self.index, self.text[self.sent :], reason, stop, len(self.token_ids), self._take_logprobs()))
+        self._emit(
+            Delta(
+                self.index,
+                self.text[self.sent :],
+                reason,
+                stop,
+                len(self.token_ids),
+                self._take_logprobs(),
+                tuple(self.token_ids),
+            )
+        )
         self.sent = len(self.text)
 
     def _take_logprobs(self) -> tuple[TokenLogprob, ...]:

@@ -82,6 +82,7 @@ class _GenerationRequest(_Body):
     stop_token_ids: list[int] | None = Field(default=None, description="vLLM's: token ids that end a sequence")
     ignore_eos: bool = False
     include_stop_str_in_output: bool = False
+    return_tokens_as_token_ids: bool = Field(default=False, description='vLLM\'s: logprobs name tokens "token_id:N"')
     # Refused unless neutral (see _NEUTRAL).
     prompt_logprobs: Any = None
     use_beam_search: bool | None = None
@@ -227,6 +228,7 @@ class CompletionRequest(_GenerationRequest):
     suffix: str | None = None
     best_of: int | None = None
     logprobs: int | None = Field(default=None, description="report each token's and the N most likely logprobs")
+    return_token_ids: bool | None = None  # vLLM's: each choice carries its prompt's and its own token ids
 
     unsupported = (*_GenerationRequest.unsupported, "echo", "suffix", "best_of")
 
@@ -357,6 +359,8 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
+    token_ids: list[int] | None = None  # with return_token_ids
+    prompt_token_ids: list[int] | None = None
 
 
 class CompletionResponse(_Envelope):

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import NamedTuple
 
-import aiohttp
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
@@ -34,11 +33,12 @@ from controller.dualpods.requester_tokens import RequesterTokens
 from controller.dualpods.snapshot import BOUND_TO, Caches
 from controller.dualpods.writer import PodWriter
 from controller.events import EventRecorder
-from controller.http import HttpCaller
+from controller.http import http_caller
 from controller.informer import Informer, Obj
 from controller.kube import custom_objects
 from controller.launcher_client import LauncherClient
 from controller.launcher_views import LauncherView, LauncherViews, ViewSource
+from controller.passclock import timed
 from controller.workqueue import WorkQueue, run_workers
 
 log = logging.getLogger(__name__)
@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 REQUESTERS_ON_NODE = "requesters-on-node"
 REQUESTERS_BY_ISC = "requesters-by-isc"
 DIRECT_REQUESTERS = "direct-requesters"
+ISCS_BY_LAUNCHER_CONFIG = "iscs-by-launcher-config"
 
 
 class KeyKind(StrEnum):
@@ -115,6 +116,7 @@ class DualPodsController:
         index(NOMINAL, _nominal_hash)
         index(GPU, gpu_keys)
         index(DIRECT_REQUESTERS, _direct_requester)
+        caches.iscs.add_index(ISCS_BY_LAUNCHER_CONFIG, lambda isc: [_launcher_config_name(isc)])
         options_ = Options(launcher_token_secret=options.launcher_token_secret, sleeper_limit=options.sleeper_limit)
         self.reconciler = Reconciler(World(namespace, caches, views, clients, Memory(), metrics, options_))
         caches.pods.subscribe(self._count_requesters)
@@ -139,7 +141,8 @@ class DualPodsController:
                 await asyncio.gather(*(i.synced.wait() for i in self._informers()))
                 log.info("caches synced; %d pods, %d nodes", len(self.caches.pods.items()),
                          len(self.caches.nodes.items()))  # fmt: skip
-                tasks.create_task(run_workers(self.queue, self._process, self.options.workers))
+                process = timed(self._process, self.metrics.reconcile_own_seconds, lambda key: key.kind.value)
+                tasks.create_task(run_workers(self.queue, process, self.options.workers))
         finally:
             self.queue.shutdown()
 
@@ -228,9 +231,8 @@ class DualPodsController:
 
     def _lc_changed(self, old: Obj | None, new: Obj | None) -> None:
         name = pods.name(new or old or {"metadata": {"name": ""}})
-        for isc in self.caches.iscs.items():
-            if _launcher_config_name(isc) == name:
-                self._isc_changed(isc, isc)
+        for isc in self.caches.iscs.by_index(ISCS_BY_LAUNCHER_CONFIG, name):
+            self._isc_changed(isc, isc)
 
     # ----- FMA's object counts
 
@@ -242,7 +244,7 @@ class DualPodsController:
     def _count_iscs(self, old: Obj | None, new: Obj | None) -> None:
         """`fma_isc_count` of the LauncherConfig(s) the changed ISC names."""
         for lc in {_launcher_config_name(isc) for isc in (old, new) if isc is not None}:
-            count = sum(_launcher_config_name(isc) == lc for isc in self.caches.iscs.items())
+            count = len(self.caches.iscs.by_index(ISCS_BY_LAUNCHER_CONFIG, lc))
             self.metrics.isc_count.labels(lc).set(count)
 
 
@@ -251,8 +253,7 @@ async def run_dual_pods(
 ) -> None:
     """The controller with its real collaborators, until cancelled."""
     metrics = DualPodsMetrics(registry)
-    async with aiohttp.ClientSession() as session:
-        http = HttpCaller(session, metrics.http_latency_seconds, namespace)
+    async with http_caller(metrics.http_latency_seconds, namespace) as http:
         launchers = LauncherClient(http, options.launcher_token)
         views = LauncherViews(launchers)
         clients = Clients(

@@ -3,6 +3,7 @@
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from controller.http import Purpose
+from controller.passclock import own_seconds_histogram
 
 __all__ = ["DualPodsMetrics", "Purpose"]
 
@@ -75,3 +76,4 @@ class DualPodsMetrics:
             buckets=QUEUE_BUCKETS,
             registry=registry,
         )
+        self.reconcile_own_seconds = own_seconds_histogram(registry)

@@ -194,7 +194,7 @@ def settled(requester: pods.Pod, s: Snapshot, status: str | None = None) -> pods
     container runs, the dual label, the instance label once the instance runs, the GPUs, and `status`
     (the pass's status annotation) when given."""
     assert s.provider is not None
-    pod = copy.deepcopy(requester)
+    pod = {**requester, "metadata": copy.deepcopy(requester["metadata"])}  # only metadata changes
     set_finalizer(pod, keys.REQUESTER_FINALIZER, pods.container_running(s.provider))
     set_label(pod, keys.DUAL_LABEL, pods.name(s.provider))
     if not s.direct_provider and s.instance is not None and s.instance.status is InstanceStatus.RUNNING:

@@ -1,6 +1,11 @@
 """Writes to Pods, each one optimistic: a stale cached object makes the write fail with 409 and the
 work item retries on a fresher cache, so two workers can never both bind one launcher.
 
+An update is a JSON merge patch of the metadata it changes, with the cached resourceVersion as its
+precondition: it carries only its change (what the caches trim, managedFields and kubectl's last-applied
+annotation, stays as the API server has it), and the answer is not decoded (nothing reads it; decoding a
+Pod into kubernetes-asyncio's model took most of the controller's time at scale, docs/benchmarks.md).
+
 Every write names the controller as its field manager, so a Pod's managedFields tell when the controller
 last changed it: the least-recently-used order of direct providers (FMA's sleeper limit) reads that time.
 """
@@ -29,15 +34,25 @@ class PodWriter:
         self.namespace = namespace
 
     async def update(self, pod: pods.Pod, mutate: Callable[[pods.Pod], None], why: str) -> bool:
-        """Apply `mutate` to a copy of `pod` and write it if anything changed; True if written."""
-        changed = copy.deepcopy(pod)
+        """Apply `mutate` to a copy of `pod`'s metadata (it may change nothing else) and write what changed,
+        if anything; True if written."""
+        changed = {**pod, "metadata": copy.deepcopy(pod["metadata"])}
         mutate(changed)
-        if changed == pod:
+        others = sorted(k for k in changed.keys() | pod.keys() if k != "metadata" and changed.get(k) is not pod.get(k))
+        if others:
+            raise ValueError(f"a Pod update changes metadata only, not {', '.join(others)}")
+        patch = merge_patch(pod["metadata"], changed["metadata"])
+        if not patch:
             return False
+        patch["resourceVersion"] = pods.meta(pod)["resourceVersion"]
         log.info("k8s call start: update pod %s (%s)", pods.name(pod), why)
-        await self._core.replace_namespaced_pod(
-            pods.name(pod), self.namespace, changed, field_manager=FIELD_MANAGER, _request_timeout=API_TIMEOUT
-        )
+        response = await self._core.patch_namespaced_pod(
+            pods.name(pod), self.namespace, {"metadata": patch}, field_manager=FIELD_MANAGER,
+            _content_type="application/merge-patch+json", _preload_content=False, _request_timeout=API_TIMEOUT,
+        )  # fmt: skip
+        async with response:
+            if response.status >= 300:
+                raise ApiException(status=response.status, reason=await response.text())
         return True
 
     async def create(self, pod: pods.Pod) -> pods.Pod:
@@ -65,6 +80,21 @@ class PodWriter:
         except ApiException as err:
             if err.status != 404:
                 raise
+
+
+def merge_patch(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `old` into `new`: changed and added keys, removed ones as
+    null, maps compared key by key, anything else (lists) whole."""
+    patch: dict[str, Any] = {}
+    for key in old.keys() | new.keys():
+        if key not in new:
+            patch[key] = None
+        elif key not in old or not isinstance(old[key], dict) or not isinstance(new[key], dict):
+            if key not in old or old[key] != new[key]:
+                patch[key] = new[key]
+        elif inner := merge_patch(old[key], new[key]):
+            patch[key] = inner
+    return patch
 
 
 def _set_entry(pod: pods.Pod, field: str, key: str, value: str | None) -> None:

@@ -75,10 +75,15 @@ class KubeLauncherApi:
     async def create(self, pod: Pod) -> Pod:
         node = pod["metadata"]["labels"].get(keys.NODE_NAME_LABEL)
         log.info("creating a launcher Pod %s* on node %s", pod["metadata"]["generateName"], node)
-        created = await self._core.create_namespaced_pod(self._namespace, pod)
-        log.info("created launcher Pod %s on node %s", created.metadata.name, node)
-        result: Pod = self._core.api_client.sanitize_for_serialization(created)
-        return result
+        # The answer as JSON, not kubernetes-asyncio's model: decoding it cost more than the call itself.
+        response = await self._core.create_namespaced_pod(self._namespace, pod, _preload_content=False)
+        async with response:
+            body = await response.read()
+        if response.status >= 300:
+            raise ApiException(status=response.status, reason=body.decode(errors="replace")[:500])
+        created: Pod = json.loads(body)
+        log.info("created launcher Pod %s on node %s", created["metadata"]["name"], node)
+        return created
 
     async def delete(self, pod: Pod) -> DeleteOutcome:
         meta = pod["metadata"]
@@ -136,7 +141,8 @@ class StatusWriter:
         if Status.model_validate(obj.get("status") or {}) == status:
             return
         log.info("writing the status of %s %s: errors %s", kind.RESOURCE.kind, meta["name"], errors)
-        body = {**obj, "status": status.to_k8s()}
+        # Without managedFields: the cached ones are trimmed, and the API server keeps its own when none come.
+        body = {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}, "status": status.to_k8s()}
         try:
             await self._objects.replace_namespaced_custom_object_status(
                 GROUP, VERSION, self._namespace, kind.RESOURCE.plural, meta["name"], body

@@ -14,7 +14,6 @@ import logging
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
-import aiohttp
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
@@ -22,12 +21,13 @@ from api.crds import LauncherConfig, LauncherPopulationPolicy
 from api.token_file import TokenFile
 from controller import pods
 from controller.events import EventRecorder
-from controller.http import HttpCaller
+from controller.http import http_caller
 from controller.informer import Informer, Obj
 from controller.kube import custom_objects
 from controller.launcher_client import LauncherClient
 from controller.launcher_template import Pod
 from controller.launcher_views import LauncherViews, ViewSource
+from controller.passclock import own_seconds_histogram, timed
 from controller.populator.digest import Digest, digest_config, digest_policy
 from controller.populator.expectations import PendingExpectations
 from controller.populator.key import LauncherKey, launcher_key, selector
@@ -97,6 +97,7 @@ class Populator:
         self._key_queue: WorkQueue[LauncherKey] = WorkQueue("populator-keys")
         self._expectations = PendingExpectations(options.expectation_timeout)
         self._metrics = LauncherPodCount(registry)
+        self._own_seconds = own_seconds_histogram(registry)
         self._status = StatusWriter(client.CustomObjectsApi(api), namespace)
         self._reconcile = KeyReconciler(
             self._digest,
@@ -129,8 +130,10 @@ class Populator:
                 for policy in self._policies.items():
                     self._update_policy(policy["metadata"]["name"])
                 log.info("launcher populator synced: %d launcher Pods", len(self._pods.items()))
-                tasks.create_task(run_workers(self._digest_queue, self._process, 1))
-                tasks.create_task(run_workers(self._key_queue, self._reconcile, self._options.workers))
+                own = self._own_seconds
+                tasks.create_task(run_workers(self._digest_queue, timed(self._process, own, lambda item: item.kind), 1))
+                reconcile = timed(self._reconcile, own, lambda key: "launchers")
+                tasks.create_task(run_workers(self._key_queue, reconcile, self._options.workers))
         finally:
             self._digest_queue.shutdown()
             self._key_queue.shutdown()
@@ -222,8 +225,8 @@ async def run_populator(
     api: client.ApiClient, namespace: str, options: PopulatorOptions, registry: CollectorRegistry
 ) -> None:
     """The populator with the launchers' views it reads their sleepers from, until cancelled."""
-    async with aiohttp.ClientSession() as session:
-        views = LauncherViews(LauncherClient(HttpCaller(session, None, namespace), options.launcher_token))
+    async with http_caller(None, namespace) as http:
+        views = LauncherViews(LauncherClient(http, options.launcher_token))
         populator = Populator(api, namespace, options, registry, views)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(views.run())

@@ -10,6 +10,7 @@ once nothing of the key is being deleted, so a node never holds old and new laun
 create and delete is remembered until the cache shows it, so a lagging cache never causes a second create.
 """
 
+import asyncio
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -138,11 +139,17 @@ class KeyReconciler:
             if diff > 0:
                 log.info("%s: %d launchers to create once the deletions are done", key, diff)
             return self._recheck_after
-        for _ in range(diff):
-            created = await self._api.create(pod_for_node(target.template, target.template_hash, key.node))
-            uid = created["metadata"]["uid"]
-            if self._cached(key, uid) is None:
+        # The missing launchers of a node at once (a GPU node asks for one per GPU), not one after another.
+        results = await asyncio.gather(
+            *(self._api.create(pod_for_node(target.template, target.template_hash, key.node)) for _ in range(diff)),
+            return_exceptions=True,
+        )
+        for created in results:
+            if not isinstance(created, BaseException) and self._cached(key, uid := created["metadata"]["uid"]) is None:
                 self._expectations.expect_creation(key, uid)
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:
+            raise failed
         return None
 
     async def _delete(self, key: LauncherKey, pod: Pod, why: str) -> DeleteOutcome:

@@ -35,7 +35,9 @@ async def _run(args: argparse.Namespace) -> int:
         if cluster.is_up():
             print(f"already up; kubeconfig: {cluster.kubeconfig}")
             return 0
-        timings = await cluster.up(_nodes(args), apiserver_port=args.apiserver_port, etcd_port=DEFAULT_ETCD_PORT)
+        timings = await cluster.up(
+            _nodes(args), apiserver_port=args.apiserver_port, etcd_port=DEFAULT_ETCD_PORT, simulated=args.simulated
+        )
         state = cluster.state()
         steps = ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())
         print(f"loopback cluster up at {state.apiserver_url} ({steps})\nkubeconfig: {state.kubeconfig}")
@@ -62,6 +64,11 @@ def main() -> None:
     up.add_argument("--gpus-per-node", type=int, default=2)
     up.add_argument("--node-config", type=Path, help="YAML list of {name, gpus, cpu, memory, pods}")
     up.add_argument("--apiserver-port", type=int, default=DEFAULT_APISERVER_PORT)
+    up.add_argument(
+        "--simulated",
+        action="store_true",
+        help="KWOK-like Nodes: requester and launcher Pods served by one simulation process per role (e2e/simulation)",
+    )
     commands.add_parser("down", help="stop everything and remove the state directory")
     commands.add_parser("status", help="print the API server URL, kubeconfig and PIDs")
     lose = commands.add_parser("lose-node", help="kill a Node's processes and delete the Node")

@@ -13,16 +13,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from pydantic import BaseModel
 
 from e2e.cluster import processes
 from e2e.cluster.binaries import Binaries
-from e2e.cluster.control_plane import LOOPBACK, ControlPlane, Ports
+from e2e.cluster.control_plane import LOOPBACK, MANY_NODES, ControlPlane, Ports, Tuning
 from e2e.cluster.readiness import StartupError, log_tail, wait_http_ok
-from e2e.kubelet.config import KubeletConfig, NodeConfig
+from e2e.kubelet.config import KubeletConfig, NodeConfig, SimulationConfig
 from e2e.kubelet.control_client import KubeletControl
 from e2e.kubelet.logs import read_container_log
+from e2e.kubelet.simulation import SimulationClient, url_file
+from e2e.simulation.protocol import Role
 
 # Every process gets this long to exit on SIGTERM before SIGKILL (the kubelet stops its containers first).
 _STOP_GRACE_SECONDS = 10.0
@@ -38,6 +41,7 @@ class ClusterState(BaseModel):
     kubeconfig: str
     kubelet_control_url: str
     nodes: list[str]
+    simulated: bool = False  # KWOK-like Nodes: requesters and launchers served by simulation processes
 
 
 class LoopbackCluster:
@@ -69,8 +73,10 @@ class LoopbackCluster:
         apiserver_port: int = 0,
         etcd_port: int = 0,
         die_with_parent: bool = False,
+        simulated: bool = False,
     ) -> dict[str, float]:
-        """Start everything and wait until the Nodes are Ready; returns seconds per step.
+        """Start everything and wait until the Nodes are Ready; returns seconds per step. `simulated`: the
+        Nodes are simulated (`e2e/simulation`), with the heartbeats and control-plane limits of a large cluster.
 
         Already up: nothing happens. Half up (a crash, a reboot): cleaned and started afresh.
         """
@@ -85,6 +91,7 @@ class LoopbackCluster:
                 Ports.choose(apiserver_port, etcd_port),
                 Binaries.locate(),
                 die_with_parent=die_with_parent,
+                tuning=MANY_NODES if simulated else Tuning(),
             )
             timings = await plane.start()
             settings = KubeletConfig(
@@ -94,6 +101,10 @@ class LoopbackCluster:
                 api_server_port=plane.ports.apiserver,
                 nodes=nodes,
             )
+            if simulated:
+                # A real kubelet's rhythm: the Lease every 10 s, the Node's status every 5 min.
+                settings.simulation = SimulationConfig()
+                settings.lease_renew_seconds, settings.node_status_seconds = 10.0, 300.0
             settings_file = self.kubelet_dir / "config.yaml"
             settings.save(settings_file)
             kubelet = processes.spawn(
@@ -111,6 +122,7 @@ class LoopbackCluster:
                 kubeconfig=str(self.kubeconfig),
                 kubelet_control_url=control_url,
                 nodes=[n.name for n in nodes],
+                simulated=simulated,
             )
             self.state_file.write_text(state.model_dump_json(indent=2))
         except BaseException:
@@ -149,6 +161,10 @@ class LoopbackCluster:
         processes.stop([r for r in recorded if r.name == _KUBELET], _STOP_GRACE_SECONDS)
         processes.stop([r for r in recorded if r.name != _KUBELET], _STOP_GRACE_SECONDS)
         shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def simulation(self, role: Role, session: aiohttp.ClientSession) -> SimulationClient:
+        """The control API of the kubelet's simulation process of `role` (simulated clusters only)."""
+        return SimulationClient(url_file(self.kubelet_dir, role).read_text().strip(), session)
 
     def stop_apiserver(self) -> None:
         """An API-server outage begins: the kube-apiserver process stops (its connections are refused)."""

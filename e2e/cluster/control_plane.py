@@ -60,6 +60,26 @@ NODE_MONITOR_GRACE_SECONDS = 20
 
 
 @dataclass(frozen=True)
+class Tuning:
+    """What the control plane's own components are given; the defaults suit a few Nodes and quick tests."""
+
+    node_monitor_grace_seconds: int = NODE_MONITOR_GRACE_SECONDS
+    # The client rate limits of kube-controller-manager and kube-scheduler (None: the binaries' own, 20 and
+    # 50 requests/s: creating and binding 1,000 Pods, with their Events, would then take over 100 s by itself).
+    client_qps: int | None = None
+    client_burst: int | None = None
+
+    def client_flags(self) -> list[str]:
+        flags = [f"--kube-api-qps={self.client_qps}"] if self.client_qps is not None else []
+        return flags + ([f"--kube-api-burst={self.client_burst}"] if self.client_burst is not None else [])
+
+
+# Hundreds of simulated Nodes: Kubernetes' default grace period (their heartbeats come every 10 s, as a
+# real kubelet's do), and client limits that let the cluster's own controllers keep up with the Pods.
+MANY_NODES = Tuning(node_monitor_grace_seconds=40, client_qps=500, client_burst=1000)
+
+
+@dataclass(frozen=True)
 class Ports:
     """The loopback ports of one control plane."""
 
@@ -84,8 +104,11 @@ class Ports:
 class ControlPlane:
     """Starts the control plane in `state_dir`; `processes.stop` on its records stops it."""
 
-    def __init__(self, state_dir: Path, ports: Ports, binaries: Binaries, *, die_with_parent: bool) -> None:
+    def __init__(
+        self, state_dir: Path, ports: Ports, binaries: Binaries, *, die_with_parent: bool, tuning: Tuning = Tuning()
+    ) -> None:
         self.state_dir = state_dir
+        self.tuning = tuning
         self.ports = ports
         self.binaries = binaries
         self.die_with_parent = die_with_parent
@@ -214,8 +237,9 @@ class ControlPlane:
                 f"--service-account-private-key-file={sa_keys.key}",
                 f"--root-ca-file={self.ca_cert}",
                 f"--controllers={','.join(CONTROLLERS)}",
-                f"--node-monitor-grace-period={NODE_MONITOR_GRACE_SECONDS}s",
+                f"--node-monitor-grace-period={self.tuning.node_monitor_grace_seconds}s",
                 "--node-monitor-period=2s",
+                *self.tuning.client_flags(),
             ],
         )
         scheduler, scheduler_log = self._spawn(
@@ -226,6 +250,7 @@ class ControlPlane:
                 f"--secure-port={p.scheduler}",
                 f"--cert-dir={self.state_dir / 'scheduler'}",
                 f"--kubeconfig={scheduler_kubeconfig}",
+                *self.tuning.client_flags(),
             ],
         )
         kcm_ready, scheduler_ready = await asyncio.gather(

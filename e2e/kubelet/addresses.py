@@ -2,6 +2,8 @@
 
 Blocks are claimed with an exclusive `flock` on a file under a machine-wide directory, so two loopback
 clusters on one machine (say `make cluster-up` and a test session) never hand out the same address.
+There are 223 blocks for the whole machine, so a cluster of many simulated Nodes gives each Node a
+127.N.K.0/24 of a claimed block instead (`SubnetCarver`): 256 Nodes per block, 253 Pod addresses each.
 """
 
 import fcntl
@@ -29,11 +31,27 @@ def require_loopback(address: str | ipaddress.IPv4Address) -> ipaddress.IPv4Addr
     return parsed
 
 
-class AddressBlock:
-    """One claimed 127.N.0.0/16: the Node's own address is 127.N.0.1, Pods get the rest."""
+def _claim_octet(lock_dir: Path) -> tuple[int, int]:
+    """The second octet of a free 127.N.0.0/16 and the descriptor holding its flock."""
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    for octet in range(_FIRST_BLOCK, _LAST_BLOCK + 1):
+        fd = os.open(lock_dir / f"127.{octet}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return octet, fd
+    raise AddressesExhaustedError(f"all loopback blocks under {lock_dir} are claimed")
 
-    def __init__(self, second_octet: int, lock_fd: int) -> None:
-        self.network = ipaddress.IPv4Network(f"127.{second_octet}.0.0/16")
+
+class AddressBlock:
+    """A Node's addresses: the network's first host is the Node's own address, Pods get the rest. A
+    block claimed for one Node is a whole 127.N.0.0/16 (it holds the flock); a carved one is a subnet
+    of a block its `SubnetCarver` holds."""
+
+    def __init__(self, network: ipaddress.IPv4Network, lock_fd: int | None = None) -> None:
+        self.network = network
         self.host_ip = require_loopback(self.network.network_address + 1)
         self._lock_fd = lock_fd
         self._in_use: set[ipaddress.IPv4Address] = set()
@@ -41,19 +59,13 @@ class AddressBlock:
 
     @classmethod
     def claim(cls, lock_dir: Path = DEFAULT_LOCK_DIR) -> "AddressBlock":
-        lock_dir.mkdir(parents=True, exist_ok=True)
-        for octet in range(_FIRST_BLOCK, _LAST_BLOCK + 1):
-            fd = os.open(lock_dir / f"127.{octet}.lock", os.O_CREAT | os.O_RDWR, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            return cls(octet, fd)
-        raise AddressesExhaustedError(f"all loopback blocks under {lock_dir} are claimed")
+        octet, fd = _claim_octet(lock_dir)
+        return cls(ipaddress.IPv4Network(f"127.{octet}.0.0/16"), fd)
 
     def release_block(self) -> None:
-        os.close(self._lock_fd)  # closing drops the flock
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing drops the flock
+            self._lock_fd = None
 
     def allocate(self) -> ipaddress.IPv4Address:
         """The next free address, round-robin so that a released address is not reused at once."""
@@ -69,3 +81,29 @@ class AddressBlock:
 
     def release(self, address: ipaddress.IPv4Address) -> None:
         self._in_use.discard(address)
+
+
+class SubnetCarver:
+    """Hands out one 127.N.K.0/24 per Node from blocks it claims as it needs them, for clusters with
+    more Nodes than a machine has blocks (simulated ones: hundreds of Nodes, a few Pods each)."""
+
+    PREFIX = 24
+    BLOCK_SUBNETS = 2 ** (PREFIX - 16)
+
+    def __init__(self, lock_dir: Path = DEFAULT_LOCK_DIR) -> None:
+        self._lock_dir = lock_dir
+        self._locks: list[int] = []
+        self._free: list[ipaddress.IPv4Network] = []
+
+    def carve(self) -> AddressBlock:
+        if not self._free:
+            octet, fd = _claim_octet(self._lock_dir)
+            self._locks.append(fd)
+            self._free = list(ipaddress.IPv4Network(f"127.{octet}.0.0/16").subnets(new_prefix=self.PREFIX))
+        return AddressBlock(self._free.pop(0))
+
+    def release_blocks(self) -> None:
+        for fd in self._locks:
+            os.close(fd)
+        self._locks.clear()
+        self._free.clear()

@@ -13,6 +13,7 @@ from e2e.kubelet.gpus import GpuAllocator
 from e2e.kubelet.images import ImageMap
 from e2e.kubelet.node import NodeRegistration
 from e2e.kubelet.runtime import NodeRuntime
+from e2e.kubelet.simulation import Simulations
 from e2e.kubelet.sync import PodSync
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,7 @@ class NodeAgent:
         images: ImageMap,
         addresses: AddressBlock,
         oci_owner: str | None,
+        simulations: Simulations | None = None,
     ) -> None:
         core = client.CoreV1Api(api)
         self.config = node
@@ -40,8 +42,11 @@ class NodeAgent:
             images=images,
             config=config,
             oci_owner=oci_owner,
+            simulations=simulations,
         )
-        self.registration = NodeRegistration(api, node, self.runtime.host_ip, config.lease_renew_seconds)
+        self.registration = NodeRegistration(
+            api, node, self.runtime.host_ip, config.lease_renew_seconds, config.node_status_seconds
+        )
         self._sync = PodSync(self.runtime)
         self._tasks: list[asyncio.Task[None]] = []
 

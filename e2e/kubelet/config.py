@@ -1,6 +1,7 @@
 """The loopback kubelet's configuration file (YAML, camelCase keys), written by `e2e.cluster` or by hand."""
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,6 +25,24 @@ class NodeConfig(_Model):
     pods: int = 110
 
 
+SimulatedRole = Literal["requester", "launcher"]
+# FMA's requester image too, so FMA's manifests run unchanged on simulated Nodes.
+SIMULATED_IMAGES: dict[str, SimulatedRole] = {
+    "dualpods/requester": "requester",
+    "ghcr.io/llm-d-incubation/llm-d-fast-model-actuation/requester": "requester",
+    "dualpods/launcher": "launcher",
+}
+
+
+class SimulationConfig(_Model):
+    """Simulated Nodes (KWOK-like, `e2e/simulation`): containers of these images (repositories, any tag)
+    are served by one simulation process per role instead of a process each; every other container runs
+    as on other Nodes."""
+
+    images: dict[str, SimulatedRole] = Field(default_factory=lambda: dict(SIMULATED_IMAGES))
+    log_level: str = "WARNING"  # of the simulation processes (their own logs, not the containers')
+
+
 class KubeletConfig(_Model):
     kubeconfig: Path
     state_dir: Path
@@ -41,7 +60,10 @@ class KubeletConfig(_Model):
     # Grace given to containers when the kubelet itself stops (cluster down).
     shutdown_grace_seconds: float = 2.0
     lease_renew_seconds: float = 5.0
+    # How often the Node's Ready conditions are posted again (a real kubelet: every 5 min with a Lease).
+    node_status_seconds: float = 30.0
     address_lock_dir: Path = DEFAULT_LOCK_DIR
+    simulation: SimulationConfig | None = None
 
     @classmethod
     def load(cls, path: Path) -> "KubeletConfig":

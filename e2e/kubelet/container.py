@@ -46,9 +46,9 @@ def _under(path: str, directory: str) -> bool:
     return directory == "/" or path == directory or path.startswith(directory + "/")
 
 
-def _setup_script(hostname: str, mounts: list[Mount], read_only_root: bool = False) -> str:
-    """Shell run as the namespace's first process: hostname, bind mounts, a read-only root if asked for, then
-    exec the command.
+def _setup_script(hostname: str, mounts: list[Mount], workdir: str | None, read_only_root: bool = False) -> str:
+    """Shell run as the namespace's first process: hostname, bind mounts, a read-only root if asked for, the
+    working directory, then exec the command.
 
     A volume mounted over a directory hides what the directory held: a Pod mounting an emptyDir at /tmp hides
     the kubelet's state under /tmp, where later volumes' sources are. Such sources are opened before anything is
@@ -74,6 +74,8 @@ def _setup_script(hostname: str, mounts: list[Mount], read_only_root: bool = Fal
             lines.append(f"mount -o remount,bind,ro {target}")
     if read_only_root:
         lines += _read_only_root([m.target.rstrip("/") or "/" for m in mounts])
+    if workdir:
+        lines.append(f"cd {shlex.quote(workdir)}")
     if descriptors != range(3, 10):
         lines.append("exec " + " ".join(f"{d}<&-" for d in range(3, descriptors.start)))  # not for the command
     lines.append('exec "$@"')
@@ -95,6 +97,7 @@ class ContainerProcess:
         *,
         env: dict[str, str],
         cwd: Path,
+        workdir: str | None = None,
         hostname: str,
         mounts: list[Mount],
         log: Path,
@@ -109,7 +112,7 @@ class ContainerProcess:
             *_NAMESPACES,
             "sh",
             "-c",
-            _setup_script(hostname, mounts, read_only_root),
+            _setup_script(hostname, mounts, workdir, read_only_root),
             "container",
             *argv,
         ]

@@ -8,8 +8,10 @@ locally built images) prefixes are ignored. Strings
 may hold `{python}` (the kubelet's interpreter), `{venv_bin}` (its directory) and `{repo}` (the
 repository root); `env` values may also hold `{pod_ip}`, the Pod's address: every Pod shares the host's
 loopback network, so a program that binds all addresses by default is told its Pod's address this way,
-as an image's own default (the Pod's env still wins). An image with no entry runs as a pause container:
-no process, always Running.
+as an image's own default (the Pod's env still wins). An entry's `files` stand for the image's own files:
+host directories (placeholders allowed) bind-mounted read-only at container paths, under the Pod's volumes;
+`workingDir` is the image's working directory (Docker's WORKDIR), where its process starts unless the Pod
+names another. An image with no entry runs as a pause container: no process, always Running.
 """
 
 import os
@@ -30,11 +32,13 @@ class ImageMapError(ValueError):
 class ImageEntry(BaseModel):
     """How to run one image."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     entrypoint: list[str] = Field(default_factory=list)
     cmd: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
+    files: dict[str, str] = Field(default_factory=dict)  # container path -> host directory
+    working_dir: str | None = Field(default=None, alias="workingDir")
 
 
 class ImageMapFile(BaseModel):
@@ -92,6 +96,8 @@ class ImageMap:
                     entrypoint=[_fill(a, where) for a in entry.entrypoint],
                     cmd=[_fill(a, where) for a in entry.cmd],
                     env={k: _fill(v, where) for k, v in entry.env.items()},
+                    files={target: _fill(source, where) for target, source in entry.files.items()},
+                    working_dir=entry.working_dir,
                 )
 
     def lookup(self, image: str) -> ImageEntry | None:

@@ -1,6 +1,8 @@
-"""The loopback kubelet process: one NodeAgent per fake Node, the gpu-map publisher and the control endpoint."""
+"""The loopback kubelet process: one NodeAgent per fake Node, the gpu-map publisher and the control endpoint;
+on simulated Nodes also the simulation processes (`simulation.py`)."""
 
 import asyncio
+import datetime
 import logging
 import signal
 
@@ -9,15 +11,28 @@ from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from e2e.kubelet import oci
-from e2e.kubelet.addresses import AddressBlock
+from e2e.kubelet.addresses import AddressBlock, SubnetCarver
 from e2e.kubelet.agent import NodeAgent
 from e2e.kubelet.apierrors import UNREACHABLE
 from e2e.kubelet.config import KubeletConfig, NodeConfig
 from e2e.kubelet.control import ConflictError, NodeInfo, NotFoundError, control_app
 from e2e.kubelet.gpumap import publish_gpu_map
 from e2e.kubelet.images import ImageMap
+from e2e.kubelet.simulation import Simulations
 
 log = logging.getLogger(__name__)
+
+
+class KubeletApiClient(client.ApiClient):  # type: ignore[misc]
+    """kubernetes-asyncio's client with timestamps read by the standard library: it decodes every Pod event
+    into its models, and dateutil's parser was a quarter of the kubelet's time with hundreds of Nodes."""
+
+    def _ApiClient__deserialize_datetime(self, text: str) -> datetime.datetime:  # noqa: N802 - overrides by name
+        try:
+            return datetime.datetime.fromisoformat(text)
+        except (TypeError, ValueError):
+            parsed: datetime.datetime = client.ApiClient._ApiClient__deserialize_datetime(self, text)
+            return parsed
 
 
 class Kubelet:
@@ -27,10 +42,15 @@ class Kubelet:
         self._agents: dict[str, NodeAgent] = {}
         self._blocks: dict[str, AddressBlock] = {}  # kept across lose/add, so a Node keeps its addresses
         self._gpu_map_namespaces: list[str] = []
-        self._lock = asyncio.Lock()
+        self._starting: set[str] = set()  # Nodes registering now
+        self._lock = asyncio.Lock()  # one Node lost at a time
         self._api: client.ApiClient | None = None
         # Pods whose image is in local container storage run from it (oci.py), where podman is installed.
         self.oci_owner = oci.owner_id(settings.state_dir) if oci.podman_available() else None
+        simulation = settings.simulation
+        self.simulations = Simulations(settings, simulation) if simulation is not None else None
+        # Many simulated Nodes share blocks (a /24 each); others claim a whole block each.
+        self._carver = SubnetCarver(settings.address_lock_dir) if simulation is not None else None
 
     @property
     def api(self) -> client.ApiClient:
@@ -47,14 +67,22 @@ class Kubelet:
         return await self._add(NodeConfig(name=name, gpus=gpus))
 
     async def _add(self, node: NodeConfig) -> NodeInfo:
-        async with self._lock:
-            if node.name in self._agents:
-                raise ConflictError(f"node {node.name} already exists")
+        # Nodes register concurrently (hundreds of simulated ones at start-up); one name only once.
+        if node.name in self._agents or node.name in self._starting:
+            raise ConflictError(f"node {node.name} already exists")
+        self._starting.add(node.name)
+        try:
             if node.name not in self._blocks:
-                self._blocks[node.name] = AddressBlock.claim(self.settings.address_lock_dir)
-            agent = NodeAgent(self.api, self.settings, node, self.images, self._blocks[node.name], self.oci_owner)
+                self._blocks[node.name] = (
+                    self._carver.carve() if self._carver else AddressBlock.claim(self.settings.address_lock_dir)
+                )
+            agent = NodeAgent(
+                self.api, self.settings, node, self.images, self._blocks[node.name], self.oci_owner, self.simulations
+            )
             await agent.start()
             self._agents[node.name] = agent
+        finally:
+            self._starting.discard(node.name)
         await self._refresh_gpu_maps()
         return next(n for n in self.nodes() if n.name == node.name)
 
@@ -96,7 +124,12 @@ class Kubelet:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        self._api = await config.new_client_from_config(config_file=str(self.settings.kubeconfig))
+        configuration = client.Configuration()
+        # One watch per Node holds a connection for minutes: the client's pool (100 by default) must not
+        # cap how many Nodes one kubelet process plays, nor queue their heartbeats behind the watches.
+        await config.load_kube_config(config_file=str(self.settings.kubeconfig), client_configuration=configuration)
+        configuration.connection_pool_maxsize = 0  # aiohttp: no limit
+        self._api = KubeletApiClient(configuration)
         runner = web.AppRunner(control_app(self))
         watchdog = None
         if self.oci_owner is not None:
@@ -106,6 +139,8 @@ class Kubelet:
         else:
             log.info("podman is not installed: every container runs as a local process")
         try:
+            if self.simulations is not None:
+                await self.simulations.start()
             await asyncio.gather(*(self._add(node) for node in self.settings.nodes))
             for namespace in self.settings.gpu_map_namespaces:
                 await self.publish_gpu_map(namespace)
@@ -121,7 +156,11 @@ class Kubelet:
             await asyncio.gather(*(a.shutdown(self.settings.shutdown_grace_seconds) for a in self._agents.values()))
             await runner.cleanup()
             await self.api.close()
+            if self.simulations is not None:
+                await self.simulations.close()
             for block in self._blocks.values():
                 block.release_block()
+            if self._carver is not None:
+                self._carver.release_blocks()
             if watchdog is not None:
                 watchdog.communicate()  # closing its stdin: it removes any container still left, and exits

@@ -19,7 +19,6 @@ log = logging.getLogger(__name__)
 LEASE_NAMESPACE = "kube-node-lease"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 _LEASE_SECONDS = 40
-_STATUS_EVERY_SECONDS = 30.0
 KUBELET_VERSION = "v1.20.2"
 
 
@@ -90,12 +89,15 @@ def node_status(config: NodeConfig, host_ip: str) -> dict[str, Any]:
 class NodeRegistration:
     """The Node object and its Lease; the node lifecycle controller reads both to keep the Node Ready."""
 
-    def __init__(self, api: client.ApiClient, config: NodeConfig, host_ip: str, lease_renew_seconds: float) -> None:
+    def __init__(
+        self, api: client.ApiClient, config: NodeConfig, host_ip: str, lease_renew_seconds: float, status_seconds: float
+    ) -> None:
         self._core = client.CoreV1Api(api)
         self._leases = client.CoordinationV1Api(api)
         self.config = config
         self.host_ip = host_ip
         self._renew = lease_renew_seconds
+        self._status_every = status_seconds
 
     async def register(self) -> None:
         """Create the Node (status included, as kubelets do), or take over an existing one of that name."""
@@ -123,7 +125,7 @@ class NodeRegistration:
         while True:
             try:
                 await self._renew_lease()
-                if loop.time() - last_status > _STATUS_EVERY_SECONDS:
+                if loop.time() - last_status > self._status_every:
                     await self._core.patch_node_status(
                         self.config.name, {"status": {"conditions": _conditions(timestamp(now()))}}
                     )

@@ -11,6 +11,7 @@ from e2e.kubelet.config import KubeletConfig
 from e2e.kubelet.events import EventRecorder
 from e2e.kubelet.gpus import GpuAllocator
 from e2e.kubelet.images import ImageMap
+from e2e.kubelet.simulation import Simulations
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class NodeRuntime:
     # The label of this kubelet's OCI containers (`oci.py`); None where podman is not installed, so every
     # container runs as a local process.
     oci_owner: str | None = None
+    # Simulated Nodes: the simulation processes that run the containers of their images.
+    simulations: Simulations | None = None
 
     @property
     def host_ip(self) -> str:

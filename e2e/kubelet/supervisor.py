@@ -22,7 +22,9 @@ from e2e.kubelet.logs import container_log
 from e2e.kubelet.runtime import NodeRuntime
 from e2e.kubelet.security import Security
 from e2e.kubelet.status import ContainerStatus, Terminated, now
-from e2e.kubelet.volumes import VolumeError, container_mounts
+from e2e.kubelet.volumes import Mount, VolumeError, container_mounts
+from e2e.simulation.protocol import ContainerSpec
+from e2e.simulation.protocol import Mount as SimulatedMount
 
 log = logging.getLogger(__name__)
 # Failures to configure a container that a later try may not meet (a Secret may appear, the API server return).
@@ -120,8 +122,9 @@ class ContainerSupervisor:
         self._notify()
 
     async def _configure(self) -> Starter | None:
-        """How to start the container (None: a pause container). Its image from local container storage
-        when it is there (the OCI runtime), else the image map's local command (the process runtime)."""
+        """How to start the container (None: a pause container). In its role's simulation process when
+        the Node simulates its image, else its image from local container storage when it is there (the
+        OCI runtime), else the image map's local command (the process runtime)."""
         pod = self._pod.pod
         fields = PodFields(pod, self._pod.pod_ip, self._runtime.host_ip)
         pod_env = await resolve_env(self.spec, fields, self._runtime.service_env(), self._runtime.fetch)
@@ -133,6 +136,27 @@ class ContainerSupervisor:
         args = [expand(a, pod_env) for a in self.spec.args] if self.spec.args else None
         entry = self._runtime.images.lookup(image)
         security = Security.of(pod, self.spec)
+        simulations = self._runtime.simulations
+        role = simulations.role_of(image) if simulations is not None else None
+        if simulations is not None and role is not None:
+            if command:
+                raise ContainerConfigError(
+                    f"a simulated {role} runs its image's entrypoint; a container `command` cannot be simulated"
+                )
+            simulated = ContainerSpec(
+                id=f"{pod.metadata.uid}-{self.spec.name}-{self.status.restart_count}",
+                role=role,
+                namespace=pod.metadata.namespace,
+                pod=pod.metadata.name,
+                uid=pod.metadata.uid,
+                container=self.spec.name,
+                pod_ip=self._pod.pod_ip,
+                args=args or (entry.cmd if entry is not None else []),
+                env={**self._runtime.images.image_env(entry, self._pod.pod_ip), **pod_env},
+                mounts=[SimulatedMount(source=str(m.source), target=m.target, read_only=m.read_only) for m in mounts],
+                log="",
+            )
+            return lambda log: simulations.run(simulated.model_copy(update={"log": str(log)}))
         if self._runtime.oci_owner is not None and await oci.image_exists(image):
             security.check_non_root(await oci.image_user(image))
             spec = oci.OciSpec(
@@ -155,11 +179,20 @@ class ContainerSupervisor:
             raise ContainerConfigError(f"image {self.spec.image} has no command and the container gives none")
         env = {**self._runtime.images.base_env(entry, self._pod.pod_ip), "HOSTNAME": self._hostname(), **pod_env}
         self._env = env
-        cwd = Path(self.spec.working_dir) if self.spec.working_dir else REPO_ROOT
+        image_files = [Mount(Path(source), target, read_only=True) for target, source in entry.files.items()]
+        mounted = [*image_files, *mounts]  # the image's own files, under the Pod's volumes
+        workdir = self.spec.working_dir or entry.working_dir
         hostname = self._hostname()
         read_only = security.read_only_root
         return lambda log: ContainerProcess.start(
-            argv, env=env, cwd=cwd, hostname=hostname, mounts=mounts, log=log, read_only_root=read_only
+            argv,
+            env=env,
+            cwd=REPO_ROOT,
+            workdir=workdir,
+            hostname=hostname,
+            mounts=mounted,
+            log=log,
+            read_only_root=read_only,
         )
 
     def _oci_name(self, owner: str) -> str:

@@ -154,6 +154,8 @@ spec:
             - --metrics-port={{ .values.metricsPort }}
             - --log-level={{ .values.logLevel }}
             - --num-workers={{ .values.workers }}
+            - --kube-api-qps={{ .values.kubeApiQps }}
+            - --kube-api-burst={{ .values.kubeApiBurst }}
             {{- if gt (int .values.replicas) 1 }}
             - --leader-elect
             {{- end }}

@@ -1,0 +1,623 @@
+"""The scale scenario (issue 15), for `bench/scale.py` and its small e2e run: R requesters on N simulated
+GPU Nodes, one launcher per GPU, with the real controllers installed by the Helm chart.
+
+A loopback cluster of simulated Nodes (`e2e/simulation`: the requesters' SPI and probes and the launchers'
+API served by one process per role, TokenReviews and all) gets the chart (its defaults), a LauncherConfig,
+a LauncherPopulationPolicy with one launcher per GPU, M InferenceServerConfigs and, for each, a
+ReplicaSet of requesters asking for one GPU each. Measured, from outside, as a user would see it:
+
+- the populator: LauncherPopulationPolicy created -> every launcher Pod created, and Ready;
+- wave 1: the ReplicaSets created -> every requester told ready over its SPI (the simulation records
+  the moment become-ready arrived); per requester, its Pod's creation (as this harness's watch saw it)
+  -> told ready;
+- the swap wave: half the models scaled to 0, the others up to take their GPUs -> the old requesters
+  gone and every new one told ready, with the same per-requester figures;
+- after each wave: requesters left unbound or bound twice (the launchers' `requester` annotations), GPUs
+  with two awake instances (the simulated launchers' own state);
+- per phase: CPU seconds of every process (the controllers, kube-apiserver, etcd, the cluster's own
+  controllers, the kubelet, the simulations), the API server's own `apiserver_request_total` by verb
+  and by resource; at the end the controllers' RSS (now and peak) and their work-queue histograms.
+"""
+
+import asyncio
+import collections
+import contextlib
+import functools
+import itertools
+import json
+import re
+import ssl
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+from kubernetes_asyncio import client
+from prometheus_client.parser import text_string_to_metric_families
+
+from api import keys
+from controller import pods
+from controller.informer import Informer
+from e2e.chart import DUAL_PODS, POPULATOR
+from e2e.cluster.cluster import LoopbackCluster, default_nodes
+from e2e.dualpods_env import DualPodsEnv, Obj
+from e2e.fixtures import fresh_namespace
+from e2e.profiles import Profile, Summary
+
+LAUNCHER_CONFIG = "scale"
+LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+FIRST_PORT = 8005
+REPORT_EVERY_S = 1.0
+
+
+@dataclass(frozen=True)
+class ScaleSpec:
+    nodes: int
+    gpus_per_node: int
+    requesters: int
+    models: int = 4
+    # The simulated instances' times (the stand-in's flags in the ISCs' options).
+    startup_delay: float = 1.0
+    sleep_delay: float = 0.1
+    wake_delay: float = 0.2
+    probe_period: int = 5  # of the requesters' readiness probes
+    wave_timeout: float = 600.0
+    chart_values: tuple[str, ...] = ()  # `helm --set` values, e.g. dualPodsController.workers=16
+    idle_seconds: float = 20.0  # at rest before the waves: two Lease renewals and a few probes of every Pod
+
+    def __post_init__(self) -> None:
+        if self.requesters > self.nodes * self.gpus_per_node:
+            raise ValueError(f"{self.requesters} requesters need that many GPUs; the nodes have "
+                             f"{self.nodes * self.gpus_per_node}")  # fmt: skip
+        if self.models < 2:
+            raise ValueError("the swap wave needs at least 2 models")
+        if self.requesters < 0:
+            raise ValueError("the number of requesters cannot be negative")
+
+    def replicas(self, models: list[int]) -> dict[int, int]:
+        """The requesters spread evenly over `models` (the first ones take the remainder)."""
+        share, extra = divmod(self.requesters, len(models))
+        return {m: share + (1 if i < extra else 0) for i, m in enumerate(models)}
+
+
+@dataclass
+class Phase:
+    """What one phase cost: its wall time, every process's CPU seconds, the API server's requests."""
+
+    seconds: float
+    cpu: dict[str, float]
+    requests_by_verb: dict[str, int]
+    requests_by_resource: dict[str, int]
+
+
+@dataclass
+class Wave:
+    name: str
+    seconds: float  # the wave's start -> its last requester told ready (and the old ones gone)
+    latencies: list[float]  # per new requester: its Pod created -> told ready
+    phase: Phase
+    # Per new requester, seconds from one milestone to the next (MILESTONES, then told ready): p50, p99.
+    steps: dict[str, tuple[float, float]] = field(default_factory=dict)
+    unbound: int = 0
+    double_bound: int = 0
+    shared_gpus: int = 0  # GPUs with more than one awake instance
+    not_ready: int = 0
+    timed_out: bool = False
+    # The errors in the status annotations of the requesters not told ready, with how many carry each.
+    problems: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not (self.timed_out or self.unbound or self.double_bound or self.shared_gpus or self.not_ready)
+
+
+@dataclass
+class ProcessFigures:
+    rss_mib: float
+    peak_rss_mib: float
+    cpu_seconds: float  # over the whole measurement
+
+
+@dataclass(frozen=True)
+class Quantiles:
+    """Of a Prometheus histogram: p50 and p99 as bucket upper bounds, and the count."""
+
+    p50: float
+    p99: float
+    count: int
+
+    @classmethod
+    def of(cls, buckets: dict[float, float]) -> "Quantiles | None":
+        total = buckets.get(float("inf"), 0)
+        if not total:
+            return None
+
+        def bound(q: float) -> float:
+            return next(le for le in sorted(buckets) if buckets[le] >= q * total)
+
+        return cls(bound(0.5), bound(0.99), int(total))
+
+
+@dataclass
+class ControllerMetrics:
+    own: Quantiles | None  # dualpods_reconcile_own_seconds: a pass less its calls
+    work: Quantiles | None  # fma_dpc_innerqueue_work_duration_seconds: a pass, calls included (dual-pods)
+    queued: Quantiles | None  # fma_dpc_innerqueue_queue_duration_seconds: added -> taken by a worker
+    api_requests: dict[str, int]  # dualpods_kube_api_requests_total by HTTP method
+    throttled_seconds: float  # the sum of dualpods_kube_api_rate_limit_wait_seconds
+    # fma_http_latency_seconds by purpose: the controller's calls to launchers and requesters.
+    calls: dict[str, Quantiles] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, text: str) -> "ControllerMetrics":
+        buckets: dict[str, dict[float, float]] = collections.defaultdict(lambda: collections.defaultdict(float))
+        requests: collections.Counter[str] = collections.Counter()
+        throttled = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "fma_http_latency_seconds_bucket":
+                    buckets[f"call {sample.labels['purpose']}"][float(sample.labels["le"])] += sample.value
+                elif sample.name == "dualpods_kube_api_request_seconds_bucket":
+                    buckets[f"call API {sample.labels['method']}"][float(sample.labels["le"])] += sample.value
+                elif sample.name.endswith("_bucket"):
+                    buckets[sample.name.removesuffix("_bucket")][float(sample.labels["le"])] += sample.value
+                elif sample.name == "dualpods_kube_api_requests_total":
+                    requests[sample.labels["method"]] += int(sample.value)
+                elif sample.name == "dualpods_kube_api_rate_limit_wait_seconds_sum":
+                    throttled += sample.value
+        return cls(
+            own=Quantiles.of(buckets["dualpods_reconcile_own_seconds"]),
+            work=Quantiles.of(buckets["fma_dpc_innerqueue_work_duration_seconds"]),
+            queued=Quantiles.of(buckets["fma_dpc_innerqueue_queue_duration_seconds"]),
+            api_requests=dict(requests.most_common()),
+            throttled_seconds=throttled,
+            calls={
+                name.removeprefix("call "): quantiles
+                for name, found in sorted(buckets.items())
+                if name.startswith("call ") and (quantiles := Quantiles.of(found)) is not None
+            },
+        )
+
+
+@dataclass
+class ScaleResult:
+    spec: ScaleSpec
+    cluster_up_seconds: float
+    launchers_created_seconds: float
+    launchers_ready_seconds: float
+    populator_phase: Phase
+    waves: list[Wave] = field(default_factory=list)
+    controllers: dict[str, ProcessFigures] = field(default_factory=dict)
+    # From the controllers' own /metrics at the end.
+    controller_metrics: dict[str, "ControllerMetrics"] = field(default_factory=dict)
+    # Each controller container's restarts: how it last ended, and the Warning Events about its Pod.
+    restarts: dict[str, list[str]] = field(default_factory=dict)
+    # py-spy profiles, when asked for: the populator's while it populates, the dual-pods controller's
+    # during both waves.
+    profiles: dict[str, Summary] = field(default_factory=dict)
+
+    # The cluster at rest with every launcher up (no requesters yet): what its heartbeats and probes cost.
+    idle_phase: Phase | None = None
+    # Mean JSON size of a Pod as the API server sends it (what an informer caches), and the part of it
+    # that is managedFields and the last-applied annotation, by kind of Pod, at the end.
+    pod_bytes: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # Open file descriptors and RSS (MiB) of every process at the end: the machine's limits at this size.
+    descriptors: dict[str, int] = field(default_factory=dict)
+    rss_mib: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return all(w.ok for w in self.waves) and len(self.waves) == (2 if self.spec.requesters else 0)
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else float("nan")
+
+
+# The steps of a requester's start, in order, as this harness's watch sees them (then "told ready", from
+# the simulation): the Pod created, scheduled, given its address (its container starting), its GPUs
+# recorded by the controller, and bound to a launcher.
+MILESTONES: dict[str, Any] = {
+    "created": lambda pod: True,
+    "scheduled": lambda pod: pods.node_name(pod) is not None,
+    "addressed": lambda pod: pods.pod_ip(pod) is not None,
+    "gpus recorded": lambda pod: keys.ACCELERATORS_ANNOTATION in pods.annotations(pod),
+    "bound": lambda pod: keys.DUAL_LABEL in pods.labels(pod),
+}
+TOLD_READY = "told ready"
+STEPS = list(itertools.pairwise([*MILESTONES, TOLD_READY]))
+
+
+class PodTimes:
+    """One watch on the namespace's Pods: when each first reached each milestone (its creation to within
+    the watch's delay), and the Pods themselves for the invariants."""
+
+    def __init__(self, core: client.CoreV1Api, namespace: str) -> None:
+        self.informer = Informer("pods", functools.partial(core.list_namespaced_pod, namespace))
+        self.milestones: dict[str, dict[str, float]] = {}
+        self.informer.subscribe(self._seen)
+        self._task: asyncio.Task[None] | None = None
+
+    def _seen(self, old: Obj | None, new: Obj | None) -> None:
+        if new is None:
+            return
+        reached = self.milestones.setdefault(pods.uid(new), {})
+        now = time.time()
+        for milestone, check in MILESTONES.items():
+            if milestone not in reached and check(new):
+                reached[milestone] = now
+
+    def created(self, uid: str) -> float | None:
+        return self.milestones.get(uid, {}).get("created")
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self.informer.run())
+        await self.informer.synced.wait()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def pods(self) -> list[Obj]:
+        return self.informer.items()
+
+    def launchers(self) -> list[Obj]:
+        return [p for p in self.pods() if pods.is_launcher(p) and not pods.is_deleting(p)]
+
+    def requesters(self, model: str | None = None) -> list[Obj]:
+        found = [p for p in self.pods() if pods.is_requester(p)]
+        if model is None:
+            return found
+        return [p for p in found if pods.annotations(p).get(keys.INFERENCE_SERVER_CONFIG_ANNOTATION) == model]
+
+
+class Processes:
+    """The processes whose CPU a phase is charged with, found by what they run."""
+
+    def __init__(self, cluster: LoopbackCluster, env: DualPodsEnv) -> None:
+        self._cluster = cluster
+        self._env = env
+
+    def find(self) -> dict[str, psutil.Process]:
+        found = {name: psutil.Process(pid) for name, pid in self._cluster.pids().items()}
+        for process in found["kubelet"].children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                line = process.cmdline()
+                if "e2e.simulation" in line:
+                    found[f"simulation-{line[line.index('--role') + 1]}"] = process
+        for component in (DUAL_PODS, POPULATOR):
+            for process in self._env.controllers.processes(component):
+                found[component] = process
+        return found
+
+    def cpu(self) -> dict[str, float]:
+        times = {}
+        for name, process in self.find().items():
+            with contextlib.suppress(psutil.Error):
+                used = process.cpu_times()
+                times[name] = used.user + used.system
+        return times
+
+
+async def api_requests(cluster: LoopbackCluster) -> tuple[collections.Counter[str], collections.Counter[str]]:
+    """The API server's own count of the requests it served, by verb and by resource[/subresource]."""
+    state = cluster.state_dir
+    tls = ssl.create_default_context(cafile=str(state / "pki" / "ca.crt"))
+    tls.load_cert_chain(state / "pki" / "admin.crt", state / "pki" / "admin.key")
+    async with aiohttp.ClientSession() as session, session.get(f"{cluster.state().apiserver_url}/metrics",
+                                                               ssl=tls) as answer:  # fmt: skip
+        text = await answer.text()
+    by_verb: collections.Counter[str] = collections.Counter()
+    by_resource: collections.Counter[str] = collections.Counter()
+    for family in text_string_to_metric_families(text):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            labels = sample.labels
+            by_verb[labels.get("verb", "")] += int(sample.value)
+            resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+            by_resource[resource] += int(sample.value)
+    return by_verb, by_resource
+
+
+class Meter:
+    """Charges a phase with the CPU and API requests spent between `start` and `stop`."""
+
+    def __init__(self, cluster: LoopbackCluster, processes: Processes) -> None:
+        self._cluster = cluster
+        self._processes = processes
+
+    async def start(self) -> None:
+        self._started = time.monotonic()
+        self._cpu = self._processes.cpu()
+        self._by_verb, self._by_resource = await api_requests(self._cluster)
+
+    async def stop(self) -> Phase:
+        seconds = time.monotonic() - self._started
+        cpu = self._processes.cpu()
+        by_verb, by_resource = await api_requests(self._cluster)
+        return Phase(
+            seconds=seconds,
+            cpu={name: round(used - self._cpu.get(name, 0.0), 2) for name, used in cpu.items()},
+            requests_by_verb=dict((by_verb - self._by_verb).most_common()),
+            requests_by_resource=dict((by_resource - self._by_resource).most_common()),
+        )
+
+
+class Scenario:
+    def __init__(self, spec: ScaleSpec, cluster: LoopbackCluster, env: DualPodsEnv, session: aiohttp.ClientSession):
+        self.spec = spec
+        self.cluster = cluster
+        self.env = env
+        self.session = session
+        self.pods = PodTimes(env.core, env.namespace)
+        self.processes = Processes(cluster, env)
+        self.meter = Meter(cluster, self.processes)
+        self.models = [f"model-{i}" for i in range(spec.models)]
+
+    async def populate(self) -> tuple[float, float, Phase]:
+        """The LauncherConfig and the policy; seconds until every launcher exists, and until all are Ready."""
+        spec, env = self.spec, self.env
+        await env.create_launcher_config(LAUNCHER_CONFIG, max_instances=2, launcher_args=[])
+        await self.meter.start()
+        started = time.monotonic()
+        await env.create_population_policy("one-per-gpu", LAUNCHER_CONFIG, count=spec.gpus_per_node)
+        wanted = spec.nodes * spec.gpus_per_node
+        created = await self._until(lambda: len(self.pods.launchers()) >= wanted, started, "every launcher created")
+        ready = await self._until(
+            lambda: sum(pods.is_ready(p) for p in self.pods.launchers()) >= wanted, started, "every launcher Ready"
+        )
+        return created, ready, await self.meter.stop()
+
+    async def idle(self) -> Phase:
+        await self.meter.start()
+        await asyncio.sleep(self.spec.idle_seconds)
+        return await self.meter.stop()
+
+    async def _until(self, check: Any, started: float, what: str, interval: float = 0.2) -> float:
+        while not check():
+            if time.monotonic() - started > self.spec.wave_timeout:
+                raise TimeoutError(f"not {what} within {self.spec.wave_timeout:.0f} s")
+            await asyncio.sleep(interval)
+        return time.monotonic() - started
+
+    async def create_models(self) -> None:
+        spec = self.spec
+        for i, model in enumerate(self.models):
+            options = (f"--model {model} --startup-delay {spec.startup_delay:g} --sleep-delay {spec.sleep_delay:g} "
+                       f"--wake-delay {spec.wake_delay:g}")  # fmt: skip
+            await self.env.create_isc(model, LAUNCHER_CONFIG, port=FIRST_PORT + i, options=options)
+
+    async def first_wave(self) -> Wave:
+        await self.meter.start()
+        started = time.time()
+        for i, count in self.spec.replicas(list(range(len(self.models)))).items():
+            await self.env.create_requesters(self.models[i], self.models[i], count, probe_period=self.spec.probe_period)
+        return await self._wave("first", started, set(self.models), set())
+
+    async def swap_wave(self) -> Wave:
+        half = len(self.models) // 2
+        down, up = self.models[:half], self.models[half:]
+        await self.meter.start()
+        started = time.time()
+        for model in down:
+            await self.env.scale(model, 0)
+        for i, count in self.spec.replicas(list(range(len(up)))).items():
+            await self.env.scale(up[i], count)
+        return await self._wave("swap", started, set(up), set(down))
+
+    async def _wave(self, name: str, started: float, up: set[str], down: set[str]) -> Wave:
+        """Until every requester of the `up` models is told ready and those of the `down` ones are gone.
+        Requesters that were there before the wave began must stay ready; the figures are the new ones'."""
+        ready_at: dict[str, float] = {}
+        old_gone = started
+        timed_out = False
+        while True:
+            report = await self.cluster.simulation("requester", self.session).report()
+            current = {pods.uid(p) for m in up for p in self.pods.requesters(m) if not pods.is_deleting(p)}
+            ready_at = {r.uid: r.transitions[-1][0] for r in report.requesters if r.ready and r.uid in current}
+            if [p for m in down for p in self.pods.requesters(m)]:
+                old_gone = time.time()
+            elif len(current) >= self.spec.requesters and len(ready_at) >= self.spec.requesters:
+                break
+            if time.time() - started > self.spec.wave_timeout:
+                timed_out = True
+                break
+            await asyncio.sleep(REPORT_EVERY_S)
+        new = {uid: at for uid, at in ready_at.items() if (self.pods.created(uid) or 0.0) >= started}
+        finished = max([old_gone, *new.values()])
+        latencies = [at - (self.pods.created(uid) or started) for uid, at in new.items()]
+        wave = Wave(name, finished - started, latencies, await self.meter.stop(), timed_out=timed_out)
+        wave.steps = self._steps(new)
+        wave.not_ready = max(0, self.spec.requesters - len(ready_at))
+        waiting = [p for m in up for p in self.pods.requesters(m) if pods.uid(p) not in ready_at]
+        wave.problems = dict(collections.Counter(_problem(p) for p in waiting).most_common(5))
+        await self._check(wave)
+        return wave
+
+    def _steps(self, told_ready: dict[str, float]) -> dict[str, tuple[float, float]]:
+        gaps: dict[str, list[float]] = {f"{a} -> {b}": [] for a, b in STEPS}
+        for uid, at in told_ready.items():
+            reached = {**self.pods.milestones.get(uid, {}), TOLD_READY: at}
+            for a, b in STEPS:
+                if a in reached and b in reached:
+                    gaps[f"{a} -> {b}"].append(reached[b] - reached[a])
+        return {step: (quantile(values, 0.5), quantile(values, 0.99)) for step, values in gaps.items() if values}
+
+    async def _check(self, wave: Wave) -> None:
+        """Every live requester bound to exactly one launcher, and no GPU with two awake instances."""
+        bound = collections.Counter(b.requester_uid for p in self.pods.launchers() if (b := pods.binding(p)))
+        live = [pods.uid(p) for p in self.pods.requesters() if not pods.is_deleting(p)]
+        wave.unbound = sum(1 for uid in live if bound[uid] == 0)
+        wave.double_bound = sum(1 for uid in live if bound[uid] > 1)
+        report = await self.cluster.simulation("launcher", self.session).report()
+        nodes = {pods.uid(p): pods.node_name(p) for p in self.pods.launchers()}
+        awake = collections.Counter(
+            (nodes.get(launcher.uid), gpu)
+            for launcher in report.launchers
+            for instance in launcher.instances
+            if instance.status == "running" and not instance.sleeping
+            for gpu in instance.gpu_uuids or []
+        )
+        wave.shared_gpus = sum(1 for count in awake.values() if count > 1)
+
+    def footprint(self) -> tuple[dict[str, int], dict[str, float]]:
+        descriptors, rss = {}, {}
+        for name, process in self.processes.find().items():
+            with contextlib.suppress(psutil.Error):
+                descriptors[name] = process.num_fds()
+                rss[name] = round(process.memory_info().rss / 2**20, 1)
+        return descriptors, rss
+
+    def pod_bytes(self) -> dict[str, tuple[float, float]]:
+        sizes: dict[str, list[tuple[int, int]]] = {"launcher": [], "requester": []}
+        for pod in self.pods.pods():
+            kind = "launcher" if pods.is_launcher(pod) else "requester" if pods.is_requester(pod) else None
+            if kind is None:
+                continue
+            meta = pods.meta(pod)
+            extra = {"managedFields": meta.get("managedFields"), "annotations": {
+                LAST_APPLIED: pods.annotations(pod).get(LAST_APPLIED)}}  # fmt: skip
+            sizes[kind].append((len(json.dumps(pod)), len(json.dumps(extra))))
+        return {
+            kind: (statistics.mean(s for s, _ in found), statistics.mean(e for _, e in found))
+            for kind, found in sizes.items()
+            if found
+        }
+
+    async def controller_figures(self) -> dict[str, ProcessFigures]:
+        found = self.processes.find()
+        figures = {}
+        for component in (DUAL_PODS, POPULATOR):
+            process = found.get(component)
+            if process is None:
+                continue
+            with contextlib.suppress(psutil.Error):
+                used = process.cpu_times()
+                figures[component] = ProcessFigures(
+                    rss_mib=process.memory_info().rss / 2**20,
+                    peak_rss_mib=_peak_rss(process.pid) / 2**20,
+                    cpu_seconds=used.user + used.system,
+                )
+        return figures
+
+    async def restarts(self, logs_to: Path | None) -> dict[str, list[str]]:
+        """For each controller that restarted: its restart count, how its last run ended and the Warning Events
+        about its Pod; with `logs_to`, the logs of its ended run and of the current one are kept there."""
+        found: dict[str, list[str]] = {}
+        events = await self.env.core.list_namespaced_event(self.env.namespace)
+        for component in (DUAL_PODS, POPULATOR):
+            for pod in await self.env.controllers.pods(component):
+                status = next(iter(pod.status.container_statuses or []), None)
+                if status is None or not status.restart_count:
+                    continue
+                ended = status.last_state.terminated if status.last_state else None
+                how = f"exit {ended.exit_code} ({ended.reason}) at {ended.finished_at}" if ended else "unknown"
+                warnings = collections.Counter(
+                    f"{e.reason}: {e.message}"[:160]
+                    for e in events.items
+                    if e.involved_object.uid == pod.metadata.uid and e.type == "Warning"
+                )
+                found[component] = [f"{status.restart_count} restarts, the last run ended with {how}"] + [
+                    f"{count} x {what}" for what, count in warnings.most_common(5)
+                ]
+                if logs_to is not None:
+                    _keep_logs(self.cluster, pod, component, logs_to)
+        return found
+
+    async def controller_metrics(self) -> dict[str, ControllerMetrics]:
+        return {component: ControllerMetrics.parse(await self.env.controllers.metrics(component))
+                for component in (DUAL_PODS, POPULATOR)}  # fmt: skip
+
+
+def _problem(requester: Obj) -> str:
+    """What the controller says is wrong with a requester (its status annotation), addresses left out."""
+    errors = (pods.json_annotation(requester, keys.STATUS_ANNOTATION) or {}).get("Errors") or ["no error reported"]
+    return re.sub(r"127(\.\d+){3}", "<pod IP>", str(errors[0]))[:200]
+
+
+def _keep_logs(cluster: LoopbackCluster, pod: client.V1Pod, component: str, logs_to: Path) -> None:
+    logs_to.mkdir(parents=True, exist_ok=True)
+    for previous in (True, False):
+        text = cluster.container_log(pod, "controller", previous=previous)
+        (logs_to / f"{component}{'-previous' if previous else ''}.log").write_text(text)
+
+
+def _peak_rss(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return float(line.split()[1]) * 1024
+    return 0.0
+
+
+# Profiled during the waves (with `profile_dir`): the dual-pods controller, and what the simulation costs.
+PROFILED_IN_WAVES = (DUAL_PODS, "kubelet", "simulation-requester", "simulation-launcher")
+
+
+async def _profiles(
+    profile_dir: Path | None, processes: dict[str, psutil.Process], names: tuple[str, ...]
+) -> dict[str, Profile]:
+    started: dict[str, Profile] = {}
+    if profile_dir is None:
+        return started
+    for name in names:
+        if (process := processes.get(name)) is not None:
+            started[name] = Profile(process.pid, profile_dir / f"{name}.txt")
+            await started[name].start()
+    return started
+
+
+async def _summaries(profiles: dict[str, Profile], result: ScaleResult) -> None:
+    for name, profile in profiles.items():
+        if (summary := await profile.stop()) is not None:
+            result.profiles[name] = summary
+
+
+async def run_scale(spec: ScaleSpec, work_dir: Path, profile_dir: Path | None = None) -> ScaleResult:
+    """Bring up the cluster, measure, and take everything down again (also on failure). With
+    `profile_dir`, the controllers are sampled with py-spy and their raw profiles kept there."""
+    cluster = LoopbackCluster(work_dir / "cluster")
+    started = time.monotonic()
+    try:
+        await cluster.up(default_nodes(spec.nodes, spec.gpus_per_node), die_with_parent=True, simulated=True)
+        up_seconds = time.monotonic() - started
+        async with (
+            await cluster.api_client() as api,
+            fresh_namespace(api, "scale") as namespace,
+            aiohttp.ClientSession() as session,
+        ):
+            env = DualPodsEnv(cluster, api, namespace, work_dir)
+            await env.setup()
+            await env.controllers.install(*spec.chart_values)
+            scenario = Scenario(spec, cluster, env, session)
+            await scenario.pods.start()
+            try:
+                await scenario.create_models()
+                profiles = await _profiles(profile_dir, scenario.processes.find(), (POPULATOR,))
+                created, ready, phase = await scenario.populate()
+                result = ScaleResult(spec, up_seconds, created, ready, phase)
+                await _summaries(profiles, result)
+                result.idle_phase = await scenario.idle()
+                result.descriptors, result.rss_mib = scenario.footprint()
+                if spec.requesters:
+                    profiles = await _profiles(profile_dir, scenario.processes.find(), PROFILED_IN_WAVES)
+                    result.waves.append(await scenario.first_wave())
+                    result.waves.append(await scenario.swap_wave())
+                    await _summaries(profiles, result)
+                result.controllers = await scenario.controller_figures()
+                result.pod_bytes = scenario.pod_bytes()
+                result.descriptors, result.rss_mib = scenario.footprint()
+                result.controller_metrics = await scenario.controller_metrics()
+                result.restarts = await scenario.restarts(profile_dir)
+            finally:
+                await scenario.pods.stop()
+            return result
+    finally:
+        cluster.down()

@@ -1,0 +1,219 @@
+"""Simulated Nodes without a cluster: the address carving, the simulated launcher's and requester's HTTP
+surfaces (the real apps, over no process), and the kubelet's simulation processes (restarted when they die)."""
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from e2e.kubelet.addresses import AddressBlock, SubnetCarver
+from e2e.kubelet.config import KubeletConfig, SimulationConfig
+from e2e.kubelet.simulation import Simulations
+from e2e.simulation.container import ContainerFiles, StartFailure
+from e2e.simulation.launcher import LauncherContainer
+from e2e.simulation.protocol import KILLED, ContainerSpec, Mount
+from e2e.simulation.requester import RequesterContainer
+
+TOKEN = "launcher-s3cret"
+TOKEN_DIR = "/var/run/secrets/dualpods/launcher-token"
+BASE = "/v2/vllm/instances"
+
+
+def test_carver_gives_each_node_a_subnet_of_a_claimed_block(tmp_path: Path) -> None:
+    carver = SubnetCarver(tmp_path)
+    try:
+        blocks = [carver.carve() for _ in range(SubnetCarver.BLOCK_SUBNETS + 1)]
+        networks = {b.network for b in blocks}
+        assert len(networks) == len(blocks)
+        assert all(n.prefixlen == 24 for n in networks)
+        first, last = blocks[0], blocks[-1]
+        assert str(first.host_ip).endswith(".0.1")
+        assert str(first.allocate()).endswith(".0.2")
+        assert first.network.network_address.packed[1] != last.network.network_address.packed[1], "a second block"
+        # Those blocks are claimed: a cluster started meanwhile gets others.
+        other = AddressBlock.claim(tmp_path)
+        assert other.network.network_address.packed[1] not in {n.network_address.packed[1] for n in networks}
+        other.release_block()
+    finally:
+        carver.release_blocks()
+
+
+def test_container_files_follow_the_deepest_mount(tmp_path: Path) -> None:
+    spec = _spec("requester", "127.0.0.1", tmp_path, mounts=[
+        Mount(source=str(tmp_path / "a"), target="/var/run"),
+        Mount(source=str(tmp_path / "b"), target="/var/run/secrets/x"),
+    ])  # fmt: skip
+    files = ContainerFiles(spec)
+    assert files.host_path("/var/run/secrets/x/token") == tmp_path / "b" / "token"
+    assert files.host_path("/var/run/other") == tmp_path / "a" / "other"
+    assert files.host_path("/etc/hosts") == Path("/etc/hosts")
+
+
+@pytest.fixture
+def pod_ip() -> Iterator[str]:
+    block = AddressBlock.claim()  # the machine-wide claim: no other cluster uses these addresses now
+    yield str(block.allocate())
+    block.release_block()
+
+
+def _spec(role: str, pod_ip: str, tmp_path: Path, args: list[str] | None = None,
+          env: dict[str, str] | None = None, mounts: list[Mount] | None = None) -> ContainerSpec:  # fmt: skip
+    return ContainerSpec.model_validate({
+        "id": f"{role}-1", "role": role, "namespace": "ns", "pod": f"{role}-pod", "uid": f"uid-{role}",
+        "container": "inference-server", "pod_ip": pod_ip, "args": args or [], "env": env or {},
+        "mounts": mounts or [], "log": str(tmp_path / "logs" / f"{role}.log"),
+    })  # fmt: skip
+
+
+@pytest.fixture
+async def launcher(tmp_path: Path, pod_ip: str) -> AsyncIterator[tuple[LauncherContainer, aiohttp.ClientSession]]:
+    secret = tmp_path / "token-volume"
+    secret.mkdir()
+    (secret / "token").write_text(TOKEN)
+    env = {"LAUNCHER_HOST": pod_ip, "LAUNCHER_AUTH_TOKEN_FILE": f"{TOKEN_DIR}/token"}
+    container = LauncherContainer(
+        _spec("launcher", pod_ip, tmp_path, ["--mock-gpus", "2"], env, [Mount(source=str(secret), target=TOKEN_DIR)]),
+        tmp_path / "state",
+    )
+    await container.start()
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    async with aiohttp.ClientSession(f"http://{pod_ip}:8001", headers=headers) as session:
+        yield container, session
+    assert await container.stop(5) == 0
+
+
+async def _put(http: aiohttp.ClientSession, instance: str, options: str, **body: Any) -> tuple[int, dict[str, Any]]:
+    async with http.put(f"{BASE}/{instance}", json={"options": options, **body}) as answer:
+        return answer.status, await answer.json()
+
+
+async def test_simulated_launcher_answers_the_launcher_api(
+    launcher: tuple[LauncherContainer, aiohttp.ClientSession],
+) -> None:
+    container, http = launcher
+    url = f"http://{container.spec.pod_ip}:8001{BASE}"
+    async with aiohttp.ClientSession() as anonymous, anonymous.get(url) as answer:
+        assert answer.status == 401
+    status, state = await _put(http, "a", "--model m --port 8005 --startup-delay 0.3", gpu_uuids=["GPU-1"])
+    assert status == 201
+    assert state["ready"] is False
+    assert state["env_vars"]["CUDA_VISIBLE_DEVICES"] == "1"
+    status, _ = await _put(http, "b", "--model m --startup-delay 30 --port 8006")
+    assert status == 201
+    async with http.post(f"{BASE}/b/sleep") as answer:
+        assert answer.status == 409
+        assert (await answer.json())["reason"] == "NotReady"
+    assert (await _put(http, "a", "--model m --port 8007"))[1]["reason"] == "AlreadyExists"
+    assert (await _put(http, "c", "--model m --port 8005"))[1]["reason"] == "PortInUse"
+    assert (await _put(http, "d", "--model m --port 8008", gpu_uuids=["GPU-7"]))[1]["reason"] == "UnknownGPU"
+    assert (await _put(http, "e", "--model m --port 8009 --host 127.0.0.1"))[1]["reason"] == "InvalidOptions"
+
+    async with http.get(f"{BASE}/watch") as watch:
+        events = [json.loads(await watch.content.readline()) for _ in range(2)]
+        assert {e["type"] for e in events} == {"CREATED"}
+        assert len({e["boot_id"] for e in events}) == 1
+        seen = (await asyncio.wait_for(watch.content.readline(), 5)).strip()
+        assert json.loads(seen)["type"] == "READY"
+        assert json.loads(seen)["object"]["instance_id"] == "a"
+        async with http.post(f"{BASE}/a/sleep") as answer:
+            assert answer.status == 200
+            assert (await answer.json())["sleeping"] is True
+        async with http.post(f"{BASE}/a/wake_up") as answer:
+            assert (await answer.json())["sleeping"] is False
+        async with http.delete(f"{BASE}/a") as answer:
+            assert answer.status == 200
+        types = [json.loads(await watch.content.readline())["type"] for _ in range(3)]
+        assert types == ["SLEEPING", "AWAKE", "DELETED"]
+    report = container.report()
+    assert [i.instance_id for i in report.instances] == ["b"]
+    async with http.get(f"{BASE}/b/log") as answer:
+        assert "simulated instance b" in await answer.text()
+
+
+async def test_a_stopped_launcher_stops_serving(tmp_path: Path, pod_ip: str) -> None:
+    container = LauncherContainer(_spec("launcher", pod_ip, tmp_path, ["--mock-gpus", "1"], {"LAUNCHER_HOST": pod_ip}),
+                                  tmp_path / "state")  # fmt: skip
+    await container.start()
+    assert await container.stop(5) == 0
+    with pytest.raises(aiohttp.ClientConnectionError):
+        async with aiohttp.ClientSession() as http, http.get(f"http://{pod_ip}:8001/health"):
+            pass
+
+
+async def test_simulated_requester_serves_its_spi_and_records_readiness(tmp_path: Path, pod_ip: str) -> None:
+    env = {
+        "POD_IP": pod_ip,
+        "REQUESTER_SPI_AUTH": "none",
+        "NVIDIA_VISIBLE_DEVICES": "GPU-a",
+        "REQUESTER_GPU_SOURCE": "env",
+    }
+    container = RequesterContainer(_spec("requester", pod_ip, tmp_path, env=env), tmp_path / "state")
+    await container.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"http://{pod_ip}:8081/v1/dual-pods/accelerators") as answer:
+                assert await answer.json() == ["GPU-a"]
+            async with http.get(f"http://{pod_ip}:8080/ready") as answer:
+                assert answer.status == 503
+            async with http.post(f"http://{pod_ip}:8081/v1/become-ready") as answer:
+                assert answer.status == 200
+            async with http.get(f"http://{pod_ip}:8080/ready") as answer:
+                assert answer.status == 200
+        report = container.report()
+        assert report.ready
+        assert [ready for _, ready in report.transitions] == [True]
+    finally:
+        assert await container.stop(5) == 0
+
+
+async def test_simulated_requester_refuses_unauthenticated_changes(tmp_path: Path, pod_ip: str) -> None:
+    env = {"POD_IP": pod_ip, "NVIDIA_VISIBLE_DEVICES": "GPU-a", "REQUESTER_GPU_SOURCE": "env",
+           "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "1"}  # fmt: skip
+    container = RequesterContainer(_spec("requester", pod_ip, tmp_path, env=env), tmp_path / "state")
+    await container.start()
+    try:
+        async with aiohttp.ClientSession() as http, http.post(f"http://{pod_ip}:8081/v1/become-ready") as answer:
+            assert answer.status == 401
+            assert (await answer.json())["reason"] == "Unauthenticated"
+        assert not container.report().ready
+    finally:
+        await container.stop(5)
+
+
+async def test_bad_arguments_fail_the_start_as_the_program_would(tmp_path: Path, pod_ip: str) -> None:
+    container = RequesterContainer(_spec("requester", pod_ip, tmp_path, ["--spi-port", "0"]), tmp_path / "state")
+    with pytest.raises(StartFailure) as failure:
+        await container.start()
+    assert failure.value.exit_code == 2
+    assert "--spi-port" in str(failure.value)
+
+
+async def test_kubelet_restarts_a_simulation_that_dies(tmp_path: Path, pod_ip: str) -> None:
+    config = KubeletConfig(kubeconfig=tmp_path / "kubeconfig", state_dir=tmp_path, api_server_port=1)
+    simulations = Simulations(config, SimulationConfig())
+    await simulations.start()
+    env = {"POD_IP": pod_ip, "REQUESTER_SPI_AUTH": "none", "REQUESTER_GPU_SOURCE": "env"}
+    try:
+        first = await simulations.run(_spec("requester", pod_ip, tmp_path, env=env))
+        assert first.container_id == "simulated://requester/requester-1"
+        assert await first.stop(5) == 0
+        second = await simulations.run(_spec("requester", pod_ip, tmp_path, env=env))
+        process = simulations.processes["requester"]
+        assert process.pid is not None
+        os.kill(process.pid, signal.SIGKILL)
+        assert await asyncio.wait_for(second.wait(), 10) == KILLED
+        third = await simulations.run(_spec("requester", pod_ip, tmp_path, env=env))  # waits for the new process
+        async with aiohttp.ClientSession() as http, http.get(f"http://{pod_ip}:8080/ready") as answer:
+            assert answer.status == 503
+        assert await third.stop(5) == 0
+        failing = await simulations.run(_spec("requester", pod_ip, tmp_path, ["--probes-port", "x"], env))
+        assert await failing.wait() == 2
+        assert "--probes-port" in Path(_spec("requester", pod_ip, tmp_path).log).read_text()
+    finally:
+        await simulations.close()

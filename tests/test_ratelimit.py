@@ -1,0 +1,38 @@
+"""The controllers' client-side rate limit: a burst goes at once, the rest at QPS, in arrival order."""
+
+import asyncio
+import time
+
+import pytest
+
+from controller.ratelimit import TokenBucket
+
+
+async def test_a_burst_passes_at_once_and_the_rest_at_the_rate() -> None:
+    bucket = TokenBucket(qps=50, burst=5)
+    started = time.monotonic()
+    waits = await asyncio.gather(*(bucket.acquire() for _ in range(10)))
+    elapsed = time.monotonic() - started
+    assert waits[:5] == [0.0] * 5
+    # The five beyond the burst are spread at 50/s: 20 ms apart, in the order they came.
+    assert waits[5:] == sorted(waits[5:])
+    assert waits[-1] == pytest.approx(5 / 50, abs=0.01)
+    assert 0.09 <= elapsed < 0.5
+
+
+async def test_the_bucket_refills_while_idle() -> None:
+    bucket = TokenBucket(qps=100, burst=2)
+    await asyncio.gather(bucket.acquire(), bucket.acquire())
+    await asyncio.sleep(0.05)  # 5 tokens' worth, capped at the burst of 2
+    assert [await bucket.acquire(), await bucket.acquire()] == [0.0, 0.0]
+    assert await bucket.acquire() > 0
+
+
+async def test_no_limit_without_a_rate() -> None:
+    bucket = TokenBucket(qps=0, burst=0)
+    assert await asyncio.gather(*(bucket.acquire() for _ in range(1000))) == [0.0] * 1000
+
+
+def test_a_burst_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least 1"):
+        TokenBucket(qps=10, burst=0)
