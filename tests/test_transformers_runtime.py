@@ -323,7 +323,7 @@ async def test_sampling_parameters_take_effect(server: Server, client: openai.As
         extra_body={"stop_token_ids": [token]},
     )
     choice = forced.choices[0]
-    assert (choice.text, choice.finish_reason, choice.model_extra) == ("", "stop", {"stop_reason": token})
+    assert (choice.text, choice.finish_reason, choice.model_dump()["stop_reason"]) == ("", "stop", token)
     assert forced.usage is not None
     assert forced.usage.completion_tokens == 1
 
