@@ -143,14 +143,25 @@ class GenerationJob(Queued):
         self.params = params
         self.adapter = adapter
         self._events: asyncio.Queue[Delta | Failed | Done] = asyncio.Queue()
+        self._stepped: list[Delta] = []  # posted during the running step, not yet flushed
 
     @property
     def choices(self) -> int:
         return len(self.prompts) * self.params.n
 
     def post(self, delta: Delta) -> None:
-        """A delta from the model thread."""
-        self._loop.call_soon_threadsafe(self._events.put_nowait, delta)
+        """A delta from the model thread, during a step; `flush` hands it over once the step is over.
+
+        One hand-over per step, not one wake-up of the loop per delta: the model thread waits for the
+        loop between two steps, so the fewer callbacks the loop has to run, the sooner the next step starts.
+        """
+        self._stepped.append(delta)
+
+    def flush(self) -> None:
+        """On the loop, between two steps: the deltas of the last step to `events()`."""
+        for delta in self._stepped:
+            self._events.put_nowait(delta)
+        self._stepped.clear()
 
     def deliver(self, outcome: Failed | Done) -> None:
         self._events.put_nowait(outcome)
@@ -321,6 +332,9 @@ class Engine:
             batch = await self.in_thread(start)
             while joining or self._current:
                 finished = await self.in_thread(partial(batch.step, joining))
+                for job in self._current:
+                    assert isinstance(job, GenerationJob)
+                    job.flush()
                 for request in finished:
                     assert isinstance(request, GenerationJob)
                     self._current.remove(request)
@@ -337,6 +351,7 @@ class Engine:
                 failure = Failed(f"{type(error).__name__}: {error}")
             for job in self._current:
                 assert isinstance(job, GenerationJob)
+                job.flush()
                 job.deliver(failure)
         finally:
             self.running -= len(self._current)
