@@ -27,6 +27,7 @@ from e2e.tiny_lora import ensure_tiny_lora
 START_TIMEOUT_S = 120.0
 MAX_MODEL_LEN = 96
 MAX_WAITING = 8
+MAX_NUM_SEQS = 4
 SLEEP_WAIT_TIMEOUT_S = 2.0
 PROMPTS = ("def hello(world):", "import os\n", "class Tree:", "for i in range(")
 # An instance's vLLM options as the launcher passes them, with flags this runtime ignores.
@@ -62,6 +63,7 @@ def server(model_a: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         *("--model", str(model_a), "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port)),
         *("--max-model-len", str(MAX_MODEL_LEN), "--dtype", "float32", "--lora-modules", f"static={lora}"),
         *("--max-waiting-requests", str(MAX_WAITING), "--sleep-wait-timeout", str(SLEEP_WAIT_TIMEOUT_S)),
+        *("--max-num-seqs", str(MAX_NUM_SEQS)),
         *VLLM_ONLY_FLAGS,
     ]
     log = work / "server.log"
@@ -290,15 +292,139 @@ async def test_client_errors_are_openai_errors_with_vllms_statuses(
         await client.completions.create(model="tiny", prompt="x", temperature=3)
     with pytest.raises(openai.BadRequestError, match="n must be 1 when using greedy sampling"):
         await client.completions.create(model="tiny", prompt="x", temperature=0, n=2)
-    with pytest.raises(openai.BadRequestError, match=r"n must be at most 256 \(--max-num-seqs\)"):
+    with pytest.raises(openai.BadRequestError, match=rf"n must be at most {MAX_NUM_SEQS} \(--max-num-seqs\)"):
         await client.completions.create(model="tiny", prompt="x", n=1000)
-    with pytest.raises(openai.BadRequestError, match="logprobs is not supported"):
-        await client.completions.create(model="tiny", prompt="x", logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="echo is not supported"):
+        await client.completions.create(model="tiny", prompt="x", echo=True)
     async with http.post(f"{server.url}/v1/completions", data=b"{not json") as response:
         assert response.status == 400
         error = (await response.json())["error"]
     assert error.keys() == {"message", "type", "param", "code"}
     assert (error["type"], error["code"]) == ("BadRequestError", 400)
+
+
+async def test_sampling_parameters_take_effect(server: Server, client: openai.AsyncOpenAI) -> None:
+    greedy = await _greedy(client, PROMPTS[1], tokens=12)
+    top_1 = await client.completions.create(
+        model="tiny", prompt=PROMPTS[1], max_tokens=12, temperature=1.0, extra_body={"top_k": 1}
+    )
+    assert top_1.choices[0].text == greedy
+    penalised = await client.completions.create(
+        model="tiny", prompt=PROMPTS[1], max_tokens=12, temperature=0, presence_penalty=2.0, frequency_penalty=1.0
+    )
+    assert penalised.choices[0].text != greedy
+    token = Tokenizer.from_file(str(server.model / "tokenizer.json")).encode("import").ids[-1]
+    forced = await client.completions.create(
+        model="tiny",
+        prompt=PROMPTS[1],
+        max_tokens=12,
+        temperature=0,
+        logit_bias={str(token): 100},
+        extra_body={"stop_token_ids": [token]},
+    )
+    choice = forced.choices[0]
+    assert (choice.text, choice.finish_reason, choice.model_dump()["stop_reason"]) == ("", "stop", token)
+    assert forced.usage is not None
+    assert forced.usage.completion_tokens == 1
+
+
+async def test_logprobs_are_the_models_and_streams_carry_the_same(client: openai.AsyncOpenAI) -> None:
+    """Greedy: each token is the most likely, so its logprob heads the top ones; streamed, the same entries."""
+    whole = await client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=0, logprobs=2)
+    logprobs = whole.choices[0].logprobs
+    assert logprobs is not None
+    assert logprobs.tokens is not None
+    assert logprobs.token_logprobs is not None
+    assert logprobs.top_logprobs is not None
+    assert len(logprobs.tokens) == 8
+    for token, logprob, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True):
+        assert logprob < 0
+        assert 1 <= len(top) <= 2
+        assert top[token] == logprob == max(top.values())
+    lengths = [len(token) for token in logprobs.tokens]
+    assert logprobs.text_offset == [sum(lengths[:i]) for i in range(8)]
+    stream = await client.completions.create(
+        model="tiny", prompt=PROMPTS[0], max_tokens=8, temperature=0, logprobs=2, stream=True
+    )
+    pieces = [chunk.choices[0].logprobs async for chunk in stream if chunk.choices and chunk.choices[0].logprobs]
+    assert [token for piece in pieces for token in piece.tokens or []] == logprobs.tokens
+    assert [offset for piece in pieces for offset in piece.text_offset or []] == logprobs.text_offset
+
+    as_ids = await client.completions.create(
+        model="tiny",
+        prompt=PROMPTS[0],
+        max_tokens=8,
+        temperature=0,
+        logprobs=1,
+        extra_body={"return_tokens_as_token_ids": True, "return_token_ids": True},
+    )
+    named = as_ids.choices[0].logprobs
+    assert named is not None
+    assert named.tokens == [f"token_id:{token}" for token in as_ids.choices[0].model_dump()["token_ids"]]
+    assert named.token_logprobs == logprobs.token_logprobs
+
+    messages: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": PROMPTS[3]}]
+    chat = await client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3
+    )
+    assert chat.choices[0].logprobs is not None
+    content = chat.choices[0].logprobs.content
+    assert content is not None
+    assert len(content) == 6
+    for entry in content:
+        assert [top.logprob for top in entry.top_logprobs] == sorted(
+            (t.logprob for t in entry.top_logprobs), reverse=True
+        )
+        assert (entry.top_logprobs[0].token, entry.top_logprobs[0].logprob) == (entry.token, entry.logprob)
+        assert entry.bytes == list(entry.token.encode())
+    plain = await client.chat.completions.create(model="tiny", messages=messages, max_tokens=6, temperature=0)
+    assert plain.choices[0].logprobs is None
+    assert plain.choices[0].message.content == chat.choices[0].message.content
+
+
+Refusal = tuple[dict[str, object], str, str]  # fields, the param the 400 names, words of its message
+REFUSED: list[Refusal] = [
+    ({"top_k": -2}, "top_k", "top_k must be -1 (disable), or at least 1, got -2"),
+    ({"min_p": 1.5}, "min_p", "min_p must be in [0, 1]"),
+    ({"presence_penalty": 2.5}, "presence_penalty", "presence_penalty must be in [-2, 2]"),
+    ({"frequency_penalty": -3.0}, "frequency_penalty", "frequency_penalty must be in [-2, 2]"),
+    ({"repetition_penalty": 0.0}, "repetition_penalty", "repetition_penalty must be greater than zero"),
+    ({"logit_bias": {"abc": 1.0}}, "logit_bias", "logit_bias keys must be token ids"),
+    ({"logit_bias": {"99999": 1.0}}, "logit_bias", "token id 99999 is out of vocabulary"),
+    ({"logit_bias": {"5": 101.0}}, "logit_bias", "logit_bias values must be in [-100, 100]"),
+    ({"stop_token_ids": [-1]}, "stop_token_ids", "token id -1 is out of vocabulary"),
+    ({"logprobs": 21}, "logprobs", "logprobs must be in [0, 20], got 21"),
+    ({"echo": True}, "echo", "echo is not supported"),
+    ({"min_tokens": 4}, "min_tokens", "min_tokens is not supported"),
+    ({"use_beam_search": True}, "use_beam_search", "use_beam_search is not supported"),
+    ({"guided_regex": "a+"}, "guided_regex", "guided_regex is not supported"),
+]
+REFUSED_IN_CHAT: list[Refusal] = [
+    ({"top_logprobs": 3}, "top_logprobs", "when using top_logprobs, logprobs must be set to true"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "top_logprobs must be in [0, 20], got 21"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "tools is not supported"),
+    ({"tool_choice": "required"}, "tool_choice", "tool_choice is not supported"),
+    ({"response_format": {"type": "json_object"}}, "response_format", "response_format is not supported"),
+]
+
+
+async def test_parameters_out_of_range_or_not_implemented_are_a_400_naming_them(
+    server: Server, http: aiohttp.ClientSession
+) -> None:
+    neutral = {"top_logprobs": 0, "tool_choice": "auto", "tools": [], "top_k": -1, "min_tokens": 0, "echo": False}
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    calls: list[tuple[str, dict[str, object], list[Refusal]]] = [
+        ("/v1/completions", {"prompt": "x", "max_tokens": 2}, REFUSED),
+        ("/v1/chat/completions", chat, REFUSED_IN_CHAT),
+    ]
+    for path, base, refused in calls:
+        for fields, param, words in refused:
+            async with http.post(f"{server.url}{path}", json=base | fields) as response:
+                error = (await response.json())["error"]
+                assert (response.status, error["param"]) == (400, param), (fields, error)
+                assert words in error["message"], error
+        async with http.post(f"{server.url}{path}", json=base | neutral) as response:
+            assert response.status == 200, await response.text()
 
 
 @pytest.mark.parametrize(
@@ -308,7 +434,7 @@ async def test_client_errors_are_openai_errors_with_vllms_statuses(
         ("/v1/completions", b'{"prompt": "\xff\xfe"}', 400, "JSON decode error"),
         ("/v1/completions", b" " * (10 * 1024 * 1024), 413, "Maximum request body size"),
         ("/v1/completions", b'{"prompt": "x", "seed": 18446744073709551616}', 400, "seed: Input should be less"),
-        ("/v1/completions", b'{"prompt": ["a", "b", "c"], "n": 100}', 400, "3 prompts x n=100 are 300 sequences"),
+        ("/v1/completions", b'{"prompt": ["a", "b", "c"], "n": 2}', 400, "3 prompts x n=2 are 6 sequences"),
         ("/v1/completions", b'{"prompt": "x", "top_p": NaN}', 400, "top_p must be in (0, 1], got nan"),
         ("/v1/completions", b'{"prompt": "x", "max_tokens": -1}', 400, "max_tokens must be at least 1, got -1"),
         ("/v1/completions", b'"just a string"', 400, "Input should be a valid dictionary"),
@@ -434,10 +560,123 @@ async def test_a_full_queue_answers_429_and_a_long_sleep_503(
 # Concurrency, LoRA, metrics ------------------------------------------------------------------------
 
 
-async def test_concurrent_requests_each_get_their_own_answer(client: openai.AsyncOpenAI) -> None:
-    alone = {prompt: await _greedy(client, prompt) for prompt in PROMPTS}
-    together = await asyncio.gather(*(_greedy(client, prompt) for prompt in PROMPTS * 2))
-    assert together == [alone[prompt] for prompt in PROMPTS * 2]
+@dataclass(frozen=True)
+class Ask:
+    """One greedy request of the concurrency tests: what it asks and how it is answered."""
+
+    prompt: str
+    tokens: int
+    model: str = "tiny"
+    stream: bool = False
+    chat: bool = False
+
+
+async def _answer(client: openai.AsyncOpenAI, ask: Ask) -> tuple[str, str | None, int]:
+    """The text, finish reason and completion tokens of `ask` (a stream asks for its usage, too)."""
+    usage: openai.types.chat.ChatCompletionStreamOptionsParam | None = {"include_usage": True} if ask.stream else None
+    if ask.chat:
+        messages: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": ask.prompt}]
+        chat = await client.chat.completions.create(
+            model=ask.model,
+            messages=messages,
+            max_tokens=ask.tokens,
+            temperature=0,
+            stream=ask.stream,
+            stream_options=usage,
+        )
+        if isinstance(chat, openai.AsyncStream):
+            chunks = [chunk async for chunk in chat]
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            end = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+            assert chunks[-1].usage is not None
+            return text, end, chunks[-1].usage.completion_tokens
+        assert chat.usage is not None
+        return chat.choices[0].message.content or "", chat.choices[0].finish_reason, chat.usage.completion_tokens
+    completion = await client.completions.create(
+        model=ask.model,
+        prompt=ask.prompt,
+        max_tokens=ask.tokens,
+        temperature=0,
+        stream=ask.stream,
+        stream_options=usage,
+    )
+    if isinstance(completion, openai.AsyncStream):
+        pieces = [chunk async for chunk in completion]
+        assert pieces[-1].usage is not None
+        text = "".join(p.choices[0].text for p in pieces if p.choices)
+        end = [p.choices[0].finish_reason for p in pieces if p.choices][-1]
+        return text, end, pieces[-1].usage.completion_tokens
+    assert completion.usage is not None
+    return completion.choices[0].text, completion.choices[0].finish_reason, completion.usage.completion_tokens
+
+
+ASKS = [
+    Ask(PROMPTS[0], 12),
+    Ask("x", 30, stream=True),
+    Ask(PROMPTS[1] * 6, 5),
+    Ask(PROMPTS[2], 20, model="static"),
+    Ask(PROMPTS[3], 16, chat=True, stream=True),
+    Ask(PROMPTS[2] + PROMPTS[0], 9, stream=True),
+    Ask(PROMPTS[0], 24, model="static", stream=True),
+    Ask(PROMPTS[1], 40, chat=True),
+]
+
+
+async def test_concurrent_greedy_answers_are_token_for_token_the_sequential_ones(
+    server: Server, client: openai.AsyncOpenAI, http: aiohttp.ClientSession
+) -> None:
+    """Different prompt lengths and max_tokens, streamed or not, chat or not, two adapters: batching changes nothing."""
+    alone = [await _answer(client, ask) for ask in ASKS]
+    assert {end for _, end, _ in alone} == {"length"}
+    before = await _metrics(http, server)
+    together = await asyncio.gather(*(_answer(client, ask) for ask in ASKS))  # as many as may wait: no 429
+    after = await _metrics(http, server)
+    assert together == alone
+    labels = frozenset({"model_name": "tiny", "engine": "0"}.items())
+    generated = after[("vllm:generation_tokens_total", labels)] - before[("vllm:generation_tokens_total", labels)]
+    assert generated == sum(tokens for _, _, tokens in alone)
+
+
+async def test_requests_beyond_max_num_seqs_wait_for_room_in_the_batch(
+    server: Server, client: openai.AsyncOpenAI, http: aiohttp.ClientSession
+) -> None:
+    """Held at the door while asleep, then let in at once: MAX_NUM_SEQS run as one batch, the rest wait their turn."""
+    ask = Ask(PROMPTS[0], 60)
+    expected = await _answer(client, ask)
+    assert (await _post(http, server, "/sleep", level="0"))[0] == 200
+    requests = [asyncio.create_task(_answer(client, ask)) for _ in range(MAX_NUM_SEQS + 2)]
+    await _waiting(http, server, MAX_NUM_SEQS + 2)
+    assert (await _post(http, server, "/wake_up"))[0] == 200
+
+    async def one_full_batch() -> bool:
+        metrics = await _metrics(http, server)
+        labels = frozenset({"model_name": "tiny", "engine": "0"}.items())
+        running, waiting = (metrics[(f"vllm:num_requests_{what}", labels)] for what in ("running", "waiting"))
+        return (running, waiting) == (MAX_NUM_SEQS, 2)
+
+    await _until(one_full_batch, f"{MAX_NUM_SEQS} running and 2 waiting")
+    assert await asyncio.gather(*requests) == [expected] * (MAX_NUM_SEQS + 2)
+
+
+async def test_sleep_aborts_a_running_batch_and_the_wake_serves_the_same_answers(
+    server: Server, client: openai.AsyncOpenAI, http: aiohttp.ClientSession
+) -> None:
+    ask = Ask(PROMPTS[0], MAX_MODEL_LEN - 8, stream=True)
+    expected, end, _ = await _answer(client, ask)
+    assert end == "length"
+    streams = [asyncio.create_task(_answer(client, ask)) for _ in range(3)]
+
+    async def batched() -> bool:
+        return await _metric(http, server, "vllm:num_requests_running") == 3
+
+    await _until(batched, "3 requests in one batch")
+    assert (await _post(http, server, "/sleep", level="1"))[0] == 200
+    for text, end, tokens in await asyncio.gather(*streams):
+        assert end == "abort"
+        assert expected.startswith(text)
+        assert tokens < ask.tokens
+    assert (await _post(http, server, "/wake_up"))[0] == 200
+    assert (await _answer(client, ask))[0] == expected
 
 
 async def test_lora_adapters_change_the_output_and_load_and_unload_at_runtime(

@@ -6,9 +6,10 @@ byte-level fake tokenizer pin down the behaviour the HTTP tests can only observe
 
 import argparse
 import asyncio
+import random
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,10 +17,12 @@ import torch
 
 from api.openai_errors import ApiError
 from transformers_runtime import build_parser
+from transformers_runtime.batch import Batch, Prompt
 from transformers_runtime.engine import CallJob, Engine, Job
-from transformers_runtime.generation import Delta, SamplingParams, generate, sample
+from transformers_runtime.generation import Delta, TextSequence
 from transformers_runtime.lora import Adapter, AdapterRegistry, parse_lora_module
 from transformers_runtime.model import Checkpoint, ModelHolder, resolve_dtype
+from transformers_runtime.sampling import SamplingParams, sample
 from transformers_runtime.sleep import SleepManager, model_tensors
 from transformers_runtime.text import TextCodec
 
@@ -153,36 +156,20 @@ class ByteTokenizer:
         return b"".join(self.PIECES[i] for i in ids).decode("utf-8", errors="replace")
 
 
-class ScriptedModel:
-    """Greedy decoding of it yields `script`, one token per forward pass."""
-
-    device = torch.device("cpu")
-
-    def __init__(self, script: list[int]) -> None:
-        self.script = script
-        self.calls = 0
-
-    def forward(self, input_ids: torch.Tensor, past_key_values: object = None, use_cache: bool = True) -> Any:
-        logits = torch.zeros(input_ids.shape[0], 1, len(ByteTokenizer.PIECES))
-        logits[:, -1, self.script[self.calls]] = 1.0
-        self.calls += 1
-        return SimpleNamespace(logits=logits, past_key_values=None)
-
-    __call__ = forward
-
-
-def _decode(script: list[int], max_tokens: int, stop: tuple[str, ...] = (), abort_after: int = 99) -> list[Delta]:
-    model = ScriptedModel(script)
+def _decode(
+    script: list[int], max_tokens: int, stop: tuple[str, ...] = (), abort_after: int = 99, **options: Any
+) -> list[Delta]:
+    """The deltas of one sequence that generates `script` (aborted after `abort_after` tokens)."""
     deltas: list[Delta] = []
-    generate(
-        model,
-        TextCodec(ByteTokenizer()),
-        [1],
-        max_tokens,
-        SamplingParams(temperature=0.0, stop=stop),
-        deltas.append,
-        lambda: model.calls >= abort_after,
-    )
+    params = SamplingParams(temperature=0.0, stop=stop, **options)
+    sequence = TextSequence(0, params, max_tokens, TextCodec(ByteTokenizer()), deltas.append)
+    for count, token in enumerate(script):
+        if sequence.finished:
+            break
+        if count == abort_after:
+            sequence.finish("abort")
+            break
+        sequence.push(token)
     return deltas
 
 
@@ -212,6 +199,54 @@ def test_abort_ends_unfinished_sequences_with_abort() -> None:
     assert deltas[-1].finish_reason == "abort"
 
 
+def test_incremental_text_is_the_whole_decode_on_the_tiny_tokenizer(model_a: Path) -> None:
+    """Random tokens (characters split across tokens, invalid bytes): the deltas add up to decoding them all."""
+    codec = TextCodec.load(model_a, [])
+    rng = random.Random(0)
+    for _ in range(200):
+        ids = [rng.randrange(4, 2048) for _ in range(rng.randrange(1, 40))]
+        deltas: list[Delta] = []
+        sequence = TextSequence(0, SamplingParams(temperature=0.0), len(ids), codec, deltas.append)
+        for token in ids:
+            sequence.push(token)
+        assert "".join(d.text for d in deltas) == codec.decode(ids), ids
+
+
+def test_stop_token_ids_ignore_eos_and_a_kept_stop_string() -> None:
+    deltas = _decode([1, 9, 6], max_tokens=5, stop_token_ids=frozenset({9}))
+    assert ("".join(d.text for d in deltas), deltas[-1].stop_reason, deltas[-1].tokens) == ("Hello", 9, 2)
+    deltas = _decode([1, 0, 6], max_tokens=3, ignore_eos=True)
+    assert ("".join(d.text for d in deltas), deltas[-1].finish_reason) == ("Hello more", "length")
+    deltas = _decode([1, 2, 3, 4, 5, 6], max_tokens=10, stop=("<|end|>",), include_stop=True)
+    assert "".join(d.text for d in deltas) == "Hello world<|end|>"
+
+
+def test_top_k_min_p_penalties_and_logit_bias_change_what_is_drawn() -> None:
+    logits = torch.tensor([[2.0, 1.0, 0.5, 0.1]] * 256)
+    generator = torch.Generator().manual_seed(3)
+
+    def drawn(**options: Any) -> set[int]:
+        return set(sample(logits, SamplingParams(temperature=1.0, **options), generator).tolist())
+
+    assert drawn() == {0, 1, 2, 3}
+    assert drawn(top_k=2) == {0, 1}
+    assert drawn(min_p=0.3) == {0, 1}  # e^-1 ≈ 0.37 of the top token's probability stays, e^-1.5 does not
+    assert drawn(logit_bias={3: 100.0}) == {3}
+
+    one = logits[:1]
+
+    def greedy(output: list[int], **options: Any) -> int:
+        token: int = sample(one, SamplingParams(temperature=0.0, **options), None, [[2]], [output]).item()
+        return token
+
+    assert greedy([0]) == 0
+    assert greedy([0], presence_penalty=1.5) == 1  # 2.0 - 1.5 < 1.0
+    assert greedy([0], frequency_penalty=0.6) == 0
+    assert greedy([0, 0], frequency_penalty=0.6) == 1
+    assert greedy([0], repetition_penalty=2.5) == 1  # 2.0 / 2.5 < 1.0
+    assert greedy([3], repetition_penalty=100.0) == 0  # only seen tokens are penalised
+
+
 def test_sampling_is_reproducible_with_a_seed_and_top_p_keeps_the_nucleus() -> None:
     logits = torch.tensor([[2.0, 1.0, 0.5, 0.1]] * 64)
     params = SamplingParams(n=64, temperature=1.0)
@@ -225,6 +260,88 @@ def test_sampling_is_reproducible_with_a_seed_and_top_p_keeps_the_nucleus() -> N
     assert len(set(draw(5))) > 1
     assert set(draw(5, top_p=0.5)) == {0}  # token 0 alone holds more than half the mass
     assert sample(logits, params, None).tolist() == [0] * 64  # no generator: greedy
+
+
+# Continuous batching on the tiny model -------------------------------------------------------------
+
+
+@dataclass
+class Scripted:
+    """A request as the batch sees it; its deltas collect in `deltas`."""
+
+    prompts: list[Prompt]
+    params: SamplingParams
+    aborted: bool = False
+    deltas: list[Delta] = field(default_factory=list)
+
+    def post(self, delta: Delta) -> None:
+        self.deltas.append(delta)
+
+    def answer(self) -> list[tuple[str, str | None, int]]:
+        """Per choice: the text, why it ended and how many tokens it took."""
+        choices = sorted({d.index for d in self.deltas})
+        ends = {d.index: d for d in self.deltas if d.finish_reason}
+        texts = ["".join(d.text for d in self.deltas if d.index == i) for i in choices]
+        return [(text, ends[i].finish_reason, ends[i].tokens) for text, i in zip(texts, choices, strict=True)]
+
+
+@pytest.fixture(scope="module")
+def tiny(model_a: Path) -> tuple[Any, TextCodec]:
+    checkpoint = Checkpoint.inspect(model_a, "float32", "cpu", 96)
+    return checkpoint.load_model(), TextCodec.load(checkpoint.path, checkpoint.eos_ids)
+
+
+def _requests(codec: TextCodec) -> list[Scripted]:
+    greedy = SamplingParams(temperature=0.0)
+    texts = ["def hello(world):", "import os\n", "x", "class Tree:\n    def __init__(self, left, right):", "for i in"]
+    ids = [codec.encode(text, add_special_tokens=True) for text in texts]
+    return [
+        Scripted([Prompt(ids[0], 12)], greedy),
+        Scripted([Prompt(ids[1], 5)], greedy),
+        Scripted([Prompt(ids[2], 20)], SamplingParams(n=3, temperature=0.9, top_k=50, seed=7)),
+        Scripted([Prompt(ids[3], 9), Prompt(ids[4], 14)], greedy),
+        Scripted([Prompt(ids[4], 16)], SamplingParams(temperature=0.0, presence_penalty=1.0, stop=("stream",))),
+    ]
+
+
+def _run(batch: Batch, joins: dict[int, list[Scripted]]) -> None:
+    """Step `batch` until every request finished, `joins[k]` joining before step k."""
+    waiting = sum(len(requests) for requests in joins.values())
+    step = 0
+    while waiting:
+        finished = batch.step(list(joins.get(step, [])))
+        waiting -= len(finished)
+        step += 1
+        assert step < 200
+
+
+def test_a_batch_answers_each_request_as_it_would_alone_whenever_it_joins(tiny: tuple[Any, TextCodec]) -> None:
+    model, codec = tiny
+    alone = _requests(codec)
+    for request in alone:
+        _run(Batch(model, codec), {0: [request]})
+    together = _requests(codec)
+    batch = Batch(model, codec)
+    _run(batch, {0: together[:2], 2: [together[2]], 5: [together[3]], 6: [together[4]]})
+    assert [r.answer() for r in together] == [r.answer() for r in alone]
+    assert [len(r.answer()) for r in alone] == [1, 1, 3, 2, 1]
+    assert {end for r in alone for _, end, _ in r.answer()} == {"length", "stop"}
+    assert batch.rows == 0
+
+
+def test_an_aborted_request_leaves_the_batch_and_the_others_go_on(tiny: tuple[Any, TextCodec]) -> None:
+    model, codec = tiny
+    alone = _requests(codec)[0]
+    _run(Batch(model, codec), {0: [alone]})
+    kept, dropped = _requests(codec)[0], _requests(codec)[3]
+    batch = Batch(model, codec)
+    assert batch.step([kept, dropped]) == []
+    dropped.aborted = True
+    assert batch.step([]) == [dropped]
+    assert [end for _, end, _ in dropped.answer()] == ["abort", "abort"]
+    while not batch.step([]):
+        pass
+    assert kept.answer() == alone.answer()
 
 
 # The queue and the door ----------------------------------------------------------------------------

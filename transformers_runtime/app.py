@@ -8,9 +8,9 @@ describe every route, built from the pydantic models below (as vLLM serves them 
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -20,8 +20,10 @@ from api.openai_errors import ApiError, ErrorBody
 from api.openapi import TEXT, Content, Operation, Reply, documented, serve_openapi
 from api.validation import first_problem
 
-from .engine import Done, Engine, Failed, GenerationJob, ModelContext, Prompt
-from .generation import Delta
+from .batch import Prompt
+from .engine import Done, Engine, Failed, GenerationJob, ModelContext
+from .generation import Delta, TokenLogprob
+from .logprobs import render
 from .lora import Adapter, AdapterRegistry
 from .metrics import Metrics
 from .model import Checkpoint
@@ -50,7 +52,7 @@ from .protocol import (
 )
 from .sleep import LEVELS, TAGS
 from .streaming import SseStream
-from .text import NoChatTemplate
+from .text import NoChatTemplate, TextCodec
 
 log = logging.getLogger("transformers_runtime")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -156,7 +158,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     body = await _json_body(request)
     parsed = _parse(ChatCompletionRequest, body) if chat else _parse(CompletionRequest, body)
     model_name, adapter = state.resolve(parsed.model)
-    params = parsed.sampling(*state.sampling_defaults())
+    params = parsed.sampling(*state.sampling_defaults(), state.vocab_size)
     if params.n > state.max_num_seqs:  # vLLM would queue them; here they would all be one batch
         raise ApiError(400, f"n must be at most {state.max_num_seqs} (--max-num-seqs), got {params.n}.", "n")
     prompt_count = len(parsed.prompt) if isinstance(parsed, CompletionRequest) else 1
@@ -169,9 +171,11 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
             "prompt",
         )
     prompts = [_budget(state, parsed, ids) for ids in _prompt_ids(state, parsed)]
-    job = GenerationJob(state.context, prompts, params, adapter)
+    job = GenerationJob(prompts, params, adapter)
     await state.engine.submit(job)
-    reply = _Reply(chat, model_name, sum(len(p.token_ids) for p in prompts), job.choices)
+    codec = state.context.codec if params.logprobs is not None else None
+    reply = _Reply(chat, model_name, sum(len(p.token_ids) for p in prompts), job.choices, codec)
+    reply.tokens_as_ids = parsed.return_tokens_as_token_ids
     if isinstance(parsed, CompletionRequest) and parsed.return_token_ids:
         reply.prompt_token_ids = [p.token_ids for p in prompts for _ in range(params.n)]
     try:
@@ -192,8 +196,10 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
 class _Reply:
     """One request's answer, assembled from its deltas: whole, or chunk by chunk."""
 
-    def __init__(self, chat: bool, model: str, prompt_tokens: int, choices: int) -> None:
+    def __init__(self, chat: bool, model: str, prompt_tokens: int, choices: int, codec: TextCodec | None) -> None:
+        """`codec` names the tokens of the logprobs; None when the request asked for none."""
         self.chat = chat
+        self.codec = codec
         self.model = model
         self.id = chat_completion_id() if chat else completion_id()
         self.created = int(time.time())
@@ -201,10 +207,14 @@ class _Reply:
         self.completion_tokens = 0
         self.texts = [""] * choices
         self.finished: list[Delta | None] = [None] * choices
+        self.logprobs: list[list[TokenLogprob]] = [[] for _ in range(choices)]
+        self.offsets = [0] * choices  # of a stream's next logprobs, in the choice's text
+        self.tokens_as_ids = False  # name the logprobs' tokens `token_id:N`
         self.prompt_token_ids: list[list[int]] | None = None  # per choice, when the request asked for token ids
 
     def add(self, delta: Delta) -> None:
         self.texts[delta.index] += delta.text
+        self.logprobs[delta.index] += delta.logprobs
         if delta.finish_reason is not None:
             self.finished[delta.index] = delta
             self.completion_tokens += delta.tokens
@@ -212,18 +222,32 @@ class _Reply:
     def usage(self) -> Usage:
         return Usage.of(self.prompt_tokens, self.completion_tokens)
 
+    def _logprobs(self, index: int, entries: Sequence[TokenLogprob]) -> Any:
+        """Choice `index`'s logprobs for `entries` in the request's shape (None if it asked for none)."""
+        if self.codec is None:
+            return None
+        logprobs, self.offsets[index] = render(self.codec, entries, self.chat, self.tokens_as_ids, self.offsets[index])
+        return logprobs
+
     def response(self) -> CompletionResponse | ChatCompletionResponse:
         ends = [(d.finish_reason, d.stop_reason) if d else (None, None) for d in self.finished]
+        logprobs = [self._logprobs(i, entries) for i, entries in enumerate(self.logprobs)]
         if self.chat:
             chat_choices = [
-                ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=end, stop_reason=stop)
+                ChatChoice(
+                    index=i,
+                    message=AssistantMessage(content=text),
+                    logprobs=logprobs[i],
+                    finish_reason=end,
+                    stop_reason=stop,
+                )
                 for i, (text, (end, stop)) in enumerate(zip(self.texts, ends, strict=True))
             ]
             return ChatCompletionResponse(
                 id=self.id, created=self.created, model=self.model, choices=chat_choices, usage=self.usage()
             )
         choices = [
-            CompletionChoice(index=i, text=text, finish_reason=end, stop_reason=stop)
+            CompletionChoice(index=i, text=text, logprobs=logprobs[i], finish_reason=end, stop_reason=stop)
             for i, (text, (end, stop)) in enumerate(zip(self.texts, ends, strict=True))
         ]
         if self.prompt_token_ids is not None:
@@ -234,14 +258,17 @@ class _Reply:
             id=self.id, created=self.created, model=self.model, choices=choices, usage=self.usage()
         )
 
-    def chunk(self, index: int, text: str, delta: Delta | None = None, role: bool = False) -> BaseModel:
-        """One streamed piece of choice `index`; `delta` when it is the last (it carries the finish reason)."""
-        end, stop = (delta.finish_reason, delta.stop_reason) if delta else (None, None)
+    def chunk(self, delta: Delta, role: bool = False) -> BaseModel:
+        """One streamed piece of a choice (`role`: the chat stream's opening one)."""
+        index, text, end, stop = delta.index, delta.text, delta.finish_reason, delta.stop_reason
+        logprobs = None if role else self._logprobs(index, delta.logprobs)
         if self.chat:
             content = {"role": "assistant", "content": text} if role else {"content": text}
-            choice = ChatStreamChoice(index=index, delta=content, finish_reason=end, stop_reason=stop)
+            choice = ChatStreamChoice(
+                index=index, delta=content, logprobs=logprobs, finish_reason=end, stop_reason=stop
+            )
             return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice])
-        piece = CompletionChoice(index=index, text=text, finish_reason=end, stop_reason=stop)
+        piece = CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=end, stop_reason=stop)
         return CompletionResponse(id=self.id, created=self.created, model=self.model, choices=[piece])
 
     def usage_chunk(self) -> BaseModel:
@@ -258,7 +285,7 @@ async def _stream(request: web.Request, job: GenerationJob, reply: _Reply, inclu
     try:
         if reply.chat:  # vLLM opens every chat choice with the role
             for index in range(job.choices):
-                await sse.send(reply.chunk(index, "", role=True))
+                await sse.send(reply.chunk(Delta(index, ""), role=True))
         async for event in job.events():
             if isinstance(event, Failed):
                 await sse.send_error(ApiError(500, event.message, err_type="InternalServerError"))
@@ -268,7 +295,7 @@ async def _stream(request: web.Request, job: GenerationJob, reply: _Reply, inclu
             else:
                 reply.add(event)
                 if event.text or event.finish_reason:
-                    await sse.send(reply.chunk(event.index, event.text, event if event.finish_reason else None))
+                    await sse.send(reply.chunk(event))
         return await sse.close()
     except ConnectionResetError:  # the client left; `finally` in the caller stops the generation
         return sse.response

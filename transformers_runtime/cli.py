@@ -82,7 +82,10 @@ def build_parser() -> argparse.ArgumentParser:
     lora.add_argument("--max-loras", type=_positive_int, default=4, help="adapters attached at once (LRU beyond)")
     serving = parser.add_argument_group("admission")
     serving.add_argument(
-        "--max-num-seqs", type=_positive_int, default=256, help="largest n: a prompt's n sequences are one batch"
+        "--max-num-seqs",
+        type=_positive_int,
+        default=256,
+        help="sequences decoded together in one batch (the largest n, too)",
     )
     serving.add_argument(
         "--max-waiting-requests", type=_positive_int, default=256, help="queued or held requests before 429"
@@ -128,7 +131,10 @@ async def _serve(args: argparse.Namespace) -> None:
     checkpoint, codec, holder = await asyncio.to_thread(_load, args, slots)
     if stop.is_set():
         return
-    engine = Engine(SleepManager(holder), args.max_waiting_requests, args.sleep_wait_timeout)
+    context = ModelContext(holder, codec, slots)
+    engine = Engine(
+        SleepManager(holder), args.max_waiting_requests, args.sleep_wait_timeout, context, args.max_num_seqs
+    )
     metrics = Metrics(served_names[0])
     metrics.watch(
         running=lambda: engine.running,
@@ -140,7 +146,7 @@ async def _serve(args: argparse.Namespace) -> None:
     state = ServerState(
         served_names=served_names,
         checkpoint=checkpoint,
-        context=ModelContext(holder, codec, slots),
+        context=context,
         engine=engine,
         registry=registry,
         metrics=metrics,

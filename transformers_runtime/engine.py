@@ -1,9 +1,13 @@
 """One model thread fed by one queue: generation, adapter changes, sleep and wake never overlap.
 
 Requests are admitted at the door — refused with 429 when too many already wait, held while the
-engine sleeps (up to `sleep_wait_timeout`, then 503) — and queued; a single worker runs them one at
-a time on the model thread, so the event loop stays free for `/health` and `/metrics`. The `n`
-sequences of a request are decoded as one batch; separate requests are not batched together.
+engine sleeps (up to `sleep_wait_timeout`, then 503) — and queued. The worker takes them in order
+on the model thread, so the event loop stays free for `/health` and `/metrics`. Generation requests
+run as one continuous batch (batch.py): between two decoding steps, the requests at the head of the
+queue join the running batch while they use the batch's LoRA adapter (or none, like it) and their
+sequences fit in `max_num_seqs`. The first request that does not — another adapter, or a call such
+as a LoRA load — waits until the batch has drained and then runs, so nothing queued behind a busy
+batch starves, and the order of the queue is kept across adapters.
 
 Sleep follows vLLM: the door closes first, then `mode=abort` (vLLM's default) aborts the running
 and queued requests (they end with finish_reason "abort") while `mode=wait` lets them finish; only
@@ -15,6 +19,7 @@ import contextlib
 import logging
 import threading
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -23,9 +28,11 @@ from typing import Generic, Literal, TypeVar
 
 from api.openai_errors import ApiError
 
-from .generation import Delta, SamplingParams, generate
+from .batch import Batch, Prompt
+from .generation import Delta
 from .lora import Adapter, AdapterSlots
 from .model import ModelHolder
+from .sampling import SamplingParams
 from .sleep import HostCopy, SleepManager
 from .text import TextCodec
 
@@ -33,19 +40,18 @@ log = logging.getLogger("transformers_runtime")
 T = TypeVar("T")
 SleepMode = Literal["abort", "wait"]
 RETRY_AFTER_S = 1
+CLOSE_GRACE_S = 1.0
 
 
-class Job(ABC):
-    """Work for the model thread: `run` executes there and returns its outcome, which `deliver` hands to
-    the waiter back on the loop (after the engine has counted the job as finished, so a client that
-    gets its answer never sees it still counted as running); `abandon` runs on the loop when it never will."""
+class Queued(ABC):
+    """Anything the queue holds: it can be aborted before or while it runs, and abandoned if it never will."""
 
     def __init__(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._aborted = threading.Event()
 
     def abort(self) -> None:
-        """Stop as soon as possible (between two tokens), or never start; a finished job ignores it."""
+        """Stop as soon as possible (between two tokens), or never start; a finished one ignores it."""
         self._aborted.set()
 
     @property
@@ -53,13 +59,20 @@ class Job(ABC):
         return self._aborted.is_set()
 
     @abstractmethod
+    def abandon(self) -> None:
+        """Answer the waiter on the loop: it will never run."""
+
+
+class Job(Queued):
+    """Work for the model thread, alone: `run` executes there and returns its outcome, which `deliver` hands to
+    the waiter back on the loop (after the engine has counted the job as finished, so a client that
+    gets its answer never sees it still counted as running)."""
+
+    @abstractmethod
     def run(self) -> object: ...
 
     @abstractmethod
     def deliver(self, outcome: object) -> None: ...
-
-    @abstractmethod
-    def abandon(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -104,12 +117,6 @@ class CallJob(Job, Generic[T]):
 
 
 @dataclass(frozen=True)
-class Prompt:
-    token_ids: list[int]
-    max_tokens: int
-
-
-@dataclass(frozen=True)
 class Failed:
     message: str
 
@@ -127,51 +134,36 @@ class ModelContext:
     slots: AdapterSlots
 
 
-class GenerationJob(Job):
-    """Every prompt's n sequences; their deltas, then `Done` (or `Failed`), arrive through `events()`."""
+class GenerationJob(Queued):
+    """Every prompt's n sequences, run in a batch; deltas, then `Done` (or `Failed`), arrive through `events()`."""
 
-    def __init__(
-        self, context: ModelContext, prompts: list[Prompt], params: SamplingParams, adapter: Adapter | None
-    ) -> None:
+    def __init__(self, prompts: list[Prompt], params: SamplingParams, adapter: Adapter | None) -> None:
         super().__init__()
-        self._context = context
         self.prompts = prompts
         self.params = params
-        self._adapter = adapter
+        self.adapter = adapter
         self._events: asyncio.Queue[Delta | Failed | Done] = asyncio.Queue()
+        self._stepped: list[Delta] = []  # posted during the running step, not yet flushed
 
     @property
     def choices(self) -> int:
         return len(self.prompts) * self.params.n
 
-    def _post(self, event: Delta | Failed | Done) -> None:
-        self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+    def post(self, delta: Delta) -> None:
+        """A delta from the model thread, during a step; `flush` hands it over once the step is over.
 
-    def run(self) -> Failed | Done:
-        """Posts each delta as it is made; the last event (`Done` or `Failed`) is the outcome."""
-        try:
-            model = self._context.holder.module
-            self._context.slots.activate(model, self._adapter)
-            for number, prompt in enumerate(self.prompts):
-                generate(
-                    model,
-                    self._context.codec,
-                    prompt.token_ids,
-                    prompt.max_tokens,
-                    self.params,
-                    self._post,
-                    self._aborted.is_set,
-                    index_base=number * self.params.n,
-                )
-        except ApiError as error:  # e.g. the adapter could not be attached again
-            return Failed(error.message)
-        except Exception as error:
-            log.exception("generation failed")
-            return Failed(f"{type(error).__name__}: {error}")
-        return Done()
+        One hand-over per step, not one wake-up of the loop per delta: the model thread waits for the
+        loop between two steps, so the fewer callbacks the loop has to run, the sooner the next step starts.
+        """
+        self._stepped.append(delta)
 
-    def deliver(self, outcome: object) -> None:
-        assert isinstance(outcome, Failed | Done)
+    def flush(self) -> None:
+        """On the loop, between two steps: the deltas of the last step to `events()`."""
+        for delta in self._stepped:
+            self._events.put_nowait(delta)
+        self._stepped.clear()
+
+    def deliver(self, outcome: Failed | Done) -> None:
         self._events.put_nowait(outcome)
 
     def abandon(self) -> None:
@@ -190,19 +182,31 @@ class GenerationJob(Job):
 class Engine:
     """The door, the queue and the model thread of one server (see the module's docstring)."""
 
-    def __init__(self, sleep: SleepManager, max_waiting: int, sleep_wait_timeout: float) -> None:
+    def __init__(
+        self,
+        sleep: SleepManager,
+        max_waiting: int,
+        sleep_wait_timeout: float,
+        context: ModelContext | None = None,
+        max_num_seqs: int = 1,
+    ) -> None:
         self._sleep = sleep
+        self._context = context
         self.max_waiting = max_waiting
+        self.max_num_seqs = max_num_seqs
         self.sleep_wait_timeout = sleep_wait_timeout
         self.waiting = 0  # admitted or held, not started
         self.running = 0
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="model")
-        self._queue: asyncio.Queue[Job] = asyncio.Queue()
+        self._queue: deque[Queued] = deque()
+        self._queued = asyncio.Event()  # set while the queue is not empty
+        self._idle = asyncio.Event()  # set while nothing is queued or running
+        self._idle.set()
         self._open = asyncio.Event()  # the door: set while awake
         self._open.set()
         self._closed = False
         self._transition = asyncio.Lock()  # one sleep or wake at a time
-        self._current: Job | None = None
+        self._current: list[Queued] = []  # what runs on the model thread now
         self._worker: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
 
@@ -221,7 +225,7 @@ class Engine:
         """Run `function` on the model thread (callers make sure no job runs there meanwhile)."""
         return await asyncio.get_running_loop().run_in_executor(self._thread, function)
 
-    async def submit(self, job: Job) -> None:
+    async def submit(self, job: Queued) -> None:
         """Queue `job` for the model thread: 429 when too many wait, held while asleep (503 after the timeout)."""
         if self.waiting >= self.max_waiting:
             raise ApiError(
@@ -235,7 +239,9 @@ class Engine:
         except BaseException:
             self.waiting -= 1
             raise
-        self._queue.put_nowait(job)
+        self._queue.append(job)
+        self._queued.set()
+        self._idle.clear()
 
     async def _admission(self) -> None:
         loop = asyncio.get_running_loop()
@@ -257,34 +263,107 @@ class Engine:
         await self.submit(job)
         return await job.result()
 
+    def _take(self) -> Queued:
+        job = self._queue.popleft()
+        self.waiting -= 1
+        if not self._queue:
+            self._queued.clear()
+        return job
+
     async def _work(self) -> None:
         while True:
-            job = await self._queue.get()
-            self.waiting -= 1
+            await self._queued.wait()
+            job = self._take()
             try:
                 if job.aborted:
                     job.abandon()
-                    continue
-                self._current = job
-                self.running += 1
-                try:
-                    outcome = await self.in_thread(job.run)
-                finally:
-                    self.running -= 1
-                    self._current = None
-                job.deliver(outcome)
+                elif isinstance(job, GenerationJob):
+                    await self._run_batch(job)
+                else:
+                    assert isinstance(job, Job)
+                    await self._run_alone(job)
             finally:
-                self._queue.task_done()
+                if not self._queue:
+                    self._idle.set()
+
+    async def _run_alone(self, job: Job) -> None:
+        self._current = [job]
+        self.running += 1
+        try:
+            outcome = await self.in_thread(job.run)
+        finally:
+            self.running -= 1
+            self._current = []
+        job.deliver(outcome)
+
+    def _joiners(self, batch: Batch, adapter: Adapter | None) -> list[GenerationJob]:
+        """The generation requests at the head of the queue that can join `batch` now (see the module's docstring)."""
+        joining: list[GenerationJob] = []
+        rows = batch.rows
+        while self._queue and (batch.joinable or not rows):
+            head = self._queue[0]
+            if not isinstance(head, GenerationJob) or head.adapter != adapter:
+                break
+            if not head.aborted and rows + head.choices > self.max_num_seqs:
+                break
+            self._take()
+            if head.aborted:
+                head.abandon()
+                continue
+            joining.append(head)
+            rows += head.choices
+        return joining
+
+    async def _run_batch(self, first: GenerationJob) -> None:
+        """Run `first` and everything that joins it, step by step, until the batch has drained."""
+        assert self._context is not None, "an engine without a model context takes no generation requests"
+        context = self._context
+        adapter = first.adapter
+
+        def start() -> Batch:
+            model = context.holder.module
+            context.slots.activate(model, adapter)
+            return Batch(model, context.codec)
+
+        joining = [first]
+        self._current = [first]
+        self.running += 1
+        try:
+            batch = await self.in_thread(start)
+            while joining or self._current:
+                finished = await self.in_thread(partial(batch.step, joining))
+                for job in self._current:
+                    assert isinstance(job, GenerationJob)
+                    job.flush()
+                for request in finished:
+                    assert isinstance(request, GenerationJob)
+                    self._current.remove(request)
+                    self.running -= 1
+                    request.deliver(Done())
+                joining = self._joiners(batch, adapter)
+                self._current += joining
+                self.running += len(joining)
+        except Exception as error:
+            if isinstance(error, ApiError):  # e.g. the adapter could not be attached again
+                failure = Failed(error.message)
+            else:
+                log.exception("generation failed")
+                failure = Failed(f"{type(error).__name__}: {error}")
+            for job in self._current:
+                assert isinstance(job, GenerationJob)
+                job.flush()
+                job.deliver(failure)
+        finally:
+            self.running -= len(self._current)
+            self._current = []
 
     def _abort_all(self) -> None:
-        if self._current is not None:
-            self._current.abort()
-        while not self._queue.empty():
-            job = self._queue.get_nowait()
-            self.waiting -= 1
+        for job in self._current:
+            job.abort()
+        while self._queue:
+            job = self._take()
             job.abort()
             job.abandon()
-            self._queue.task_done()
 
     async def sleep(self, level: int, mode: SleepMode) -> None:
         """Close the door, abort or finish what is queued (`mode`), then sleep at `level` on the model thread."""
@@ -293,7 +372,7 @@ class Engine:
             try:
                 if mode == "abort":
                     self._abort_all()
-                await self._queue.join()
+                await self._idle.wait()
                 await self.in_thread(partial(self._sleep.sleep, level))
             finally:
                 if not self._sleep.is_sleeping and not self._closed:
@@ -323,6 +402,8 @@ class Engine:
         self._closed = True
         self._open.set()
         self._abort_all()
+        with contextlib.suppress(TimeoutError):  # aborted sequences end within a step: let them say so
+            await asyncio.wait_for(self._idle.wait(), CLOSE_GRACE_S)
         if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -1,34 +1,33 @@
-"""Decoding one prompt into `n` sequences, token by token over a KV cache, on the model thread.
+"""The text of a generated sequence, token by token: what is final, and when and why it ends.
 
 Text leaves as deltas the moment it is final: a stop sequence could still be forming at the end of
 the text (so the last `len(stop) - 1` characters wait), and a byte-level tokenizer may be in the
 middle of a UTF-8 character (a trailing U+FFFD waits). The concatenated deltas of a sequence are
 therefore exactly its final text, streamed or not.
+
+The text grows by decoding a short window of the latest tokens, not every token again (vLLM's
+incremental detokenization): the window starts at the last token boundary where the text was
+complete, so a tokenizer that decodes a token differently after another (a leading-space marker)
+still sees its context, and a token costs the same at the end of a long answer as at the start.
 """
 
-import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-import torch
-
+from .sampling import SamplingParams
 from .text import TextCodec
 
 FinishReason = Literal["stop", "length", "abort"]
 
 
 @dataclass(frozen=True)
-class SamplingParams:
-    n: int = 1
-    temperature: float = 1.0  # 0 means greedy
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
+class TokenLogprob:
+    """A generated token's log-probability under the model, and the `top` most likely tokens at its place."""
 
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -38,26 +37,13 @@ class Delta:
     index: int
     text: str
     finish_reason: FinishReason | None = None
-    stop_reason: str | None = None  # the stop sequence that matched
+    stop_reason: str | int | None = None  # the stop string or stop token id that matched
     tokens: int = 0  # on the last delta: the tokens the sequence generated (EOS included, as vLLM counts)
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens generated since the previous delta, when asked for
     token_ids: tuple[int, ...] = ()  # on the last delta: those tokens
 
 
 Emit = Callable[[Delta], None]
-
-
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of `logits`: the argmax when greedy, else temperature and nucleus (top-p) sampling."""
-    if generator is None:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # Keep the smallest prefix whose mass reaches top_p; the most likely token always stays.
-        outside = sorted_probs.cumsum(dim=-1) - sorted_probs > params.top_p
-        sorted_probs[outside] = 0.0
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
-    return torch.multinomial(probs, num_samples=1, generator=generator).squeeze(-1)
 
 
 def _first_stop(text: str, stops: tuple[str, ...], start: int) -> tuple[int, str] | None:
@@ -66,29 +52,44 @@ def _first_stop(text: str, stops: tuple[str, ...], start: int) -> tuple[int, str
     return min(found) if found else None
 
 
-class _Sequence:
+class TextSequence:
+    """One generated sequence's tokens and text: it settles what may be sent and says when it ends."""
+
     def __init__(self, index: int, params: SamplingParams, max_tokens: int, codec: TextCodec, emit: Emit) -> None:
         self.index = index
         self.token_ids: list[int] = []
         self.text = ""
         self.sent = 0  # characters of `text` already emitted
+        self._complete = ""  # the text of token_ids[:self._read], which later tokens do not change
+        self._window = 0  # the first token decoded again with each new one
+        self._read = 0
+        self._read_text = ""  # the text of token_ids[self._window:self._read]
+        self._unsent: list[TokenLogprob] = []  # logprobs of the tokens since the last delta
         self.finished = False
         self._stops = params.stop
+        self._stop_ids = params.stop_token_ids
+        self._eos_ids = frozenset() if params.ignore_eos else codec.eos_ids
+        self._include_stop = params.include_stop
         self._holdback = max((len(stop) for stop in params.stop), default=1) - 1
         self._max_tokens = max_tokens
         self._codec = codec
         self._emit = emit
 
-    def push(self, token: int) -> None:
+    def push(self, token: int, logprob: TokenLogprob | None = None) -> None:
         self.token_ids.append(token)
-        if token in self._codec.eos_ids:
+        if logprob is not None:
+            self._unsent.append(logprob)
+        if token in self._eos_ids:
             self.finish("stop")
             return
-        text = self._codec.decode(self.token_ids)
+        if token in self._stop_ids:  # vLLM's stop_token_ids: the token ends the text but is not part of it
+            self.finish("stop", token)
+            return
+        text = self._decode_new()
         hit = _first_stop(text, self._stops, self.sent)
         if hit is not None:
             position, stop = hit
-            self.text = text[:position]
+            self.text = text[: position + len(stop) if self._include_stop else position]
             self.finish("stop", stop)
             return
         self.text = text
@@ -97,58 +98,36 @@ class _Sequence:
             return
         settled = min(len(text.rstrip("\ufffd")), len(text) - self._holdback)
         if settled > self.sent:
-            self._emit(Delta(self.index, text[self.sent : settled]))
+            self._emit(Delta(self.index, text[self.sent : settled], logprobs=self._take_logprobs()))
             self.sent = settled
 
-    def finish(self, reason: FinishReason, stop: str | None = None) -> None:
+    def _decode_new(self) -> str:
+        """The whole text so far, decoding only the window of tokens since the last complete boundary."""
+        window = self._codec.decode(self.token_ids[self._window :])
+        if not window.startswith(self._read_text):  # a tokenizer whose text is not additive here: decode it all
+            return self._codec.decode(self.token_ids)
+        text = self._complete + window[len(self._read_text) :]
+        if not text.endswith("\ufffd"):  # no character in the making: a boundary to start the next window at
+            self._complete, self._window, self._read = text, self._read, len(self.token_ids)
+            self._read_text = self._codec.decode(self.token_ids[self._window : self._read])
+        return text
+
+    def finish(self, reason: FinishReason, stop: str | int | None = None) -> None:
         self.finished = True
-        self._emit(Delta(self.index, self.text[self.sent :], reason, stop, len(self.token_ids), tuple(self.token_ids)))
+        self._emit(
+            Delta(
+                self.index,
+                self.text[self.sent :],
+                reason,
+                stop,
+                len(self.token_ids),
+                self._take_logprobs(),
+                tuple(self.token_ids),
+            )
+        )
         self.sent = len(self.text)
 
-
-def _forward_options(model: Any) -> dict[str, Any]:
-    """Ask for the last position's logits only, where the model supports it (saves a vocab-sized matmul per row)."""
-    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-
-
-def generate(
-    model: Any,
-    codec: TextCodec,
-    prompt_ids: list[int],
-    max_tokens: int,
-    params: SamplingParams,
-    emit: Emit,
-    aborted: Callable[[], bool],
-    index_base: int = 0,
-) -> None:
-    """Decode `params.n` sequences from one prompt, calling `emit` with each delta (indices from `index_base`).
-
-    The `n` sequences share the prompt, so they run as one batch without padding. `aborted` is polled
-    once per token; when it turns true, unfinished sequences end with finish_reason "abort".
-    """
-    device = model.device
-    generator = None
-    if not params.greedy:
-        generator = torch.Generator(device=device)
-        if params.seed is None:
-            generator.seed()
-        else:
-            generator.manual_seed(params.seed)
-    sequences = [_Sequence(index_base + i, params, max_tokens, codec, emit) for i in range(params.n)]
-    options = _forward_options(model)
-    step_input = torch.tensor([prompt_ids] * params.n, dtype=torch.long, device=device)
-    cache = None
-    with torch.inference_mode():
-        while not aborted():
-            output = model(input_ids=step_input, past_key_values=cache, use_cache=True, **options)
-            cache = output.past_key_values
-            tokens = sample(output.logits[:, -1, :], params, generator)
-            for sequence, token in zip(sequences, tokens.tolist(), strict=True):
-                if not sequence.finished:
-                    sequence.push(token)
-            if all(sequence.finished for sequence in sequences):
-                return
-            step_input = tokens.unsqueeze(-1)
-    for sequence in sequences:
-        if not sequence.finished:
-            sequence.finish("abort")
+    def _take_logprobs(self) -> tuple[TokenLogprob, ...]:
+        taken = tuple(self._unsent)
+        self._unsent.clear()
+        return taken
