@@ -69,7 +69,9 @@ def _setup_script(hostname: str, mounts: list[Mount], workdir: str | None, read_
         target = shlex.quote(mount.target)
         make = "mkdir -p" if mount.source.is_dir() else "mkdir -p $(dirname " + target + ") && touch"
         lines.append(f"[ -e {target} ] || {make} {target}")
-        lines.append(f"mount --bind {shlex.quote(source)} {target}")
+        # A descriptor's path is taken as it is: mount(8) would resolve it to the (now hidden) name it points at.
+        verbatim = " --no-canonicalize" if source.startswith("/proc/self/fd/") else ""
+        lines.append(f"mount{verbatim} --bind {shlex.quote(source)} {target}")
         if mount.read_only:
             lines.append(f"mount -o remount,bind,ro {target}")
     if read_only_root:
