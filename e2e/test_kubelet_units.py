@@ -7,10 +7,12 @@ import pytest
 from kubernetes_asyncio import client
 
 from e2e.kubelet.addresses import AddressBlock, require_loopback
+from e2e.kubelet.container import ContainerProcess
 from e2e.kubelet.env import ContainerConfigError, PodFields, expand, resolve_env
 from e2e.kubelet.gpus import GpuAllocator, InsufficientGpusError, gpu_uuid
 from e2e.kubelet.images import DEFAULT_IMAGE_MAP, REPO_ROOT, ImageEntry, ImageMap, ImageMapError, command_line
 from e2e.kubelet.supervisor import Backoff
+from e2e.kubelet.volumes import Mount
 
 
 @pytest.mark.parametrize(
@@ -147,3 +149,20 @@ def test_backoff_restarts_at_once_then_doubles_to_a_cap() -> None:
     assert [backoff.next() for _ in range(5)] == [0.0, 0.5, 1.0, 2.0, 2.0]
     backoff.reset()
     assert backoff.next() == 0.0
+
+
+async def test_a_volume_over_a_parent_of_another_volumes_source_hides_nothing(tmp_path: Path) -> None:
+    """An emptyDir at a parent of a later volume's source (as the chart's /tmp emptyDir is of a checkout or a
+    kubelet state under /tmp) must not change what that later volume shows."""
+    parent, empty = tmp_path / "parent", tmp_path / "empty"
+    (parent / "source").mkdir(parents=True)
+    (parent / "source" / "marker").write_text("the source's own file")
+    empty.mkdir()
+    mounts = [Mount(empty, str(parent), read_only=False), Mount(parent / "source", "/opt/volume", read_only=True)]
+    log = tmp_path / "log"
+    process = await ContainerProcess.start(
+        ["cat", "/opt/volume/marker"], env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, hostname="units",
+        mounts=mounts, log=log, read_only_root=True,
+    )  # fmt: skip
+    assert await process.wait() == 0, log.read_text()
+    assert log.read_text().strip() == "the source's own file"
