@@ -152,16 +152,18 @@ def test_backoff_restarts_at_once_then_doubles_to_a_cap() -> None:
 
 
 async def test_a_volume_over_a_parent_of_another_volumes_source_hides_nothing(tmp_path: Path) -> None:
-    """An emptyDir at a parent of a later volume's source (as the chart's /tmp emptyDir is of a checkout or a
-    kubelet state under /tmp) must not change what that later volume shows."""
+    """An emptyDir at a parent of a later volume's source must not change what that later volume shows, also when
+    the volume goes back where its source was (the process runtime binds a checkout under /tmp back over the
+    chart's /tmp emptyDir)."""
     parent, empty = tmp_path / "parent", tmp_path / "empty"
     (parent / "source").mkdir(parents=True)
     (parent / "source" / "marker").write_text("the source's own file")
     empty.mkdir()
-    mounts = [Mount(empty, str(parent), read_only=False), Mount(parent / "source", "/opt/volume", read_only=True)]
+    source = parent / "source"
+    mounts = [Mount(empty, str(parent), read_only=False), Mount(source, str(source), read_only=True)]
     log = tmp_path / "log"
     process = await ContainerProcess.start(
-        ["cat", "/opt/volume/marker"], env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, hostname="units",
+        ["cat", str(source / "marker")], env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path, hostname="units",
         mounts=mounts, log=log, read_only_root=True,
     )  # fmt: skip
     assert await process.wait() == 0, log.read_text()
