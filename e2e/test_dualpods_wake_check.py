@@ -3,6 +3,7 @@ corrupts its output on purpose (`--corrupt-after-wake 1`) fails its check at a h
 not told ready on it, gets a `WakeCheckFailed` Event and is served by a fresh instance on the same launcher,
 which answers as the model did before its sleep."""
 
+import datetime
 from typing import Any
 
 import aiohttp
@@ -55,7 +56,9 @@ async def test_a_wake_that_corrupts_the_model_is_never_served(env: DualPodsEnv) 
                               what="the WakeCheckFailed Event", within=30)  # fmt: skip
     assert "failed its post-wake check" in failed.message
     ready_since = next(c for c in second["status"]["conditions"] if c["type"] == "Ready")["lastTransitionTime"]
-    assert ready_since >= failed.first_timestamp.strftime("%Y-%m-%dT%H:%M:%SZ"), "told ready only afterwards"
+    # Both are whole seconds (the Pod's condition and the Event's first timestamp): ready in the same second or later.
+    told_ready = datetime.datetime.fromisoformat(ready_since.replace("Z", "+00:00"))
+    assert told_ready >= failed.first_timestamp, "told ready only afterwards"
     assert [p["metadata"]["uid"] for p in await env.requesters(RS)] == [second["metadata"]["uid"]], (
         "the same requester was served, not replaced"
     )
