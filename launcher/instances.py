@@ -83,7 +83,8 @@ T = TypeVar("T")
 
 
 class InstanceExited(Exception):
-    """The instance's server exited while the launcher waited on something of it."""
+    """The instance's server exited, or the launcher began stopping it, while the launcher waited on
+    something of it."""
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,6 @@ class Instance:
     exit_code: int | None = None
     stop_reason: StopReason | None = None
     deleting: bool = False
-    stopping: bool = False  # asked to stop (a DELETE, the launcher's shutdown)
     engine: EngineProcesses | None = None  # found at the first ready
     health_failing: bool = False  # its last /health probe failed
     wake_check: WakeCheck = field(default_factory=lambda: WakeCheck(status=WakeCheckStatus.OFF))
@@ -148,6 +148,7 @@ class Instance:
     probe: ProbeAnswer | None = None  # recorded at its first ready
     offloaded_bytes: int | None = None  # what its last level-1 sleep reported moving out, which a wake moves back
     exited: asyncio.Event = field(default_factory=asyncio.Event)
+    stop_asked: asyncio.Event = field(default_factory=asyncio.Event)  # by a DELETE or the launcher's shutdown
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -166,6 +167,10 @@ class Instance:
     @property
     def running(self) -> bool:
         return self.status is InstanceStatus.RUNNING
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_asked.is_set()
 
     def state(self, detail: bool = False, gpu_usage: dict[int, int] | None = None) -> InstanceState:
         return InstanceState(
@@ -456,6 +461,8 @@ class InstanceManager:
         except InstanceExited:
             return
         except wake_check.ProbeError as err:
+            if instance.stopping:  # its server is shutting down; asking it more would hold up its exit
+                return
             if await self._asleep(instance):  # put to sleep behind the launcher's back meanwhile
                 instance.log.info(
                     "instance %s: its probe was cut short by a sleep; recorded at its next wake", instance.id
@@ -594,7 +601,12 @@ class InstanceManager:
         """Pick up sleeps and wakes that clients asked of the server directly (vLLM's own routes), a wake
         checked before it is recorded; not of one whose /health fails, which would hold every read for the
         timeout."""
-        if not (instance.running and instance.ready) or instance.lock.locked() or instance.health_failing:
+        if (
+            not (instance.running and instance.ready)
+            or instance.stopping
+            or instance.lock.locked()
+            or instance.health_failing
+        ):
             return
         try:
             async with self.session.get(
@@ -629,6 +641,8 @@ class InstanceManager:
                 f"instance {instance.id} did not answer {method} {path} within {timeout_s:g} s"
             ) from None
         except (InstanceExited, aiohttp.ClientError) as err:
+            if instance.stopping and instance.running:
+                raise BackendError(f"instance {instance.id} is being stopped; {method} {path} was cut short") from None
             if instance.stop_reason is None and instance.running:
                 raise BackendError(f"instance {instance.id} did not answer {method} {path}: {err!r}") from None
             # It was judged dead meanwhile (and killed, which may have cut this call first), or it exited.
@@ -650,13 +664,16 @@ class InstanceManager:
 
     @staticmethod
     async def _while_running(instance: Instance, work: Coroutine[Any, Any, T]) -> T:
-        """`work`'s result, or InstanceExited (and `work` cancelled) if the instance's server exits first."""
+        """`work`'s result, or InstanceExited (and `work` cancelled) if the instance's server exits or is asked
+        to stop first: a request of the launcher's still open would hold up the server's graceful shutdown
+        (uvicorn waits for its connections), vLLM's for good when its engine core is gone already."""
         task = asyncio.ensure_future(work)
-        exited = asyncio.ensure_future(instance.exited.wait())
+        ended = [asyncio.ensure_future(instance.exited.wait()), asyncio.ensure_future(instance.stop_asked.wait())]
         try:
-            await asyncio.wait({task, exited}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({task, *ended}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            exited.cancel()
+            for waiter in ended:
+                waiter.cancel()
             if not task.done():
                 task.cancel()
                 await asyncio.gather(task, return_exceptions=True)
@@ -692,7 +709,7 @@ class InstanceManager:
         """SIGTERM the instance's process group (and SIGCONT, so a stopped process gets it too), SIGKILL
         it after the grace period."""
         if instance.running:
-            instance.stopping = True
+            instance.stop_asked.set()
             self._signal(instance, signal.SIGTERM)
             self._signal(instance, signal.SIGCONT)
             grace = self.settings.stop_grace_seconds
