@@ -82,8 +82,14 @@ async def test_sigkill_of_a_bound_launchers_process(faults: Faults) -> None:
         await wait_served(faults.env, rs, "a", within=60)
         launcher_process(launcher["status"]["podIP"]).send_signal(signal.SIGKILL)  # its container restarts
         await wait_served(faults.env, rs, "a", within=RECOVERY_S)
-        again = await faults.env.pod(launcher["metadata"]["name"])
-        assert pods.restart_count(again) >= 1
+        name = launcher["metadata"]["name"]
+
+        async def restarted() -> Obj | None:  # the kubelet may report it after the controller saw the new process
+            again = await faults.env.pod(name)
+            return again if pods.restart_count(again) >= 1 else None
+
+        again = await wait_for(restarted, what="the launcher container's restart reported", within=10)
+        assert again is not None
         assert pods.uid(again) == pods.uid(launcher), "the launcher Pod stays; its container restarted"
 
 

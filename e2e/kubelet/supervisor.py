@@ -181,13 +181,14 @@ class ContainerSupervisor:
         self._env = env
         image_files = [Mount(Path(source), target, read_only=True) for target, source in entry.files.items()]
         mounted = [*image_files, *mounts]  # the image's own files, under the Pod's volumes
+        read_only = security.read_only_root
         if any(REPO_ROOT.is_relative_to(volume.target) for volume in mounts):
             # This runtime's image is the checkout: a volume over one of its parents (an emptyDir at /tmp of a
-            # checkout under /tmp) would hide the command itself, so the checkout is bound back over it.
-            mounted.append(Mount(REPO_ROOT, str(REPO_ROOT), read_only=False))
+            # checkout under /tmp) would hide the command itself, so the checkout is bound back over it, as
+            # writable as the rest of the image.
+            mounted.append(Mount(REPO_ROOT, str(REPO_ROOT), read_only=read_only))
         workdir = self.spec.working_dir or entry.working_dir
         hostname = self._hostname()
-        read_only = security.read_only_root
         return lambda log: ContainerProcess.start(
             argv,
             env=env,
