@@ -87,8 +87,9 @@ def freeze_heap() -> None:
 
     A child's garbage collections then skip what it inherited: the hundreds of thousands of objects of
     the preloaded imports, which each full collection would otherwise walk (vLLM runs four while it
-    starts, some 0.3 s each here), writing into every page that holds one and so copying pages the
-    child would otherwise share with its parent. Garbage made by the imports is collected first."""
+    starts, 0.4-1 s each on a loaded 2-core machine), writing into every page that holds one and so
+    copying pages the child would otherwise share with its parent (an instance's own memory here: 558
+    MiB before, 260 MiB after). Garbage made by the imports is collected first."""
     gc.collect()
     gc.freeze()
 
