@@ -5,7 +5,8 @@ the runtime's own argument parser, so a bad flag is a 400 and not a dead child. 
 (`zygote`) also imports what every server imports later, on its way to serving (`prepare_zygote`:
 the modules measured as imported by a served instance and not by the launcher). The forked child
 calls `serve`, which never returns control to the launcher's code; the runtime's `markers` say which of
-its log messages end a start-up phase (`startup_phases`).
+its log messages end a start-up phase (`startup_phases`). What vLLM would repeat in every server process
+is done once in the preload or cheaper in the instance (`vllm_startup`).
 """
 
 import argparse
