@@ -23,6 +23,7 @@ from .app import build_app
 from .dialect import Dialect
 from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES
 from .events import HISTORY_SIZE, EventLog
+from .fork import freeze_heap
 from .instances import DEFAULT_RUNTIME, InstanceManager, ManagerSettings
 from .liveness import LivenessPolicy
 from .metrics import LauncherMetrics
@@ -189,6 +190,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m launcher") -> Non
     for runtime in {id(r): r for r in runtimes.values()}.values():
         log.info("preloading the %s runtime", runtime.name)
         runtime.preload()
+    freeze_heap()  # what every fork inherits, left out of its garbage collections
     preload_seconds = time.monotonic() - started
     metrics.preload_seconds.set(preload_seconds)
     log.info("preloaded %s in %.1f s", ", ".join(sorted(runtimes)), preload_seconds)

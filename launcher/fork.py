@@ -7,6 +7,7 @@ launcher's code: it ends with os._exit.
 """
 
 import asyncio
+import gc
 import os
 import signal
 import sys
@@ -79,6 +80,18 @@ def run_then_exit(body: Callable[[], None]) -> NoReturn:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(exit_code)
+
+
+def freeze_heap() -> None:
+    """Before forking instances: put every object alive now in the collector's permanent generation.
+
+    A child's garbage collections then skip what it inherited: the hundreds of thousands of objects of
+    the preloaded imports, which each full collection would otherwise walk (vLLM runs four while it
+    starts, 0.4-1 s each on a loaded 2-core machine), writing into every page that holds one and so
+    copying pages the child would otherwise share with its parent (an instance's own memory here: 558
+    MiB before, 260 MiB after). Garbage made by the imports is collected first."""
+    gc.collect()
+    gc.freeze()
 
 
 def fork_instance(runtime: Runtime, spec: InstanceSpec) -> int:

@@ -5,7 +5,8 @@ the runtime's own argument parser, so a bad flag is a 400 and not a dead child. 
 (`zygote`) also imports what every server imports later, on its way to serving (`prepare_zygote`:
 the modules measured as imported by a served instance and not by the launcher). The forked child
 calls `serve`, which never returns control to the launcher's code; the runtime's `markers` say which of
-its log messages end a start-up phase (`startup_phases`).
+its log messages end a start-up phase (`startup_phases`). What vLLM would repeat in every server process
+is done once in the preload or cheaper in the instance (`vllm_startup`).
 """
 
 import argparse
@@ -22,6 +23,7 @@ from functools import cached_property
 from typing import Any
 
 from . import startup_phases as phases
+from . import vllm_startup
 from .engine_defaults import KV_CACHE_SIZING_FLAGS, EngineDefaults, Machine, transformers_defaults, vllm_defaults
 from .errors import InvalidOptions
 
@@ -256,6 +258,7 @@ class VllmRuntime(Runtime):
 
             with contextlib.suppress(Exception):
                 torch.cpu._init_amx()
+            vllm_startup.register_kernel_overrides_once()
         self.parser  # noqa: B018 - build it once, here, not on the first request
 
     def make_parser(self) -> argparse.ArgumentParser:
@@ -307,6 +310,8 @@ class VllmRuntime(Runtime):
         if self.on_cpu:
             # The CPU platform forces `spawn`, which would re-import vLLM in the engine core.
             engine_utils.get_mp_context = lambda: multiprocessing.get_context("fork")
+        vllm_startup.inspect_models_in_forks()
+        vllm_startup.keep_logging_in_forked_engines()
         sys.argv = ["vllm serve", *argv]
         entry.main()
 

@@ -3,7 +3,8 @@
 Why: a server forked from the launcher still imported some 400 modules on its way to serving (vLLM's
 API routers, uvicorn's protocols, the engine core's quantisation and scheduler modules, ...), every
 time. The zygote, forked from the launcher after its preload, imports them once
-(`Runtime.prepare_zygote`), then waits on a Unix socket pair for fork requests; its instances start
+(`Runtime.prepare_zygote`), freezes its heap (`fork.freeze_heap`: its instances' garbage collections
+skip what they inherit), then waits on a Unix socket pair for fork requests; its instances start
 with them in memory (shared copy-on-write with the zygote).
 
 An instance forked from the zygote is still the launcher's child: the zygote forks a short-lived
@@ -17,9 +18,9 @@ control socket too): from there on it is what an instance forked by the launcher
 SIGCHLD, its process group signalled, its engine watched through pidfds, its PID the server's own.
 
 CUDA: nothing in the launcher or the zygote initialises CUDA. The preload's platform detection
-uses NVML, which makes no CUDA context, and the zygote only imports modules; importing torch or vLLM
-calls no torch.cuda function. A CUDA context does not survive fork, so each instance creates its own
-after the fork, as a server started from scratch does.
+uses NVML, which makes no CUDA context, and the zygote only imports modules and freezes its heap;
+importing torch or vLLM calls no torch.cuda function. A CUDA context does not survive fork, so each
+instance creates its own after the fork, as a server started from scratch does.
 
 Failure: the zygote's death (killed, out of memory) reaches the launcher's reaper, and it is started
 again, after a back-off when it keeps dying before it is ready. A create that finds no ready zygote
@@ -42,7 +43,7 @@ import psutil
 import setproctitle
 
 from . import process_control
-from .fork import InstanceSpec, fork_child, fork_instance, run_then_exit, serve_instance
+from .fork import InstanceSpec, fork_child, fork_instance, freeze_heap, run_then_exit, serve_instance
 from .runtimes import Runtime
 
 log = logging.getLogger(__name__)
@@ -233,6 +234,7 @@ def _zygote_main(runtime: Runtime, control: socket.socket, launcher_pid: int) ->
     process_control.close_inherited_descriptors(keep=frozenset({control.fileno()}))
     started = time.monotonic()
     runtime.prepare_zygote()
+    freeze_heap()
     control.setblocking(True)
     control.send(json.dumps({"ready": True, "seconds": time.monotonic() - started}).encode())
     while True:

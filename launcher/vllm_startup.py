@@ -1,0 +1,101 @@
+"""Work vLLM repeats in every server process, done once for the launcher's instances or done cheaper.
+
+Measured on a forked instance (py-spy, docs/benchmarks.md): after the imports and the garbage
+collector (`fork.freeze_heap`), what an instance of a preloaded process still spent most on, before
+it touched its model, was vLLM re-doing per process what the launcher can do once, before any fork:
+
+- `register_kernel_overrides_once`: on a CPU, the worker points vLLM's Triton kernels at the
+  platform's C++ fallbacks by scanning every attribute of every loaded module (0.1-0.3 s here, more
+  with the zygote's extra modules). Done in the launcher's preload, every fork inherits the result.
+- `inspect_models_in_forks`: the first server to see a model architecture has vLLM's registry inspect
+  its class in a fresh `python -m vllm...` subprocess (so the server's own process imports no model
+  code), which imports vLLM again: 6-9 s here, paid by the first instance of each architecture of
+  every new launcher (its cache, `VLLM_CACHE_ROOT/modelinfos`, starts empty with the Pod). A fork of the
+  instance's API-server process, which has vLLM imported already and no CUDA context, gives the same
+  answer in a fraction of a second, with the same isolation: the model code runs in the fork only.
+- `keep_logging_in_forked_engines`: vLLM's engine core applies its logging configuration again as it
+  starts, a `dictConfig` whose cost grows with the square of the loggers (0.04-0.1 s here with the
+  zygote's ~1,200), even where it is a fork of the API server that applied the same configuration a
+  moment before. A forked engine core now applies it only where it differs, as vLLM's API server does.
+
+All three replace private vLLM functions of the pinned version (`pyproject.toml`), as the CPU engine-core
+fork in `runtimes.VllmRuntime.serve` does; where the function is missing (another vLLM) it is left as
+vLLM has it, and vLLM's own behaviour is what runs.
+"""
+
+import os
+import pickle
+import warnings
+from collections.abc import Callable
+from typing import TypeVar
+
+_T = TypeVar("_T")
+
+
+def register_kernel_overrides_once() -> None:
+    """Register the CPU platform's kernel overrides now, and make the worker's later call a no-op.
+
+    Once the host modules hold the overrides, a module imported later copies the override, so the
+    worker's own scan would find nothing to rebind. Only this process's platform object is changed:
+    a process vLLM spawns registers them itself. The scan reads deprecated module attributes (torch's
+    `reduce_op`), whose warnings say nothing about the launcher, so they are not shown."""
+    from vllm.platforms import current_platform
+
+    if not hasattr(current_platform, "register_triton_kernel_overrides"):
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        current_platform.register_triton_kernel_overrides()
+    current_platform.register_triton_kernel_overrides = lambda: None
+
+
+def inspect_models_in_forks() -> None:
+    """In an instance, before vLLM reads its model's configuration: inspect architectures in a fork."""
+    from vllm.model_executor.models import registry
+
+    spawn = getattr(registry, "_run_in_subprocess", None)
+    if spawn is not None:
+        registry._run_in_subprocess = lambda fn: run_in_fork(fn, fallback=spawn)
+
+
+def keep_logging_in_forked_engines() -> None:
+    """In an instance: its engine core, where forked, keeps the logging configuration it inherited when it
+    is the one it would apply (a process vLLM spawns has its own modules and configures its logging)."""
+    from vllm import logger
+    from vllm.v1.engine import core
+
+    if hasattr(core, "configure_logging") and hasattr(logger, "configure_logging_if_needed"):
+        core.configure_logging = logger.configure_logging_if_needed
+
+
+def run_in_fork(fn: Callable[[], _T], fallback: Callable[[Callable[[], _T]], _T]) -> _T:
+    """`fn()`, computed in a forked child; `fallback(fn)` where this process has a CUDA context (a fork
+    could not use it) and vLLM's fresh subprocess is needed."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        return fallback(fn)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: answers through the pipe, leaves with os._exit, never returns into vLLM
+        try:
+            os.close(read_end)
+            try:
+                payload = pickle.dumps((True, fn()))
+            except Exception as err:  # reported to the parent, which raises it
+                payload = pickle.dumps((False, f"{type(err).__name__}: {err}"))
+            with os.fdopen(write_end, "wb") as out:
+                out.write(payload)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as answer:
+        raw = answer.read()
+    os.waitpid(pid, 0)
+    if not raw:
+        raise RuntimeError("the forked model inspection died without an answer")
+    succeeded, value = pickle.loads(raw)
+    if not succeeded:
+        raise RuntimeError(f"Error raised in the forked model inspection: {value}")
+    result: _T = value
+    return result
