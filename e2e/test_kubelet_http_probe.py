@@ -196,3 +196,22 @@ async def test_a_probe_reports_the_status_that_failed_it(server: Server) -> None
         assert (await probes.check(probe, target, http))[0]
     finally:
         http.close()
+
+
+async def test_a_cancellation_as_the_connection_attempt_fails_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe loop is cancelled when its container exits; lost (Python 3.11's wait_for), it ran on forever
+    and held up the Pod's deletion."""
+    loop = asyncio.get_running_loop()
+    attempt: asyncio.Future[None] = loop.create_future()
+
+    async def connect(scheme: str, host: str, port: int) -> None:
+        await attempt
+
+    http = HttpProbe(keep_alive=True)
+    monkeypatch.setattr(http, "_connect", connect)
+    task = asyncio.create_task(http.get("http", HOST, 1, "/ready", {}, 5.0))
+    await asyncio.sleep(0)
+    attempt.set_exception(ConnectionRefusedError())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

@@ -122,7 +122,11 @@ class HttpProbe:
         """The answer's status; raises TimeoutError, OSError or ProbeHttpError when there is none in time."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit_s
-        connection = await asyncio.wait_for(self._connect(scheme, host, port), limit_s)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation that arrives as the
+        # connection attempt ends, and a probe loop cancelled at its container's exit then ran on forever
+        # (holding up that Pod's deletion: 21 of 500 requesters in one swap wave).
+        async with asyncio.timeout_at(deadline):
+            connection = await self._connect(scheme, host, port)
         assert connection.transport is not None
         fields = {"Host": f"{host}:{port}", "User-Agent": "kube-probe/1.20", "Accept": "*/*", **headers}
         if not self._keep_alive:

@@ -54,9 +54,8 @@ async def check(probe: client.V1Probe, target: ProbeTarget, http: HttpProbe) -> 
             return 200 <= status < 400, f"HTTP probe failed with statuscode: {status}"
         if probe.tcp_socket is not None:
             host = _host(probe.tcp_socket.host, target)
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, _port(probe.tcp_socket.port, target)), timeout
-            )
+            async with asyncio.timeout(timeout):  # not wait_for: see HttpProbe.get
+                _, writer = await asyncio.open_connection(host, _port(probe.tcp_socket.port, target))
             writer.close()
             return True, ""
         if probe._exec is not None:
