@@ -122,11 +122,13 @@ class HttpProbe:
         """The answer's status; raises TimeoutError, OSError or ProbeHttpError when there is none in time."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit_s
-        # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation that arrives as the
-        # connection attempt ends, and a probe loop cancelled at its container's exit then ran on forever
-        # (holding up that Pod's deletion: 21 of 500 requesters in one swap wave).
-        async with asyncio.timeout_at(deadline):
-            connection = await self._connect(scheme, host, port)
+        connection = self._kept(scheme, host, port)
+        if connection is None:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation that arrives as the
+            # connection attempt ends, and a probe loop cancelled at its container's exit then ran on forever
+            # (holding up that Pod's deletion: 21 of 500 requesters in one swap wave).
+            async with asyncio.timeout_at(deadline):
+                connection = await self._connect(scheme, host, port)
         assert connection.transport is not None
         fields = {"Host": f"{host}:{port}", "User-Agent": "kube-probe/1.20", "Accept": "*/*", **headers}
         if not self._keep_alive:
@@ -147,10 +149,14 @@ class HttpProbe:
             self.close()
         return status
 
+    def _kept(self, scheme: str, host: str, port: int) -> _Response | None:
+        """The connection kept from the last probe, if it is still open to the same endpoint."""
+        if self._connection is not None and not self._connection.closed and self._endpoint == (scheme, host, port):
+            return self._connection
+        return None
+
     async def _connect(self, scheme: str, host: str, port: int) -> _Response:
         endpoint = (scheme, host, port)
-        if self._connection is not None and not self._connection.closed and self._endpoint == endpoint:
-            return self._connection
         self.close()
         context = None
         if scheme == "https":
