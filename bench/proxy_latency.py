@@ -16,7 +16,6 @@ import contextlib
 import http.client
 import json
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 import psutil
 
 from e2e.cluster.ports import free_port
-from e2e.launcher_process import REPO, offline_environment
+from e2e.launcher_process import REPO, offline_environment, terminate
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 30.0
@@ -105,15 +104,6 @@ def measure(direct_port: int, proxy_port: int, requests: int, warmup: int) -> di
     return samples
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=300, help="per case and path (default 300)")
@@ -123,7 +113,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp, contextlib.ExitStack() as running:
         work_dir = Path(tmp)
         standin = start(["standin", "--port", str(backend_port), "--model", "bench"], work_dir, "standin")
-        running.callback(stop, standin)
+        running.callback(terminate, standin, 10)
         ports = ["--spi-port", str(spi_port), "--probes-port", str(probes_port), "--proxy-port", str(proxy_port)]
         requester = start(
             # The SPI is open: this measures the proxy; E15's token check is on the SPI only, never per request.
@@ -131,7 +121,7 @@ def main() -> None:
             work_dir,
             "requester",
         )
-        running.callback(stop, requester)  # stopped first
+        running.callback(terminate, requester, 10)  # stopped first
         wait_answering(f"http://{HOST}:{backend_port}/health", standin)
         wait_answering(f"http://{HOST}:{spi_port}/metrics", requester)
         spi = f"http://{HOST}:{spi_port}"

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,7 @@ import aiohttp
 import psutil
 
 from e2e.cluster.ports import free_port
-from e2e.launcher_process import REPO, offline_environment, wait_healthy
+from e2e.launcher_process import REPO, offline_environment, terminate, wait_healthy
 from e2e.tiny_model import ensure_tiny_model
 
 HOST = "127.0.0.1"
@@ -89,15 +88,6 @@ def start_server(model: Path, port: int, work_dir: Path, torch_threads: int | No
         )
 
 
-def stop(process: subprocess.Popen[bytes]) -> None:
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
@@ -111,7 +101,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-throughput-") as tmp, contextlib.ExitStack() as running:
         work_dir = Path(tmp)
         server = start_server(model, port, work_dir, args.torch_threads)
-        running.callback(stop, server)
+        running.callback(terminate, server, 15)
         log = work_dir / "server.log"
         wait_healthy(f"{url}/health", lambda: server.poll() is None, START_TIMEOUT_S, log.read_text)
         load_before = psutil.getloadavg()[0]

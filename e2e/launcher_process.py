@@ -116,12 +116,7 @@ class LauncherProcess:
         if self.process is None or self.process.poll() is not None:
             return []
         descendants = self.descendants()
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        terminate(self.process, timeout)
         survivors = [p for p in descendants if _alive(p)]
         for process in survivors:  # leave the machine clean even when the assertion fails
             process.kill()
@@ -132,6 +127,16 @@ class LauncherProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
             return ""
+
+
+def terminate(process: "subprocess.Popen[bytes]", timeout: float) -> None:
+    """SIGTERM a server process, SIGKILL it if it has not exited within `timeout` seconds."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _alive(process: psutil.Process) -> bool:

@@ -107,7 +107,7 @@ class SimulatedInstances(InstanceManager):
 
     async def _stop(self, instance: Instance) -> None:
         if instance.running:
-            instance.stopping = True
+            instance.stop_asked.set()
             instance.status, instance.exit_code, instance.ready = InstanceStatus.STOPPED, 0, False
             instance.exited.set()
         self._delays.pop(instance.id, None)
