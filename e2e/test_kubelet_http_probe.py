@@ -72,17 +72,21 @@ async def server() -> AsyncIterator[Server]:
     await found.stop()
 
 
-async def test_a_kept_connection_is_reused_and_answers_are_judged(server: Server) -> None:
+@pytest.fixture
+def kept() -> Iterator[HttpProbe]:
+    """A probe that keeps its connection (a simulated container's), closed afterwards."""
     http = HttpProbe(keep_alive=True)
-    try:
-        assert await http.get("http", HOST, server.port, "/ready", {}, 1.0) == 200
-        server.status = 503
-        assert await http.get("http", HOST, server.port, "/ready", {}, 1.0) == 503
-        server.status = 302
-        assert await http.get("http", HOST, server.port, "/ready", {}, 1.0) == 302
-        assert server.connections == 1
-    finally:
-        http.close()
+    yield http
+    http.close()
+
+
+async def test_a_kept_connection_is_reused_and_answers_are_judged(server: Server, kept: HttpProbe) -> None:
+    assert await kept.get("http", HOST, server.port, "/ready", {}, 1.0) == 200
+    server.status = 503
+    assert await kept.get("http", HOST, server.port, "/ready", {}, 1.0) == 503
+    server.status = 302
+    assert await kept.get("http", HOST, server.port, "/ready", {}, 1.0) == 302
+    assert server.connections == 1
 
 
 async def test_without_keep_alive_each_probe_opens_a_connection(server: Server) -> None:
@@ -92,30 +96,22 @@ async def test_without_keep_alive_each_probe_opens_a_connection(server: Server) 
     assert server.connections == 3
 
 
-async def test_an_unframed_answer_is_judged_and_its_connection_dropped(server: Server) -> None:
-    http = HttpProbe(keep_alive=True)
-    try:
-        assert await http.get("http", HOST, server.port, "/chunked", {}, 1.0) == 200
-        assert await http.get("http", HOST, server.port, "/chunked", {}, 1.0) == 200
-        assert server.connections == 2
-    finally:
-        http.close()
+async def test_an_unframed_answer_is_judged_and_its_connection_dropped(server: Server, kept: HttpProbe) -> None:
+    assert await kept.get("http", HOST, server.port, "/chunked", {}, 1.0) == 200
+    assert await kept.get("http", HOST, server.port, "/chunked", {}, 1.0) == 200
+    assert server.connections == 2
 
 
-async def test_a_server_that_closed_the_kept_connection_gets_a_new_one(server: Server) -> None:
-    http = HttpProbe(keep_alive=True)
-    try:
-        assert await http.get("http", HOST, server.port, "/ready", {}, 1.0) == 200
-        await server.stop()  # closes every connection
-        await server.start()
-        await asyncio.sleep(0.05)
-        assert await http.get("http", HOST, server.port, "/ready", {}, 1.0) == 200
-    finally:
-        http.close()
+async def test_a_server_that_closed_the_kept_connection_gets_a_new_one(server: Server, kept: HttpProbe) -> None:
+    assert await kept.get("http", HOST, server.port, "/ready", {}, 1.0) == 200
+    await server.stop()  # closes every connection
+    await server.start()
+    await asyncio.sleep(0.05)
+    assert await kept.get("http", HOST, server.port, "/ready", {}, 1.0) == 200
 
 
-async def test_a_late_answer_fails_and_a_gone_server_fails(server: Server) -> None:
-    http = HttpProbe(keep_alive=True)
+async def test_a_late_answer_fails_and_a_gone_server_fails(server: Server, kept: HttpProbe) -> None:
+    http = kept
     server.delay = 1.0
     started = time.monotonic()
     with pytest.raises(TimeoutError):
@@ -149,19 +145,17 @@ def raw_server() -> Iterator[tuple[int, threading.Event]]:
     thread.join(timeout=5)
 
 
-async def test_an_answer_waiting_at_the_deadline_counts(raw_server: tuple[int, threading.Event]) -> None:
+async def test_an_answer_waiting_at_the_deadline_counts(
+    raw_server: tuple[int, threading.Event], kept: HttpProbe
+) -> None:
     """The prober is late (its loop blocked past the deadline) but the server answered in time (aiohttp's
     client failed this probe)."""
     port, answered = raw_server
-    http = HttpProbe(keep_alive=True)
     loop = asyncio.get_running_loop()
     # Block the event loop from just after the request is sent until well past the 0.5 s deadline.
     loop.call_later(0.05, time.sleep, 1.0)
-    try:
-        assert await http.get("http", HOST, port, "/ready", {}, 0.5) == 200
-        assert answered.is_set()
-    finally:
-        http.close()
+    assert await kept.get("http", HOST, port, "/ready", {}, 0.5) == 200
+    assert answered.is_set()
 
 
 async def test_garbage_is_not_an_answer() -> None:
@@ -181,7 +175,7 @@ async def test_garbage_is_not_an_answer() -> None:
         await listener.wait_closed()
 
 
-async def test_a_probe_reports_the_status_that_failed_it(server: Server) -> None:
+async def test_a_probe_reports_the_status_that_failed_it(server: Server, kept: HttpProbe) -> None:
     server.status = 500
     probe = client.V1Probe(http_get=client.V1HTTPGetAction(path="/ready", port=server.port), timeout_seconds=1)
 
@@ -189,13 +183,9 @@ async def test_a_probe_reports_the_status_that_failed_it(server: Server) -> None
         return 126, ""
 
     target = probes.ProbeTarget(HOST, {}, no_exec, keep_alive=True)
-    http = HttpProbe(keep_alive=True)
-    try:
-        assert await probes.check(probe, target, http) == (False, "HTTP probe failed with statuscode: 500")
-        server.status = 200
-        assert (await probes.check(probe, target, http))[0]
-    finally:
-        http.close()
+    assert await probes.check(probe, target, kept) == (False, "HTTP probe failed with statuscode: 500")
+    server.status = 200
+    assert (await probes.check(probe, target, kept))[0]
 
 
 async def test_a_cancellation_as_the_connection_attempt_fails_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
