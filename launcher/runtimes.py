@@ -315,7 +315,6 @@ class TransformersRuntime(KnownArgsRuntime):
     """The transformers fallback runtime (E4, E5): `python -m transformers_runtime` in the child."""
 
     name = "transformers"
-    probe_logprobs = False  # it refuses `logprobs`; the probe compares token IDs alone
     requires = ("transformers", "peft", "torch")
     install_hint = "install dualpods[launcher-cpu] or dualpods[launcher-gpu]"
     markers = (
