@@ -10,8 +10,9 @@ others up), what each process spent, and the API server's requests by verb; then
 (see `e2e/scale.py` for what is measured how). The last line reads
 `scale: R requesters on N nodes bound and told ready in X s (p50 A s, p99 B s); controller RSS W MiB, CPU C s`
 (the dual-pods controller's peak RSS and CPU seconds over the run). Exit status 1 when a wave timed out or
-left a requester unbound, bound twice, or a GPU shared. `--requesters 0` measures the populator and the
-cluster at rest alone (the simulation's own cost at that size).
+left a requester unbound, bound twice, or a GPU shared; 130 on Ctrl-C, after the teardown (further Ctrl-Cs
+are ignored until the cluster is down). `--requesters 0` measures the populator and the cluster at rest
+alone (the simulation's own cost at that size).
 
 Usage: .venv/bin/python bench/scale.py --nodes 250 --gpus-per-node 4 --requesters 1000 [--models 4]
        [--json results.json]
@@ -178,4 +179,8 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    try:
+        sys.exit(asyncio.run(main()))
+    except KeyboardInterrupt:
+        print("bench/scale.py: interrupted; the cluster was taken down", file=sys.stderr)
+        sys.exit(130)

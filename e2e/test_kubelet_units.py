@@ -1,7 +1,11 @@
-"""The loopback kubelet's pure parts, without a cluster: expansion, env, image map, GPUs, addresses."""
+"""The loopback kubelet's pure parts, without a cluster: expansion, env, image map, GPUs, addresses, Pod
+decoding."""
 
 import ipaddress
+import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from kubernetes_asyncio import client
@@ -12,6 +16,7 @@ from e2e.kubelet.env import ContainerConfigError, PodFields, expand, resolve_env
 from e2e.kubelet.gpus import GpuAllocator, InsufficientGpusError, gpu_uuid
 from e2e.kubelet.images import DEFAULT_IMAGE_MAP, REPO_ROOT, ImageEntry, ImageMap, ImageMapError, command_line
 from e2e.kubelet.supervisor import Backoff
+from e2e.kubelet.sync import PodDecoder
 from e2e.kubelet.volumes import Mount
 
 
@@ -168,3 +173,27 @@ async def test_a_volume_over_a_parent_of_another_volumes_source_hides_nothing(tm
     )  # fmt: skip
     assert await process.wait() == 0, log.read_text()
     assert log.read_text().strip() == "the source's own file"
+
+
+async def test_pod_events_decode_as_the_library_does_and_a_changed_spec_is_seen() -> None:
+    """Each event is a fresh parse of its line, as from the watch."""
+    api = client.ApiClient(client.Configuration())
+    try:
+        decoder = PodDecoder(api)
+        pod: dict[str, Any] = {
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7"},
+            "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "python", "args": ["a"]}]},
+            "status": {"phase": "Pending"},
+        }
+        library = api.deserialize(SimpleNamespace(data=json.dumps(pod)), "V1Pod")
+        assert decoder.decode(json.loads(json.dumps(pod))) == library
+        pod["status"] = {"phase": "Running"}
+        pod["metadata"]["resourceVersion"] = "8"
+        again = decoder.decode(json.loads(json.dumps(pod)))
+        assert again.status.phase == "Running"
+        assert again.metadata.resource_version == "8"
+        assert again.spec == library.spec
+        pod["spec"]["containers"][0]["image"] = "python:3.12"
+        assert decoder.decode(json.loads(json.dumps(pod))).spec.containers[0].image == "python:3.12"
+    finally:
+        await api.close()

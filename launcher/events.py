@@ -42,7 +42,10 @@ class Subscription:
         seconds (the caller sends a heartbeat and asks again: no event is lost), if it is not None."""
         if self._pending:
             return self._pending.popleft()
-        return await asyncio.wait_for(self._queue.get(), idle_timeout)
+        # asyncio.timeout, not wait_for: no task per wait (a launcher's heartbeats on every stream), and a
+        # stream cancelled as an event arrives stays cancelled (Python 3.11's wait_for can lose that).
+        async with asyncio.timeout(idle_timeout):
+            return await self._queue.get()
 
     def close(self) -> None:
         self._log.unsubscribe(self._queue)

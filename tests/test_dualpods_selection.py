@@ -4,6 +4,7 @@ Recency is the instance's launcher `revision` (lower = used longer ago), so "lea
 "lowest revision".
 """
 
+import collections
 from dataclasses import dataclass
 
 import pytest
@@ -15,6 +16,7 @@ from controller.instance_probe import instance_port
 
 WANTED = "Iwantedi"
 PORT = 8005
+REQUESTER = "2f0c5a8e-requester-uid"
 
 
 def inst(instance_id: str, port: int | str | None = PORT, revision: int = 1) -> InstanceState:
@@ -155,7 +157,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_choose(case: Case) -> None:
-    assert choose(case.candidates, WANTED, PORT, case.max_instances) == case.expected
+    assert choose(case.candidates, WANTED, PORT, case.max_instances, REQUESTER) == case.expected
 
 
 def test_plan_for_each_candidate_is_independent_of_the_others() -> None:
@@ -166,11 +168,26 @@ def test_plan_for_each_candidate_is_independent_of_the_others() -> None:
     )
 
 
-def test_ties_between_equal_plans_go_to_the_launcher_name() -> None:
-    """Deterministic: two workers (or two passes) looking at the same cache choose the same launcher."""
-    candidates = [launcher("b"), launcher("a")]
-    assert choose(candidates, WANTED, PORT, 2) == Plan("a", "P2", [])
-    assert choose(list(reversed(candidates)), WANTED, PORT, 2) == Plan("a", "P2", [])
+def test_ties_are_the_same_for_one_requester_and_spread_over_requesters() -> None:
+    """Deterministic: two workers (or two passes) looking at the same cache choose the same launcher for a
+    requester, whatever the order of the cache; requesters arriving together spread over equal launchers."""
+    candidates = [launcher(name) for name in "abcd"]
+    chosen = choose(candidates, WANTED, PORT, 2, REQUESTER)
+    assert chosen is not None
+    assert chosen.priority == "P2"
+    assert choose(list(reversed(candidates)), WANTED, PORT, 2, REQUESTER) == chosen
+    spread = collections.Counter(
+        plan.launcher for i in range(400) if (plan := choose(candidates, WANTED, PORT, 2, f"uid-{i}")) is not None
+    )
+    assert set(spread) == set("abcd")
+    assert max(spread.values()) < 2 * min(spread.values())
+
+
+def test_a_tie_never_beats_a_better_plan() -> None:
+    """Emptier launchers first, whatever the hash says."""
+    candidates = [launcher("a", inst("x", port=8006)), launcher("b")]
+    for i in range(50):
+        assert choose(candidates, WANTED, PORT, 3, f"uid-{i}") == Plan("b", "P2", [])
 
 
 @pytest.mark.parametrize(

@@ -53,8 +53,8 @@ async def bind(p: Pass) -> float | None:
     wanted = instance_id(isc, gpus, runtime)
     config = vllm_config(isc, gpus, runtime, reserve, lc.spec.verify_wakes)
     candidates, waiting = await _candidates(p, launcher_config_hash(template_hash, node), wanted)
-    plan = choose(candidates, wanted, isc.spec.model_server_config.port, lc.spec.max_instances)
     uid = pods.uid(requester)
+    plan = choose(candidates, wanted, isc.spec.model_server_config.port, lc.spec.max_instances, uid)
     if plan is None:
         if waiting:
             return None  # a launcher is starting; its readiness or watch brings us back

@@ -5,8 +5,14 @@ instance on the wanted port. P3: reclaim — delete every instance on the wanted
 recently used others until the launcher has room; the plan with the fewest victims wins, then the one
 whose victims were used longest ago. Recency is the instance's revision: the launcher bumps it on
 every change, so a lower revision was touched less recently, and that order survives restarts.
+
+Equally good launchers (the spares of a Node, all empty) are ranked by a hash of the requester and the
+launcher (rendezvous hashing): the same requester always gets the same one, so two passes over the same
+cache agree, while requesters that arrive together spread over them instead of all claiming the first
+name and losing the bind write to each other (409 conflicts, one retried pass each).
 """
 
+import hashlib
 from dataclasses import dataclass
 
 from api.launcher import InstanceState
@@ -47,8 +53,9 @@ def plan_for(candidate: Candidate, instance_id: str, port: int, max_instances: i
     )
 
 
-def choose(candidates: list[Candidate], instance_id: str, port: int, max_instances: int) -> Plan | None:
-    """The best plan over all candidates, or None when there is no candidate."""
+def choose(candidates: list[Candidate], instance_id: str, port: int, max_instances: int, requester: str) -> Plan | None:
+    """The best plan over all candidates for `requester` (its UID: ties are spread by it), or None when
+    there is no candidate."""
     plans = [plan_for(c, instance_id, port, max_instances) for c in candidates]
     if not plans:
         return None
@@ -59,6 +66,12 @@ def choose(candidates: list[Candidate], instance_id: str, port: int, max_instanc
             len(p.victims),
             p.oldest_victim_revision,
             len(next(c.running for c in candidates if c.name == p.launcher)),
+            tie_rank(requester, p.launcher),
             p.launcher,
         ),
     )
+
+
+def tie_rank(requester: str, launcher: str) -> bytes:
+    """The requester's own order of equally good launchers: stable, and different for each requester."""
+    return hashlib.blake2b(f"{requester}/{launcher}".encode(), digest_size=8).digest()

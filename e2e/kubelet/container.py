@@ -184,7 +184,8 @@ class ContainerProcess:
             start_new_session=True,
         )
         try:
-            output, _ = await asyncio.wait_for(process.communicate(), limit)
+            async with asyncio.timeout(limit):  # not wait_for, which can lose the cancellation of a probe loop
+                output, _ = await process.communicate()
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)

@@ -1,13 +1,16 @@
-"""startupProbe / readinessProbe / livenessProbe: httpGet, tcpSocket and exec, against the Pod's address."""
+"""startupProbe / readinessProbe / livenessProbe: httpGet, tcpSocket and exec, against the Pod's address.
+
+httpGet goes through `http_probe.py` (a lean HTTP/1.1 GET: one process probes every Pod of every Node).
+"""
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
-import aiohttp
 from kubernetes_asyncio import client
 
 from e2e.kubelet.addresses import require_loopback
+from e2e.kubelet.http_probe import HttpProbe, ProbeHttpError
 
 # Runs a command inside the container: (argv, timeout) -> (exit code, output).
 Exec = Callable[[list[str], float], Awaitable[tuple[int, str]]]
@@ -18,6 +21,8 @@ class ProbeTarget:
     pod_ip: str
     ports: dict[str, int]  # the container's named ports
     exec: Exec
+    # Keep an httpGet probe's connection for its next period (simulated containers, see http_probe.py).
+    keep_alive: bool = False
 
 
 def _host(given: str | None, target: ProbeTarget) -> str:
@@ -35,31 +40,28 @@ def _port(value: int | str, target: ProbeTarget) -> int:
     return target.ports[value]
 
 
-async def check(probe: client.V1Probe, target: ProbeTarget, session: aiohttp.ClientSession) -> tuple[bool, str]:
-    """One attempt; (success, why) where `why` explains a failure."""
+async def check(probe: client.V1Probe, target: ProbeTarget, http: HttpProbe) -> tuple[bool, str]:
+    """One attempt; (success, why) where `why` explains a failure. `http` makes its httpGet requests."""
     timeout = float(probe.timeout_seconds or 1)
     try:
         if probe.http_get is not None:
             get = probe.http_get
             scheme = (get.scheme or "HTTP").lower()
-            url = f"{scheme}://{_host(get.host, target)}:{_port(get.port, target)}{get.path or '/'}"
             headers = {h.name: h.value for h in get.http_headers or []}
-            async with session.get(
-                url, headers=headers, ssl=False, timeout=aiohttp.ClientTimeout(total=timeout), allow_redirects=False
-            ) as response:
-                ok = 200 <= response.status < 400
-                return ok, f"HTTP probe failed with statuscode: {response.status}"
+            status = await http.get(
+                scheme, _host(get.host, target), _port(get.port, target), get.path or "/", headers, timeout
+            )
+            return 200 <= status < 400, f"HTTP probe failed with statuscode: {status}"
         if probe.tcp_socket is not None:
             host = _host(probe.tcp_socket.host, target)
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(host, _port(probe.tcp_socket.port, target)), timeout
-            )
+            async with asyncio.timeout(timeout):  # not wait_for: see HttpProbe.get
+                _, writer = await asyncio.open_connection(host, _port(probe.tcp_socket.port, target))
             writer.close()
             return True, ""
         if probe._exec is not None:
             code, output = await target.exec(list(probe._exec.command or []), timeout)
             return code == 0, f"exec probe exited with {code}: {output.strip()[-200:]}"
-    except (OSError, TimeoutError, aiohttp.ClientError, ValueError) as error:
+    except (OSError, TimeoutError, ProbeHttpError, ValueError) as error:
         return False, f"probe failed: {error!r}"
     return False, "probe has no handler (httpGet, tcpSocket or exec)"
 
@@ -72,9 +74,10 @@ async def results(probe: client.V1Probe, target: ProbeTarget) -> AsyncIterator[t
     await asyncio.sleep(float(probe.initial_delay_seconds or 0))
     state: bool | None = None
     successes = failures = 0
-    async with aiohttp.ClientSession() as session:
+    http = HttpProbe(keep_alive=target.keep_alive)
+    try:
         while True:
-            ok, why = await check(probe, target, session)
+            ok, why = await check(probe, target, http)
             successes, failures = (successes + 1, 0) if ok else (0, failures + 1)
             if ok and successes >= success_threshold and state is not True:
                 state = True
@@ -83,3 +86,5 @@ async def results(probe: client.V1Probe, target: ProbeTarget) -> AsyncIterator[t
                 state = False
                 yield False, why
             await asyncio.sleep(period)
+    finally:
+        http.close()

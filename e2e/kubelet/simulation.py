@@ -4,9 +4,11 @@ A container whose image the configuration's `simulation.images` names (the reque
 launcher's, by default) runs in its role's simulation process (`e2e.simulation`) instead of as a process
 of its own; there it answers the real program's HTTP surfaces on its Pod's address. Everything else is
 the kubelet's, as for any container: environment, volumes, GPUs, probes, restarts, grace periods, status,
-Events. Exec probes cannot reach into a simulated container (they fail, saying so). A simulation process
-that dies takes its containers with it (they exit with 137, and restart as their restartPolicy says) and
-is started again.
+Events. Probes are real: HTTP to the container's own address with the Pod's period, timeout and thresholds,
+and a failure counts as for a process (a liveness failure restarts the container); only their connection is
+kept from one period to the next (`http_probe.py`). Exec probes cannot reach into a simulated container
+(they fail, saying so). A simulation process that dies takes its containers with it (they exit with 137,
+and restart as their restartPolicy says) and is started again.
 """
 
 import asyncio

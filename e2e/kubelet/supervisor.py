@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-import aiohttp
 from kubernetes_asyncio import client
 
 from e2e.kubelet import oci, probes
@@ -17,10 +16,12 @@ from e2e.kubelet.apierrors import API_ERRORS, describe
 from e2e.kubelet.container import ContainerProcess
 from e2e.kubelet.env import ContainerConfigError, PodFields, expand, resolve_env
 from e2e.kubelet.gpus import VISIBLE_DEVICES_ENV
+from e2e.kubelet.http_probe import HttpProbe
 from e2e.kubelet.images import REPO_ROOT, command_line
 from e2e.kubelet.logs import container_log
 from e2e.kubelet.runtime import NodeRuntime
 from e2e.kubelet.security import Security
+from e2e.kubelet.simulation import SimulatedContainer
 from e2e.kubelet.status import ContainerStatus, Terminated, now
 from e2e.kubelet.volumes import Mount, VolumeError, container_mounts
 from e2e.simulation.protocol import ContainerSpec
@@ -312,7 +313,8 @@ class ContainerSupervisor:
         async def run_in_container(argv: list[str], limit: float) -> tuple[int, str]:
             return await process.exec(argv, env=self._env, cwd=REPO_ROOT, limit=limit)
 
-        return probes.ProbeTarget(self._pod.pod_ip, ports, run_in_container)
+        simulated = isinstance(process, SimulatedContainer)
+        return probes.ProbeTarget(self._pod.pod_ip, ports, run_in_container, keep_alive=simulated)
 
     async def _probe(self, process: Container) -> None:
         """Startup probe first; then readiness (sets `ready`) and liveness (kills the container)."""
@@ -370,8 +372,7 @@ class ContainerSupervisor:
                 tcp_socket=hook.tcp_socket,
                 timeout_seconds=max(1, int(grace_seconds)),
             )
-            async with aiohttp.ClientSession() as session:
-                ok, why = await probes.check(handler, self._target(process), session)
+            ok, why = await probes.check(handler, self._target(process), HttpProbe(keep_alive=False))
             if not ok:
                 await self._record("Warning", "FailedPreStopHook", why)
         await process.stop(max(0.0, deadline - asyncio.get_running_loop().time()))

@@ -1,0 +1,207 @@
+"""The loopback kubelet's probe GET (`e2e/kubelet/http_probe.py`) against real HTTP servers on loopback:
+how it judges answers, reuses and drops connections, and honours its deadline."""
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from aiohttp import web
+from kubernetes_asyncio import client
+
+from e2e.kubelet import probes
+from e2e.kubelet.http_probe import HttpProbe, ProbeHttpError
+
+HOST = "127.0.0.1"
+
+
+class Server:
+    """An aiohttp server whose /ready answers `status` after `delay` seconds; `clients` holds the address
+    (host, port) of every connection a request came on."""
+
+    def __init__(self) -> None:
+        self.status = 200
+        self.delay = 0.0
+        self.clients: set[tuple[str, int]] = set()
+        self.port = 0
+        self.runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        async def ready(request: web.Request) -> web.Response:
+            self._seen(request)
+            await asyncio.sleep(self.delay)
+            return web.Response(status=self.status, text="ok")
+
+        async def chunked(request: web.Request) -> web.StreamResponse:
+            self._seen(request)
+            response = web.StreamResponse()
+            response.enable_chunked_encoding()
+            await response.prepare(request)
+            await response.write(b"streamed")
+            await response.write_eof()
+            return response
+
+        app = web.Application()
+        app.router.add_get("/ready", ready)
+        app.router.add_get("/chunked", chunked)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, HOST, self.port).start()
+        self.port = self.runner.addresses[0][1]
+
+    def _seen(self, request: web.Request) -> None:
+        assert request.transport is not None
+        self.clients.add(request.transport.get_extra_info("peername"))
+
+    @property
+    def connections(self) -> int:
+        return len(self.clients)
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    found = Server()
+    await found.start()
+    yield found
+    await found.stop()
+
+
+@pytest.fixture
+def kept() -> Iterator[HttpProbe]:
+    """A probe that keeps its connection (a simulated container's), closed afterwards."""
+    http = HttpProbe(keep_alive=True)
+    yield http
+    http.close()
+
+
+async def test_a_kept_connection_is_reused_and_answers_are_judged(server: Server, kept: HttpProbe) -> None:
+    assert await kept.get("http", HOST, server.port, "/ready", {}, 1.0) == 200
+    server.status = 503
+    assert await kept.get("http", HOST, server.port, "/ready", {}, 1.0) == 503
+    server.status = 302
+    assert await kept.get("http", HOST, server.port, "/ready", {}, 1.0) == 302
+    assert server.connections == 1
+
+
+async def test_without_keep_alive_each_probe_opens_a_connection(server: Server) -> None:
+    http = HttpProbe(keep_alive=False)
+    for _ in range(3):
+        assert await http.get("http", HOST, server.port, "/ready", {}, 1.0) == 200
+    assert server.connections == 3
+
+
+async def test_an_unframed_answer_is_judged_and_its_connection_dropped(server: Server, kept: HttpProbe) -> None:
+    assert await kept.get("http", HOST, server.port, "/chunked", {}, 1.0) == 200
+    assert await kept.get("http", HOST, server.port, "/chunked", {}, 1.0) == 200
+    assert server.connections == 2
+
+
+async def test_a_server_that_closed_the_kept_connection_gets_a_new_one(server: Server, kept: HttpProbe) -> None:
+    assert await kept.get("http", HOST, server.port, "/ready", {}, 1.0) == 200
+    await server.stop()  # closes every connection
+    await server.start()
+    await asyncio.sleep(0.05)
+    assert await kept.get("http", HOST, server.port, "/ready", {}, 1.0) == 200
+
+
+async def test_a_late_answer_fails_and_a_gone_server_fails(server: Server, kept: HttpProbe) -> None:
+    http = kept
+    server.delay = 1.0
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        await http.get("http", HOST, server.port, "/ready", {}, 0.3)
+    assert time.monotonic() - started < 0.9
+    port = server.port
+    await server.stop()
+    with pytest.raises(ConnectionRefusedError):
+        await http.get("http", HOST, port, "/ready", {}, 0.5)
+
+
+@pytest.fixture
+def raw_server() -> Iterator[tuple[int, threading.Event]]:
+    """A server in a thread of its own: answers each request 0.2 s after it arrives, then sets the event."""
+    listener = socket.create_server((HOST, 0))
+    answered = threading.Event()
+
+    def serve() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(4096)
+            time.sleep(0.2)
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            answered.set()
+            connection.recv(4096)  # until the client closes
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield listener.getsockname()[1], answered
+    listener.close()
+    thread.join(timeout=5)
+
+
+async def test_an_answer_waiting_at_the_deadline_counts(
+    raw_server: tuple[int, threading.Event], kept: HttpProbe
+) -> None:
+    """The prober is late (its loop blocked past the deadline) but the server answered in time (aiohttp's
+    client failed this probe)."""
+    port, answered = raw_server
+    loop = asyncio.get_running_loop()
+    # Block the event loop from just after the request is sent until well past the 0.5 s deadline.
+    loop.call_later(0.05, time.sleep, 1.0)
+    assert await kept.get("http", HOST, port, "/ready", {}, 0.5) == 200
+    assert answered.is_set()
+
+
+async def test_garbage_is_not_an_answer() -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(4096)
+        writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    listener = await asyncio.start_server(garbage, HOST, 0)
+    port = listener.sockets[0].getsockname()[1]
+    try:
+        with pytest.raises(ProbeHttpError):
+            await HttpProbe(keep_alive=False).get("http", HOST, port, "/", {}, 1.0)
+    finally:
+        listener.close()
+        await listener.wait_closed()
+
+
+async def test_a_probe_reports_the_status_that_failed_it(server: Server, kept: HttpProbe) -> None:
+    server.status = 500
+    probe = client.V1Probe(http_get=client.V1HTTPGetAction(path="/ready", port=server.port), timeout_seconds=1)
+
+    async def no_exec(argv: list[str], limit: float) -> tuple[int, str]:
+        return 126, ""
+
+    target = probes.ProbeTarget(HOST, {}, no_exec, keep_alive=True)
+    assert await probes.check(probe, target, kept) == (False, "HTTP probe failed with statuscode: 500")
+    server.status = 200
+    assert (await probes.check(probe, target, kept))[0]
+
+
+async def test_a_cancellation_as_the_connection_attempt_fails_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A probe loop is cancelled when its container exits; lost (Python 3.11's wait_for), it ran on forever
+    and held up the Pod's deletion."""
+    loop = asyncio.get_running_loop()
+    attempt: asyncio.Future[None] = loop.create_future()
+
+    async def connect(scheme: str, host: str, port: int) -> None:
+        await attempt
+
+    http = HttpProbe(keep_alive=True)
+    monkeypatch.setattr(http, "_connect", connect)
+    task = asyncio.create_task(http.get("http", HOST, 1, "/ready", {}, 5.0))
+    await asyncio.sleep(0)
+    attempt.set_exception(ConnectionRefusedError())
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
