@@ -25,11 +25,16 @@ vLLM has it, and vLLM's own behaviour is what runs.
 
 import os
 import pickle
+import select
+import signal
+import time
 import warnings
 from collections.abc import Callable
 from typing import TypeVar
 
 _T = TypeVar("_T")
+# vLLM's own inspection subprocess takes 6-20 s on a 2-core machine; a fork that takes longer is stuck.
+FORKED_INSPECTION_TIMEOUT_S = 60.0
 
 
 def register_kernel_overrides_once() -> None:
@@ -69,8 +74,9 @@ def keep_logging_in_forked_engines() -> None:
 
 
 def run_in_fork(fn: Callable[[], _T], fallback: Callable[[Callable[[], _T]], _T]) -> _T:
-    """`fn()`, computed in a forked child; `fallback(fn)` where this process has a CUDA context (a fork
-    could not use it) and vLLM's fresh subprocess is needed."""
+    """`fn()`, computed in a forked child; `fallback(fn)` (vLLM's fresh subprocess) where this process has
+    a CUDA context (a fork could not use it) or where the fork gives no answer within
+    FORKED_INSPECTION_TIMEOUT_S (it is killed)."""
     import torch
 
     if torch.cuda.is_initialized():
@@ -89,8 +95,11 @@ def run_in_fork(fn: Callable[[], _T], fallback: Callable[[Callable[[], _T]], _T]
         finally:
             os._exit(0)
     os.close(write_end)
-    with os.fdopen(read_end, "rb") as answer:
-        raw = answer.read()
+    raw = _read_all(read_end, FORKED_INSPECTION_TIMEOUT_S)
+    if raw is None:  # stuck, likely on a lock another thread held at the fork: vLLM's own way, then
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return fallback(fn)
     os.waitpid(pid, 0)
     if not raw:
         raise RuntimeError("the forked model inspection died without an answer")
@@ -99,3 +108,20 @@ def run_in_fork(fn: Callable[[], _T], fallback: Callable[[Callable[[], _T]], _T]
         raise RuntimeError(f"Error raised in the forked model inspection: {value}")
     result: _T = value
     return result
+
+
+def _read_all(fd: int, timeout_s: float) -> bytes | None:
+    """What the pipe `fd` gives until its end (then closed), or None if that takes over `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    chunks: list[bytes] = []
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)

@@ -5,10 +5,12 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+import psutil
 import pytest
 
 from launcher import vllm_startup
@@ -64,6 +66,13 @@ def test_a_forked_computation_that_fails_raises_its_error_here() -> None:
         vllm_startup.run_in_fork(lambda: 1 // 0, fallback=never)
     with pytest.raises(RuntimeError, match="died without an answer"):
         vllm_startup.run_in_fork(lambda: os._exit(3), fallback=never)
+
+
+def test_a_forked_computation_that_hangs_is_killed_and_done_vllms_way(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_startup, "FORKED_INSPECTION_TIMEOUT_S", 0.5)
+    children_before = {p.pid for p in psutil.Process().children()}
+    assert vllm_startup.run_in_fork(lambda: time.sleep(30), fallback=lambda fn: "spawned") == "spawned"
+    assert {p.pid for p in psutil.Process().children()} <= children_before  # killed and reaped
 
 
 def test_a_process_with_a_cuda_context_uses_vllms_subprocess(monkeypatch: pytest.MonkeyPatch) -> None:
