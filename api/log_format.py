@@ -9,10 +9,12 @@ people read in `kubectl logs`.
 
 import argparse
 import datetime
+import functools
 import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Final, TextIO
 
 LOG_FORMATS: Final = ("text", "json")
@@ -24,9 +26,17 @@ def _time(record: logging.LogRecord) -> str:
     return datetime.datetime.fromtimestamp(record.created, datetime.UTC).isoformat(timespec="milliseconds")
 
 
+@functools.cache
+def _every_records(factory: Callable[..., logging.LogRecord]) -> frozenset[str]:
+    """The attributes every record has: LogRecord's, and those the process's record factory adds to each
+    (vLLM's adds `vllm_process_name` once imported, as in the launcher), which are no record's own."""
+    return frozenset(vars(factory("", 0, "", 0, "", (), None))) | _STANDARD
+
+
 def fields_of(record: logging.LogRecord) -> dict[str, object]:
     """The record's own fields: the component's (set by `configure`) and those passed with `extra=`."""
-    return {key: value for key, value in vars(record).items() if key not in _STANDARD}
+    every = _every_records(logging.getLogRecordFactory())
+    return {key: value for key, value in vars(record).items() if key not in every}
 
 
 class JsonFormatter(logging.Formatter):

@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -43,8 +44,28 @@ def test_json_lines_carry_the_components_fields_and_extras(captured: io.StringIO
 def test_text_lines_carry_the_same_fields(captured: io.StringIO) -> None:
     log_format.configure("controller", "info", "text", stream=captured)
     logging.getLogger("controller.dualpods").warning("bound %s", "r", extra={"requester": "r", "instance": "i"})
-    (line,) = captured.getvalue().splitlines()
+    # Only this logger's line: the root handler also takes what other threads of the session log meanwhile.
+    (line,) = [line for line in captured.getvalue().splitlines() if " controller.dualpods: " in line]
     assert line.split(" ", 1)[1] == "WARNING controller controller.dualpods: bound r requester=r instance=i"
+
+
+def test_what_a_record_factory_adds_to_every_record_is_no_field(captured: io.StringIO) -> None:
+    """vLLM, once imported (as in the launcher), adds `vllm_process_name` to every record through its factory."""
+    plain = logging.getLogRecordFactory()
+
+    def stamping(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = plain(*args, **kwargs)
+        record.stamp = "MainProcess"
+        return record
+
+    logging.setLogRecordFactory(stamping)
+    try:
+        log_format.configure("launcher", "info", "text", stream=captured)
+        logging.getLogger("launcher.instances").info("ready", extra={"instance": "i"})
+    finally:
+        logging.setLogRecordFactory(plain)
+    (line,) = [line for line in captured.getvalue().splitlines() if " launcher.instances: " in line]
+    assert line.split(" ", 1)[1] == "INFO launcher launcher.instances: ready instance=i"
 
 
 def test_every_component_takes_the_flag() -> None:
