@@ -55,7 +55,7 @@ READY_TIMEOUT_S = 300.0  # the launcher's start waits this long for its zygotes 
 REPARENT_TIMEOUT_S = 10.0  # for a new instance to become the launcher's child
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 RESTART_BACKOFF_S = (0.0, 1.0, 2.0, 5.0, 10.0, 30.0)  # by deaths in a row before ready
-TITLE_PREFIX = "dualpods-zygote"  # its process title, then the runtime's name
+TITLE_PREFIX = "dualpods-zygote"  # its process title, then the runtime's name (an instance's: dualpods-instance ID)
 VIA_ZYGOTE, VIA_LAUNCHER = "zygote", "launcher"
 
 
@@ -221,15 +221,10 @@ class Zygotes:
             zygote.stop()
 
 
-def process_title(runtime_name: str) -> str:
-    """What `ps` shows for a runtime's zygote (an instance has its own, `dualpods-instance <id>`)."""
-    return f"{TITLE_PREFIX} {runtime_name}"
-
-
 def _zygote_main(runtime: Runtime, control: socket.socket, launcher_pid: int) -> None:
     """The zygote's life: prepare once, then fork an instance per request until the launcher closes its end."""
     os.setsid()  # out of the launcher's process group: a signal meant for the launcher's group is not its
-    setproctitle.setproctitle(process_title(runtime.name))
+    setproctitle.setproctitle(f"{TITLE_PREFIX} {runtime.name}")
     process_control.die_with_parent(in_forks=False)
     process_control.close_inherited_descriptors(keep=frozenset({control.fileno()}))
     started = time.monotonic()
