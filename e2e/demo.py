@@ -23,7 +23,7 @@ from e2e.cluster.cluster import LoopbackCluster
 from e2e.dualpods_env import PROCESSES, DualPodsEnv, Images, built_images
 from e2e.kubelet import oci
 from e2e.tiny_model import ensure_tiny_model
-from e2e.waiting import wait_for
+from e2e.waiting import wait_for, wait_service_account
 
 MODELS = {"model-a": (1, 8005), "model-b": (2, 8006)}
 PROMPT = "Say hello"
@@ -60,11 +60,7 @@ async def fresh_namespace(cluster: LoopbackCluster, api: client.ApiClient, name:
         return True
 
     await wait_for(created, what=f"namespace {name} created", within=180, interval=1)
-
-    async def token() -> bool:
-        return bool((await core.read_namespaced_service_account("default", name)).secrets)
-
-    await wait_for(token, what="the default ServiceAccount", within=60)
+    await wait_service_account(core, name)
 
 
 async def chat(env: DualPodsEnv, replica_set: str, port: int) -> str:

@@ -26,7 +26,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from e2e.cluster.cluster import LoopbackCluster, default_nodes
 from e2e.crds import install_crds
 from e2e.dualpods_env import DualPodsEnv, installed
-from e2e.waiting import wait_for
+from e2e.waiting import wait_service_account
 
 
 @pytest.fixture(scope="session")
@@ -54,17 +54,12 @@ async def api(cluster: LoopbackCluster) -> AsyncIterator[client.ApiClient]:
 
 @asynccontextmanager
 async def fresh_namespace(api: client.ApiClient, label: str) -> AsyncIterator[str]:
-    """A new namespace named after `label` whose default ServiceAccount token exists; deleted afterwards."""
+    """A new namespace named after `label` whose default ServiceAccount exists; deleted afterwards."""
     slug = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")[:40].strip("-")
     name = f"{slug}-{uuid.uuid4().hex[:5]}"
     core = client.CoreV1Api(api)
     await core.create_namespace({"metadata": {"name": name}})
-
-    async def default_account_has_token() -> bool:
-        account = await core.read_namespaced_service_account("default", name)
-        return bool(account.secrets)
-
-    await wait_for(default_account_has_token, what=f"the default ServiceAccount token in {name}")
+    await wait_service_account(core, name)
     try:
         yield name
     finally:
@@ -77,7 +72,7 @@ async def fresh_namespace(api: client.ApiClient, label: str) -> AsyncIterator[st
 
 @pytest.fixture
 async def namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    """Named after the test; Pods can be created in it at once (its ServiceAccount token exists)."""
+    """Named after the test; Pods can be created in it at once (its default ServiceAccount exists)."""
     async with fresh_namespace(api, request.node.name) as name:
         yield name
 

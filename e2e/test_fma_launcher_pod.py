@@ -21,7 +21,7 @@ from kubernetes_asyncio import client
 from api.keys import INFERENCE_SERVER_CONTAINER
 from e2e.cluster.cluster import LoopbackCluster, pod_is_ready
 from e2e.cluster.ports import free_port
-from e2e.waiting import wait_for
+from e2e.waiting import wait_for, wait_service_account
 
 IMAGE = "dualpods/launcher:latest"
 ACCOUNT = "testlauncher"
@@ -111,11 +111,7 @@ async def notifier_account(api: client.ApiClient, namespace: str) -> None:
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ACCOUNT},
         "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": namespace}],
     })  # fmt: skip
-
-    async def has_token() -> bool:
-        return bool((await core.read_namespaced_service_account(ACCOUNT, namespace)).secrets)
-
-    await wait_for(has_token, what=f"a token for {ACCOUNT}")
+    await wait_service_account(core, namespace, ACCOUNT)
 
 
 def fma_signature(pairs: list[tuple[str, str]]) -> str:

@@ -1,7 +1,6 @@
 """The loopback cluster end to end: real API server, scheduler and controller-manager, our kubelet."""
 
 import asyncio
-import functools
 import ipaddress
 import json
 import time
@@ -16,7 +15,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from api.keys import GPU_MAP_CONFIGMAP
 from e2e.cluster.cluster import LoopbackCluster, node_is_ready
-from e2e.waiting import wait_for
+from e2e.waiting import wait_for, wait_service_account
 
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
 HTTP_PORT = 8080
@@ -378,12 +377,9 @@ async def test_in_cluster_config_uses_the_pods_service_account(
         },
     )
 
-    async def has_token(account: str) -> bool:
-        return bool((await core.read_namespaced_service_account(account, namespace)).secrets)
-
     env = [{"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}]
     for account in ("reader", "nobody"):
-        await wait_for(functools.partial(has_token, account), what=f"a token for {account}")
+        await wait_service_account(core, namespace, account)
         container = {"name": "whoami", "image": "dualpods/test-whoami", "env": env}
         manifest = pod_manifest(f"as-{account}", container, serviceAccountName=account, restartPolicy="Never")
         await core.create_namespaced_pod(namespace, manifest)

@@ -47,3 +47,13 @@ async def wait_for(
                 + (f", last error {last_error!r}" if last_error else "")
             )
         await asyncio.sleep(interval)
+
+
+async def wait_service_account(core: Any, namespace: str, name: str = "default", within: float = 60.0) -> None:
+    """Until ServiceAccount `name` exists, so Pods that run as it are admitted (since Kubernetes 1.24 a Pod's token
+    comes from the TokenRequest API when it starts; there is no token Secret to wait for)."""
+
+    async def exists() -> bool:
+        return bool(await core.read_namespaced_service_account(name, namespace))
+
+    await wait_for(exists, what=f"the ServiceAccount {namespace}/{name}", within=within)

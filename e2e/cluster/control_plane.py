@@ -198,7 +198,6 @@ class ControlPlane:
                 f"--bind-address={LOOPBACK}",
                 f"--advertise-address={LOOPBACK}",
                 f"--secure-port={p.apiserver}",
-                "--insecure-port=0",
                 f"--tls-cert-file={serving.cert}",
                 f"--tls-private-key-file={serving.key}",
                 f"--client-ca-file={self.ca_cert}",
@@ -224,7 +223,7 @@ class ControlPlane:
             "kube-apiserver", f"{self.url}/readyz", apiserver, apiserver_log, ssl_context=admin_tls, limit=90
         )
 
-        common = [f"--bind-address={LOOPBACK}", "--port=0", "--leader-elect=false", "--profiling=false", "--v=1"]
+        common = [f"--bind-address={LOOPBACK}", "--leader-elect=false", "--profiling=false", "--v=1"]
         kcm, kcm_log = self._spawn(
             "kube-controller-manager",
             [
@@ -276,7 +275,8 @@ class ControlPlane:
     async def _wait_default_service_account(
         self, kcm: "subprocess.Popen[bytes]", kcm_log: Path, limit: float = 60.0
     ) -> float:
-        """Pods are refused until the namespace's `default` ServiceAccount has its token Secret."""
+        """Pods are refused until the namespace's `default` ServiceAccount exists (its token comes from the
+        TokenRequest API when a Pod starts; there are no token Secrets since Kubernetes 1.24)."""
         start = time.monotonic()
         api = await config.new_client_from_config(config_file=str(self.kubeconfig))
         try:
@@ -285,9 +285,9 @@ class ControlPlane:
                 if kcm.poll() is not None:
                     raise StartupError(f"kube-controller-manager exited; log {kcm_log}")
                 accounts = await core.list_namespaced_service_account("default")
-                if any(a.metadata.name == "default" and a.secrets for a in accounts.items):
+                if any(a.metadata.name == "default" for a in accounts.items):
                     return time.monotonic() - start
                 await asyncio.sleep(0.2)
         finally:
             await api.close()
-        raise StartupError(f"the default ServiceAccount has no token after {limit:.0f} s; log {kcm_log}")
+        raise StartupError(f"no default ServiceAccount after {limit:.0f} s; log {kcm_log}")

@@ -28,6 +28,7 @@ class NodeAgent:
         images: ImageMap,
         addresses: AddressBlock,
         oci_owner: str | None,
+        kubelet_version: str,
         simulations: Simulations | None = None,
     ) -> None:
         core = client.CoreV1Api(api)
@@ -45,7 +46,7 @@ class NodeAgent:
             simulations=simulations,
         )
         self.registration = NodeRegistration(
-            api, node, self.runtime.host_ip, config.lease_renew_seconds, config.node_status_seconds
+            api, node, self.runtime.host_ip, kubelet_version, config.lease_renew_seconds, config.node_status_seconds
         )
         self._sync = PodSync(self.runtime)
         self._tasks: list[asyncio.Task[None]] = []

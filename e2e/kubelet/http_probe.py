@@ -130,7 +130,7 @@ class HttpProbe:
             async with asyncio.timeout_at(deadline):
                 connection = await self._connect(scheme, host, port)
         assert connection.transport is not None
-        fields = {"Host": f"{host}:{port}", "User-Agent": "kube-probe/1.20", "Accept": "*/*", **headers}
+        fields = {"Host": f"{host}:{port}", "User-Agent": "kube-probe/1.35", "Accept": "*/*", **headers}
         if not self._keep_alive:
             fields["Connection"] = "close"
         request = f"GET {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items()) + "\r\n"

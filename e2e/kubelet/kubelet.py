@@ -52,6 +52,7 @@ class Kubelet:
         self._starting: set[str] = set()  # Nodes registering now
         self._lock = asyncio.Lock()  # one Node lost at a time
         self._api: client.ApiClient | None = None
+        self._version = ""  # the API server's: this kubelet is of the control plane's release
         # Pods whose image is in local container storage run from it (oci.py), where podman is installed.
         self.oci_owner = oci.owner_id(settings.state_dir) if oci.podman_available() else None
         simulation = settings.simulation
@@ -84,7 +85,14 @@ class Kubelet:
                     self._carver.carve() if self._carver else AddressBlock.claim(self.settings.address_lock_dir)
                 )
             agent = NodeAgent(
-                self.api, self.settings, node, self.images, self._blocks[node.name], self.oci_owner, self.simulations
+                self.api,
+                self.settings,
+                node,
+                self.images,
+                self._blocks[node.name],
+                self.oci_owner,
+                self._version,
+                self.simulations,
             )
             await agent.start()
             self._agents[node.name] = agent
@@ -137,6 +145,7 @@ class Kubelet:
         await config.load_kube_config(config_file=str(self.settings.kubeconfig), client_configuration=configuration)
         configuration.connection_pool_maxsize = 0  # aiohttp: no limit
         self._api = KubeletApiClient(configuration)
+        self._version = (await client.VersionApi(self._api).get_code()).git_version
         runner = web.AppRunner(control_app(self))
         watchdog = None
         if self.oci_owner is not None:

@@ -19,7 +19,6 @@ log = logging.getLogger(__name__)
 LEASE_NAMESPACE = "kube-node-lease"
 GPU_PRESENT_LABEL = "nvidia.com/gpu.present"
 _LEASE_SECONDS = 40
-KUBELET_VERSION = "v1.20.2"
 
 
 def _micro(when: datetime.datetime) -> str:
@@ -57,7 +56,8 @@ def _conditions(stamp: str) -> list[dict[str, str]]:
     ]
 
 
-def node_status(config: NodeConfig, host_ip: str) -> dict[str, Any]:
+def node_status(config: NodeConfig, host_ip: str, kubelet_version: str) -> dict[str, Any]:
+    """What a kubelet of `kubelet_version` (the control plane's own: a node never runs ahead of it) posts."""
     resources = {
         "cpu": config.cpu,
         "memory": config.memory,
@@ -78,11 +78,14 @@ def node_status(config: NodeConfig, host_ip: str) -> dict[str, Any]:
             "kernelVersion": platform.release(),
             "osImage": "dualpods loopback node",
             "containerRuntimeVersion": "loopback://0.1.0",
-            "kubeletVersion": KUBELET_VERSION,
-            "kubeProxyVersion": KUBELET_VERSION,
+            "kubeletVersion": kubelet_version,
             "operatingSystem": "linux",
             "architecture": "amd64",
         },
+        # What the runtime can do (1.30+): read-only mounts are read-only all the way down (`mount -o
+        # bind,ro` in a private namespace), and there are no user namespaces.
+        "runtimeHandlers": [{"name": "", "features": {"recursiveReadOnlyMounts": True, "userNamespaces": False}}],
+        "features": {"supplementalGroupsPolicy": True},
     }
 
 
@@ -90,23 +93,31 @@ class NodeRegistration:
     """The Node object and its Lease; the node lifecycle controller reads both to keep the Node Ready."""
 
     def __init__(
-        self, api: client.ApiClient, config: NodeConfig, host_ip: str, lease_renew_seconds: float, status_seconds: float
+        self,
+        api: client.ApiClient,
+        config: NodeConfig,
+        host_ip: str,
+        kubelet_version: str,
+        lease_renew_seconds: float,
+        status_seconds: float,
     ) -> None:
         self._core = client.CoreV1Api(api)
         self._leases = client.CoordinationV1Api(api)
         self.config = config
         self.host_ip = host_ip
+        self.kubelet_version = kubelet_version
         self._renew = lease_renew_seconds
         self._status_every = status_seconds
 
     async def register(self) -> None:
         """Create the Node (status included, as kubelets do), or take over an existing one of that name."""
         name = self.config.name
+        status = node_status(self.config, self.host_ip, self.kubelet_version)
         body = {
             "apiVersion": "v1",
             "kind": "Node",
             "metadata": {"name": name, "labels": node_labels(self.config)},
-            "status": node_status(self.config, self.host_ip),
+            "status": status,
         }
         try:
             await self._core.create_node(body)
@@ -114,7 +125,7 @@ class NodeRegistration:
             if error.status != 409:
                 raise
             await self._core.patch_node(name, {"metadata": {"labels": node_labels(self.config)}})
-            await self._core.patch_node_status(name, {"status": node_status(self.config, self.host_ip)})
+            await self._core.patch_node_status(name, {"status": status})
         log.info("registered node %s at %s with %d GPUs", name, self.host_ip, self.config.gpus)
 
     async def heartbeat(self) -> None:

@@ -175,6 +175,8 @@ class PodWorker:
         self.state.containers = [s.status for s in main]
         self._notify()
         env.volumes = await self._volumes()
+        self.state.sandbox_ready = True
+        self._notify()
         for supervisor in init:
             await supervisor.run()
             result = supervisor.status.terminated
@@ -194,7 +196,9 @@ class PodWorker:
         while True:
             try:
                 fields = PodFields(self.pod, self._env.pod_ip, self._runtime.host_ip)
-                return await materialize(self.pod, self._pod_dir, fields, self._runtime.fetch)
+                return await materialize(
+                    self.pod, self._pod_dir, fields, self._runtime.fetch, self._runtime.service_account_token
+                )
             except _RETRIED as error:
                 message = describe(error) if isinstance(error, API_ERRORS) else str(error)
                 await self._runtime.events.record(self.pod, "Warning", "FailedMount", message)

@@ -62,3 +62,18 @@ class NodeRuntime:
             raise
         binary = {k: base64.b64decode(v).decode(errors="replace") for k, v in (config_map.binary_data or {}).items()}
         return {**binary, **(config_map.data or {})}
+
+    async def service_account_token(self, pod: client.V1Pod, audience: str | None, expiration_seconds: int) -> str:
+        """A token of the Pod's ServiceAccount bound to the Pod (the TokenRequest API, as a kubelet asks)."""
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(
+                audiences=[audience] if audience else [],
+                expiration_seconds=expiration_seconds,
+                bound_object_ref=client.V1BoundObjectReference(
+                    api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid
+                ),
+            )
+        )
+        account = pod.spec.service_account_name or "default"
+        granted = await self.core.create_namespaced_service_account_token(account, pod.metadata.namespace, request)
+        return str(granted.status.token)

@@ -84,6 +84,7 @@ class PodState:
     start_time: datetime.datetime | None = None
     init: list[ContainerStatus] = field(default_factory=list)
     containers: list[ContainerStatus] = field(default_factory=list)
+    sandbox_ready: bool = False  # address and volumes in place: containers can start (PodReadyToStartContainers)
     initialized: bool = False
     failed_reason: str | None = None  # admission or init failure: the Pod is Failed
     failed_message: str | None = None
@@ -104,7 +105,7 @@ def phase(state: PodState) -> str:
     return "Pending"
 
 
-def _condition(state: PodState, kind: str, ok: bool, reason: str) -> dict[str, Any]:
+def _condition(state: PodState, generation: int | None, kind: str, ok: bool, reason: str) -> dict[str, Any]:
     value = "True" if ok else "False"
     previous = state.transitions.get(kind)
     if previous is None or previous[0] != value:
@@ -113,28 +114,34 @@ def _condition(state: PodState, kind: str, ok: bool, reason: str) -> dict[str, A
     return {
         "type": kind,
         "status": value,
+        "observedGeneration": generation,
         "lastTransitionTime": timestamp(state.transitions[kind][1]),
         "reason": None if ok else reason,
     }
 
 
 def pod_status(pod: client.V1Pod, state: PodState) -> dict[str, Any]:
-    """The `pods/status` strategic-merge patch; conditions owned by others (PodScheduled, gates) are kept."""
+    """The `pods/status` strategic-merge patch, as a 1.35 kubelet writes it (PodReadyToStartContainers, the
+    observed generation); conditions owned by others (PodScheduled, gates) are kept."""
     containers_ready = state.initialized and all(c.ready for c in state.containers)
     gates = [g.condition_type for g in pod.spec.readiness_gates or []]
     others = {c.type: c.status for c in (pod.status.conditions if pod.status else None) or []}
     gates_ok = all(others.get(g) == "True" for g in gates)
+    generation = pod.metadata.generation
     conditions = [
-        _condition(state, "Initialized", state.initialized, "ContainersNotInitialized"),
-        _condition(state, "ContainersReady", containers_ready, "ContainersNotReady"),
+        _condition(state, generation, "PodReadyToStartContainers", state.sandbox_ready, "SandboxNotReady"),
+        _condition(state, generation, "Initialized", state.initialized, "ContainersNotInitialized"),
+        _condition(state, generation, "ContainersReady", containers_ready, "ContainersNotReady"),
         _condition(
             state,
+            generation,
             "Ready",
             containers_ready and gates_ok,
             "ContainersNotReady" if not containers_ready else "ReadinessGatesNotReady",
         ),
     ]
     status: dict[str, Any] = {
+        "observedGeneration": generation,
         "phase": phase(state),
         "conditions": conditions,
         "containerStatuses": [c.to_api() for c in state.containers],

