@@ -60,8 +60,8 @@ control-plane:
 
 # The components' images, from the project's wheel (docs/install.md); installs buildah, podman, runc and
 # mmdebstrap with apt-get when they are missing. Images whose inputs did not change are not rebuilt.
-images:
-	$(PYTHON3) -m scripts.images build
+images: venv
+	$(PY) -m scripts.images build
 
 cluster-up: venv tools control-plane
 	$(PY) -m e2e.cluster up --state-dir $(CLUSTER_STATE)

@@ -13,6 +13,7 @@ from typing import Annotated, Any, ClassVar, Final, Literal, Self
 
 from pydantic import Field, field_validator, model_validator
 
+from api import keys
 from api.kubemodel import Int32, Int64, KubeModel, kubernetes_definition
 from api.quantity import NonNegativeQuantity
 from api.selectors import EnhancedNodeSelector
@@ -140,6 +141,49 @@ class CustomResource(KubeModel):
         return {"apiVersion": API_VERSION, "kind": self.RESOURCE.kind, **super().to_k8s()}
 
 
+# --- validation rules the API server runs (CEL, x-kubernetes-validations) ----------------------------------------
+# Kubernetes' CEL `format` library (1.31+) checks names exactly as apimachinery does; an object stored before a rule
+# existed stays updatable as long as the field the rule is on does not change (validation ratcheting, 1.30+).
+
+
+def _rule(rule: str, message: str, **extra: str) -> dict[str, str]:
+    return {"rule": rule, "message": message, **extra}
+
+
+def _metadata_key_rules(kind: str) -> list[dict[str, str]]:
+    """What the dual-pods controller would refuse at binding time in a map of routing `kind`s."""
+    reserved = " || ".join(f"k.startsWith('{prefix}')" for prefix in keys.RESERVED_METADATA_PREFIXES)
+    prefixes = ", ".join(keys.RESERVED_METADATA_PREFIXES)
+    return [
+        _rule(
+            "self.all(k, !format.qualifiedName().validate(k).hasValue())",
+            f"every {kind} key must be a qualified name ([DNS subdomain prefix/]name of at most 63 alphanumerics, "
+            "'-', '_' or '.', starting and ending with an alphanumeric)",
+        ),
+        _rule(
+            f"!self.exists(k, {reserved})",
+            f"{kind} keys must not use the reserved prefixes {prefixes}",
+            messageExpression=f"'{kind} key ' + self.filter(k, {reserved})[0] + ' uses a reserved prefix ({prefixes})'",
+        ),
+    ]
+
+
+_LABEL_VALUE_RULE: Final = _rule(
+    "self.all(k, !format.labelValue().validate(self[k]).hasValue())",
+    "every label value must be a valid label value (at most 63 alphanumerics, '-', '_' or '.', starting and ending "
+    "with an alphanumeric, or empty)",
+)
+_LAUNCHER_CONTAINER_RULE: Final = _rule(
+    f"has(self.spec.containers) && self.spec.containers.exists(c, c.name == '{keys.INFERENCE_SERVER_CONTAINER}')",
+    f"podTemplate.spec must have a container named {keys.INFERENCE_SERVER_CONTAINER} (it runs the launcher)",
+    fieldPath=".spec.containers",
+    reason="FieldValueRequired",
+)
+VALIDATIONS: Final = "x-kubernetes-validations"
+# Routing labels and annotations per InferenceServerConfig: a bound on what the rules above cost the API server.
+MAX_ROUTING_KEYS: Final = 64
+
+
 # --- InferenceServerConfig -------------------------------------------------------------------------
 
 
@@ -153,11 +197,19 @@ class ModelServerConfig(KubeModel):
     """Options are the vLLM startup options, excluding Port."""
     env_vars: dict[str, str] = Field(default_factory=dict, alias="env_vars")
     """EnvVars are the environment variables for the vLLM instance."""
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict,
+        max_length=MAX_ROUTING_KEYS,
+        json_schema_extra={VALIDATIONS: [*_metadata_key_rules("label"), _LABEL_VALUE_RULE]},
+    )
     """Labels are applied to the server-providing Pod while bound. Keys must be valid Kubernetes label keys
     and must not use reserved prefixes (dual-pods.llm-d.ai/, kubernetes.io/, k8s.io/). Values must be
     valid Kubernetes label values."""
-    annotations: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=MAX_ROUTING_KEYS,
+        json_schema_extra={VALIDATIONS: _metadata_key_rules("annotation")},
+    )
     """Annotations are applied to the server-providing Pod while bound. Keys must be valid Kubernetes
     annotation keys and must not use reserved prefixes (dual-pods.llm-d.ai/, kubernetes.io/, k8s.io/)."""
 
@@ -217,7 +269,7 @@ class PodTemplateMetadata(KubeModel):
     """Annotations for storing arbitrary non-identifying metadata."""
 
 
-class PodTemplate(KubeModel):
+class PodTemplate(KubeModel, json_schema_extra={VALIDATIONS: [_LAUNCHER_CONTAINER_RULE]}):
     """A Pod template whose metadata fields are declared explicitly so that the CRD schema keeps them."""
 
     metadata: PodTemplateMetadata = Field(default_factory=PodTemplateMetadata)

@@ -3,6 +3,9 @@
 from typing import Final
 
 PREFIX: Final = "dual-pods.llm-d.ai/"
+# FMA's rule for an InferenceServerConfig's routing labels and annotations: only these exact prefixes are reserved,
+# so `app.kubernetes.io/name` or `node.k8s.io/x` may route.
+RESERVED_METADATA_PREFIXES: Final = (PREFIX, "kubernetes.io/", "k8s.io/")
 
 # Set by users on a server-requesting Pod.
 SERVER_PATCH_ANNOTATION: Final = PREFIX + "server-patch"

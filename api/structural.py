@@ -13,7 +13,7 @@ from typing import Any, Final
 from api.kubemodel import KUBERNETES_DEFINITION
 from api.quantity import QUANTITY_SCHEMA
 
-# Keys apiextensions.k8s.io/v1 (as of Kubernetes 1.20) accepts and that we pass through unchanged.
+# Keys apiextensions.k8s.io/v1 accepts and that we pass through unchanged.
 KEPT_KEYS: Final = frozenset(
     {
         "description",
@@ -37,6 +37,7 @@ KEPT_KEYS: Final = frozenset(
         "x-kubernetes-list-type",
         "x-kubernetes-list-map-keys",
         "x-kubernetes-map-type",
+        "x-kubernetes-validations",
     }
 )
 # Keys dropped on purpose: titles are pydantic's; defaults would be applied by the apiserver to stored

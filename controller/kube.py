@@ -2,16 +2,23 @@
 client-side rate limit (QPS and burst, `--kube-api-qps`/`--kube-api-burst`), every request counted, and
 each one's time charged to the reconcile pass that makes it (controller.passclock).
 
+The API server answers some writes with Warning headers (a deprecated field, an unknown field under
+server-side field validation, a policy in Warn mode): each is counted, and each distinct one logged once, as
+client-go does, so what the server says about our objects is not lost.
+
 kubernetes-asyncio has no rate limit of its own: without one, a wave of work (a thousand requesters
 scheduled at once) would reach the API server as fast as the workers can send it.
 """
 
 import functools
 import json
+import logging
+import re
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -22,12 +29,18 @@ from controller.informer import ListWatchFunction
 from controller.passclock import waiting
 from controller.ratelimit import TokenBucket
 
+log = logging.getLogger(__name__)
+
 # client-go's own defaults (5 requests/s, burst 10) suit a controller of a few objects; these carry 1,000
 # requesters on 250 nodes in a minute (docs/benchmarks.md: about 11 requests per requester bound).
 DEFAULT_QPS = 200.0
 DEFAULT_BURST = 400
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+# RFC 7234's warn-code, warn-agent and quoted warn-text, as the API server writes them: `299 - "text"`.
+WARNING = re.compile(r'^\d{3} \S+ "((?:[^"\\]|\\.)*)"')
+# Distinct warnings logged per process; later new ones are counted but not logged.
+LOGGED_WARNINGS_MAX = 1000
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,13 @@ class ApiMetrics:
             buckets=LATENCY_BUCKETS,
             registry=registry,
         )
+        self.warnings = Counter(
+            "dualpods_kube_api_warnings",
+            "Warnings the API server sent with its answers (Warning headers), by HTTP method; each distinct text is "
+            "logged once.",
+            ["method"],
+            registry=registry,
+        )
         self.throttled = Histogram(
             "dualpods_kube_api_rate_limit_wait_seconds",
             "How long each request waited for the client-side rate limit (--kube-api-qps, --kube-api-burst).",
@@ -72,10 +92,12 @@ class LimitedApiClient(client.ApiClient):  # type: ignore[misc]
         self._bucket = TokenBucket(limits.qps, limits.burst)
         self._metrics = metrics
 
-    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Awaitable[Any]:
-        return self._send(method, super().request(method, url, *args, **kwargs))
+        self._logged_warnings: set[str] = set()
 
-    async def _send(self, method: str, sending: Awaitable[Any]) -> Any:
+    def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        return self._send(method, url, super().request(method, url, *args, **kwargs))
+
+    async def _send(self, method: str, url: str, sending: Awaitable[Any]) -> Any:
         with waiting():
             waited = await self._bucket.acquire()
             sent = time.monotonic()
@@ -83,15 +105,28 @@ class LimitedApiClient(client.ApiClient):  # type: ignore[misc]
             try:
                 response = await sending
                 code = int(getattr(response, "status", 0) or 0)
+                # A watch answers with aiohttp's own response, any other call with kubernetes-asyncio's wrapper.
+                self._warned(method, url, getattr(response, "aiohttp_response", response).headers)
                 return response
             except ApiException as err:
                 code = int(err.status or 0)
+                self._warned(method, url, err.headers)
                 raise
             finally:
                 if self._metrics is not None:
                     self._metrics.throttled.observe(waited)
                     self._metrics.latency.labels(method).observe(time.monotonic() - sent)
                     self._metrics.requests.labels(method, str(code)).inc()
+
+    def _warned(self, method: str, url: str, headers: Any) -> None:
+        for header in headers.getall("Warning", []) if headers else []:
+            matched = WARNING.match(header)
+            text = matched.group(1).replace('\\"', '"') if matched else header
+            if self._metrics is not None:
+                self._metrics.warnings.labels(method).inc()
+            if text not in self._logged_warnings and len(self._logged_warnings) < LOGGED_WARNINGS_MAX:
+                self._logged_warnings.add(text)
+                log.warning("the API server warned about %s %s: %s", method, urlsplit(url).path, text)
 
 
 async def api_client(

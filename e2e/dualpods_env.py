@@ -27,6 +27,7 @@ Obj = dict[str, Any]
 MODELS_MOUNT = "/models"
 LAUNCHER_HOME = "/home/dualpods"  # the images' HOME
 PROXY_PORT = 8082  # the requester's request proxy (E7)
+NO_ADMISSION_POLICIES = "admissionPolicies.enabled=false"  # what a second release in one cluster sets
 RESTRICTED_CONTAINER: Obj = {
     "allowPrivilegeEscalation": False,
     "readOnlyRootFilesystem": True,
@@ -410,11 +411,15 @@ async def installed(
     images: Images = PROCESSES,
 ) -> AsyncIterator[DualPodsEnv]:
     """A namespace set up for dual pods with the controllers installed by the chart (`--set` values),
-    taken down afterwards in the order that leaves no finalizer behind (also when installing failed)."""
+    taken down afterwards in the order that leaves no finalizer behind (also when installing failed).
+
+    The admission policies are off unless `chart_values` turn them on: they are cluster-scoped, so one release
+    per cluster holds them (docs/install.md), and the tests that edit the controllers' metadata as a user would
+    (faults, migrations) would be refused by them; e2e/test_admission_policies.py tests them."""
     env = DualPodsEnv(cluster, api, namespace, work_dir, images)
     try:
         await env.setup(gpu_map)
-        await env.controllers.install(*images.chart_values(), *chart_values)
+        await env.controllers.install(*images.chart_values(), NO_ADMISSION_POLICIES, *chart_values)
         yield env
     finally:
         await env.teardown()

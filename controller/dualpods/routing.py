@@ -12,12 +12,9 @@ from api.labels import label_value_errors, qualified_name_errors
 from controller import pods
 from controller.pods import Pod
 
-# FMA's rule: only these exact prefixes are reserved, so `app.kubernetes.io/name` or `node.k8s.io/x` may route.
-RESERVED_PREFIXES = ("dual-pods.llm-d.ai/", "kubernetes.io/", "k8s.io/")
-
 
 def _reserved(key: str) -> bool:
-    return key.startswith(RESERVED_PREFIXES)
+    return key.startswith(keys.RESERVED_METADATA_PREFIXES)
 
 
 class RoutingMetadata(BaseModel):

@@ -101,7 +101,7 @@ def _resolve(requirements: list[str]) -> list[str]:
 
 def _wheel_digests(wheels: Path) -> dict[str, tuple[str, str]]:
     """Normalized project name -> (version, sha256) of each wheel in `wheels`."""
-    found = {}
+    found: dict[str, tuple[str, str]] = {}
     for wheel in wheels.glob("*.whl"):
         name, version, _, _ = parse_wheel_filename(wheel.name)
         found[canonicalize_name(name)] = (str(version), sha256(wheel))
