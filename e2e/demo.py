@@ -20,7 +20,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from api import keys
 from e2e.actuation import Actuation, actuate, release
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.dualpods_env import PROCESSES, DualPodsEnv, Images, built_images
+from e2e.dualpods_env import PROCESSES, RESTRICTED_NAMESPACE, DualPodsEnv, Images, built_images
 from e2e.kubelet import oci
 from e2e.tiny_model import ensure_tiny_model
 from e2e.waiting import wait_for, wait_service_account
@@ -33,7 +33,19 @@ def say(text: str) -> None:
     print(text, flush=True)
 
 
-async def fresh_namespace(cluster: LoopbackCluster, api: client.ApiClient, name: str, work_dir: Path) -> None:
+def pod_security(images: Images) -> dict[str, str]:
+    """The Pod Security level the demo's namespace enforces: "restricted", which the controllers, launchers and
+    requesters all meet; from the images the launchers mount the host's model cache (a hostPath, which every level
+    but "privileged" forbids: on a real cluster the weights come from a volume of another kind), so that level is
+    enforced there and "restricted" only warned about."""
+    if images is PROCESSES:
+        return RESTRICTED_NAMESPACE
+    return {"pod-security.kubernetes.io/enforce": "privileged", "pod-security.kubernetes.io/warn": "restricted"}
+
+
+async def fresh_namespace(
+    cluster: LoopbackCluster, api: client.ApiClient, name: str, work_dir: Path, labels: dict[str, str]
+) -> None:
     """The demo's namespace, emptied if an earlier run left one (its requesters unbound first, then the
     controllers uninstalled, so no finalizer is left to hold the namespace's deletion)."""
     core = client.CoreV1Api(api)
@@ -52,7 +64,7 @@ async def fresh_namespace(cluster: LoopbackCluster, api: client.ApiClient, name:
 
     async def created() -> bool:
         try:
-            await core.create_namespace({"metadata": {"name": name}})
+            await core.create_namespace({"metadata": {"name": name, "labels": labels}})
         except ApiException as err:
             if err.status == 409:  # still terminating
                 return False
@@ -103,10 +115,16 @@ async def run(state_dir: Path, namespace: str, images: Images) -> None:
     say("building two tiny random-weight models offline")
     models = {name: ensure_tiny_model(seed) for name, (seed, _) in MODELS.items()}
     async with await cluster.api_client() as api:
-        await fresh_namespace(cluster, api, namespace, state_dir / "demo")
+        version = (await client.VersionApi(api).get_code()).git_version
+        say(f"the loopback cluster's API server: Kubernetes {version}")
+        labels = pod_security(images)
+        await fresh_namespace(cluster, api, namespace, state_dir / "demo", labels)
         env = DualPodsEnv(cluster, api, namespace, state_dir / "demo", images)
         await env.setup()
-        say(f"installing the Helm chart into namespace {namespace} (controllers run as Pods)")
+        say(
+            f"installing the Helm chart into namespace {namespace} (controllers run as Pods; Pod Security "
+            f"{labels['pod-security.kubernetes.io/enforce']!r} enforced)"
+        )
         if images is not PROCESSES:
             say(f"  from the images of `make images`: {images.controller}, {images.launcher}, {images.requester}")
         await env.controllers.install(*images.chart_values())

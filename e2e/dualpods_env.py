@@ -28,11 +28,15 @@ MODELS_MOUNT = "/models"
 LAUNCHER_HOME = "/home/dualpods"  # the images' HOME
 PROXY_PORT = 8082  # the requester's request proxy (E7)
 NO_ADMISSION_POLICIES = "admissionPolicies.enabled=false"  # what a second release in one cluster sets
-RESTRICTED_CONTAINER: Obj = {
-    "allowPrivilegeEscalation": False,
-    "readOnlyRootFilesystem": True,
-    "capabilities": {"drop": ["ALL"]},
-}
+# Pod Security "restricted" (what the demo's and the chart e2e's namespaces enforce) of every launcher and requester
+# here. The process runtime cannot change users or capabilities (e2e/kubelet/security.py); the images run as their
+# non-root user.
+RESTRICTED_POD: Obj = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+RESTRICTED_CONTAINER: Obj = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+# The real launcher image, run as config/examples/ runs it: its root read-only, writing only to volumes.
+READ_ONLY_CONTAINER: Obj = {**RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True}
+# The namespace labels of Pod Security admission: what it enforces.
+RESTRICTED_NAMESPACE: dict[str, str] = {"pod-security.kubernetes.io/enforce": "restricted"}
 
 
 @dataclass(frozen=True)
@@ -147,15 +151,19 @@ class DualPodsEnv:
             "image": image or self.images.launcher,
             "args": ["--mock-gpus", "--stop-grace-seconds", "3", *launcher_args],
             "ports": [{"containerPort": LAUNCHER_PORT}],
+            "securityContext": RESTRICTED_CONTAINER,
         }
         if env:
             container["env"] = [{"name": k, "value": v} for k, v in env.items()]
-        pod_spec: Obj = {"terminationGracePeriodSeconds": 5, "containers": [container]}
+        pod_spec: Obj = {
+            "terminationGracePeriodSeconds": 5,
+            "containers": [container],
+            "securityContext": RESTRICTED_POD,
+        }
         if self.images.models_dir is not None:
-            # The real launcher image, run as config/examples/ runs it: restricted, its root read-only, writing
-            # only to HOME's and /tmp's emptyDirs (only the models' hostPath is this machine's own).
-            pod_spec["securityContext"] = {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
-            container["securityContext"] = RESTRICTED_CONTAINER
+            # The real launcher image, run as config/examples/ runs it: its root read-only, writing only to HOME's
+            # and /tmp's emptyDirs (only the models' hostPath is this machine's own, which "restricted" forbids).
+            container["securityContext"] = READ_ONLY_CONTAINER
             pod_spec["volumes"] = [
                 {"name": "models", "hostPath": {"path": str(self.images.models_dir)}},
                 {"name": "home", "emptyDir": {}},
@@ -391,10 +399,11 @@ def _requester_spec(image: str, gpus: int, node: str | None, gpu: str | None, pr
         "image": image,
         "resources": {"limits": {"nvidia.com/gpu": count}, "requests": {"nvidia.com/gpu": count}},
         "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": probe_period},
+        "securityContext": RESTRICTED_CONTAINER,
     }
     if gpu:
         container["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": gpu}]
-    spec: Obj = {"terminationGracePeriodSeconds": 5, "containers": [container]}
+    spec: Obj = {"terminationGracePeriodSeconds": 5, "containers": [container], "securityContext": RESTRICTED_POD}
     if node is not None:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}
     return spec

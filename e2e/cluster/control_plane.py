@@ -23,36 +23,41 @@ from e2e.cluster.readiness import StartupError, wait_http_ok
 
 LOOPBACK = "127.0.0.1"
 
-# The 1.20 API server accepts a loopback service range, so ClusterIPs are 127.x addresses. Nothing
-# listens on them and nothing may dial them: Pods are addressed by their own IPs (see SPEC.md).
+# The API server accepts a loopback service range, so ClusterIPs are 127.x addresses. Nothing listens on them
+# and nothing may dial them: Pods are addressed by their own IPs (see SPEC.md).
 SERVICE_CIDR = "127.16.0.0/16"
 KUBERNETES_SERVICE_IP = "127.16.0.1"
 
-# Controllers that work with loopback Pods and fake Nodes. Left out on purpose: endpoint,
-# endpointslice and endpointslicemirroring (the API server rejects 127.x Pod IPs in Endpoints, so they
-# would only log errors, and nothing may use Service routing here), nodeipam and route and service
-# and cloud-node-lifecycle (no cloud, no Pod CIDRs), attachdetach and the persistent-volume
-# controllers (no volume plugins), the CSR signers (no kubelet certificates), horizontalpodautoscaling
-# (no metrics API), bootstrapsigner and tokencleaner (no bootstrap tokens), ttl-after-finished
-# (alpha in 1.20, skipped by the binary anyway).
+# Controllers that work with loopback Pods and fake Nodes (their names as of 1.29; 1.32 to 1.37 know them all),
+# among them what Pod Security, admission policies and DRA rely on: taint-based eviction, the policies'
+# type-checking status, and ResourceClaims made from templates. Left out on purpose: endpoints, endpointslice and
+# endpointslice-mirroring (the API server rejects 127.x Pod IPs in Endpoints, so they would only log errors, and
+# nothing may use Service routing here), node-ipam, node-route, service-lb, service-cidr and cloud-node-lifecycle
+# (no cloud, no Pod CIDRs), the persistent-volume controllers (no volume plugins), the CSR signers (no kubelet
+# certificates), horizontal-pod-autoscaler (no metrics API), bootstrap-signer and token-cleaner (no bootstrap
+# tokens), and the storage-version ones.
 CONTROLLERS = (
-    "serviceaccount-token",
-    "serviceaccount",
-    "root-ca-cert-publisher",
-    "clusterrole-aggregation",
-    "garbagecollector",
-    "namespace",
-    "resourcequota",
-    "nodelifecycle",
-    "podgc",
-    "replicaset",
-    "replicationcontroller",
-    "deployment",
-    "statefulset",
-    "daemonset",
-    "job",
-    "cronjob",
-    "disruption",
+    "serviceaccount-token-controller",
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+    "clusterrole-aggregation-controller",
+    "garbage-collector-controller",
+    "namespace-controller",
+    "resourcequota-controller",
+    "node-lifecycle-controller",
+    "taint-eviction-controller",
+    "pod-garbage-collector-controller",
+    "replicaset-controller",
+    "replicationcontroller-controller",
+    "deployment-controller",
+    "statefulset-controller",
+    "daemonset-controller",
+    "job-controller",
+    "cronjob-controller",
+    "ttl-after-finished-controller",
+    "disruption-controller",
+    "validatingadmissionpolicy-status-controller",
+    "resourceclaim-controller",
 )
 
 # Seconds without a heartbeat before the node lifecycle controller marks a Node NotReady.
