@@ -1,5 +1,7 @@
-"""The generated CRDs on the loopback cluster's real kube-apiserver (1.20): installed with a plain
-`kubectl apply` as a user would, Established, enforcing the schema, with a working status subresource."""
+"""The generated CRDs on the loopback cluster's real kube-apiserver: installed with a plain `kubectl apply` as a
+user would, Established, enforcing the schema and its validation rules (refused by `kubectl apply` with the field
+named; an object stored before a rule existed stays updatable: validation ratcheting), with a working status
+subresource."""
 
 import json
 from typing import Any
@@ -9,19 +11,21 @@ import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from api import keys
 from api.crds import (
     API_VERSION,
     GROUP,
     KINDS,
     VERSION,
     CustomResource,
+    InferenceServerConfig,
     LauncherConfig,
     LauncherPopulationPolicy,
     Status,
     parse_object,
 )
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.crds import EXAMPLES, FIXTURES, kubectl, manifests
+from e2e.crds import EXAMPLES, FIXTURES, kubectl, kubectl_refused, manifests, rules_lifted
 
 
 def examples() -> list[dict[str, Any]]:
@@ -137,3 +141,68 @@ async def test_status_is_a_subresource(api: client.ApiClient, namespace: str) ->
     updated.status = Status(observed_generation=updated.metadata.generation)
     cleared = await _replace_status(api, namespace, updated)
     assert cleared["status"] == {"observedGeneration": generation + 1}
+
+
+def _isc(name: str, labels: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    server = {"port": 8005, "labels": labels, "annotations": annotations or {}}
+    return {"apiVersion": API_VERSION, "kind": "InferenceServerConfig", "metadata": {"name": name},
+            "spec": {"launcherConfigName": "lc", "modelServerConfig": server}}  # fmt: skip
+
+
+async def _refused_apply(cluster: LoopbackCluster, namespace: str, manifest: dict[str, Any]) -> str:
+    """What `kubectl apply` says when the API server refuses `manifest`."""
+    return await kubectl_refused(cluster, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(manifest))
+
+
+@pytest.mark.usefixtures("crds")
+async def test_kubectl_apply_is_refused_by_the_validation_rules_with_the_field_named(
+    cluster: LoopbackCluster, namespace: str
+) -> None:
+    """What the dual-pods controller would otherwise refuse only at binding time, as a Stalled status."""
+    reserved = await _refused_apply(cluster, namespace, _isc("reserved", {f"{keys.PREFIX}pool": "a"}))
+    assert (
+        f"spec.modelServerConfig.labels: Invalid value: label key {keys.PREFIX}pool uses a reserved prefix" in reserved
+    )
+    forged = await _refused_apply(cluster, namespace, _isc("forged", {}, {"kubernetes.io/owner": "me"}))
+    assert "spec.modelServerConfig.annotations: Invalid value: annotation key kubernetes.io/owner uses" in forged
+    malformed = await _refused_apply(cluster, namespace, _isc("malformed", {"bad key!": "a"}))
+    assert "spec.modelServerConfig.labels: Invalid value: every label key must be a qualified name" in malformed
+    value = await _refused_apply(cluster, namespace, _isc("value", {"pool": "not a label value"}))
+    assert "spec.modelServerConfig.labels: Invalid value: every label value must be a valid label value" in value
+    no_launcher = {"apiVersion": API_VERSION, "kind": "LauncherConfig", "metadata": {"name": "no-launcher"},
+                   "spec": {"maxInstances": 1, "podTemplate": {"spec": {"containers": [{"name": "sidecar",
+                                                                                       "image": "x"}]}}}}  # fmt: skip
+    missing = await _refused_apply(cluster, namespace, no_launcher)
+    assert (
+        f"spec.podTemplate.spec.containers: Required value: podTemplate.spec must have a container named "
+        f"{keys.INFERENCE_SERVER_CONTAINER}"
+    ) in missing
+    routed = _isc("routed", {"app.kubernetes.io/name": "pool-a", "node.k8s.io/x": ""}, {"example.com/team": "a"})
+    await kubectl(cluster, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(routed))
+
+
+@pytest.mark.usefixtures("crds")
+async def test_an_object_stored_before_the_rules_stays_updatable(
+    cluster: LoopbackCluster, api: client.ApiClient, namespace: str
+) -> None:
+    """Validation ratcheting (Kubernetes 1.30+): an upgrade that adds rules does not lock users out of their old
+    objects; only a change of the offending field must meet the rule."""
+    async with rules_lifted(cluster, api, InferenceServerConfig):
+        await create(api, namespace, _isc("old", {"kubernetes.io/pool": "a"}))
+    custom = client.CustomObjectsApi(api)
+    plural = InferenceServerConfig.RESOURCE.plural
+
+    async def patch(server: dict[str, Any]) -> dict[str, Any]:
+        body = {"spec": {"modelServerConfig": server}}
+        patched: dict[str, Any] = await custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, plural, "old", body, _content_type="application/merge-patch+json"
+        )
+        return patched
+
+    updated = await patch({"options": "--max-model-len 512"})
+    assert updated["spec"]["modelServerConfig"]["labels"] == {"kubernetes.io/pool": "a"}
+    with pytest.raises(ApiException) as refused:
+        await patch({"labels": {"kubernetes.io/pool": "b"}})
+    assert "label key kubernetes.io/pool uses a reserved prefix" in json.loads(str(refused.value.body))["message"]
+    fixed = await patch({"labels": {"kubernetes.io/pool": None, "pool": "b"}})
+    assert fixed["spec"]["modelServerConfig"]["labels"] == {"pool": "b"}

@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from api import keys
@@ -24,8 +25,9 @@ from api.crds import GROUP, VERSION, LauncherConfig, LauncherPopulationPolicy
 from controller.launcher_template import launcher_config_hash
 from controller.populator import PopulatorOptions, run_populator
 from controller.serving import serve_metrics
-from e2e.cluster.cluster import pod_is_ready
+from e2e.cluster.cluster import LoopbackCluster, pod_is_ready
 from e2e.cluster.ports import free_port
+from e2e.crds import rules_lifted
 from e2e.waiting import wait_for
 
 GPU_NODES = {"nvidia.com/gpu.present": "true"}
@@ -321,12 +323,19 @@ async def test_without_its_launcher_config_the_populator_keeps_hands_off(api: cl
 
 @pytest.mark.usefixtures("crds")
 async def test_status_reports_missing_malformed_and_unparseable_references(
-    api: client.ApiClient, namespace: str
+    cluster: LoopbackCluster, api: client.ApiClient, namespace: str
 ) -> None:
     objects = Objects(api, namespace)
     nodes = await gpu_nodes(api)
     async with populator(api, namespace):
-        await objects.create(launcher_config("broken", {**PAUSE, "name": "not-the-launcher"}))
+        # The API server refuses a template without the launcher's container (the CRD's validation rule); one
+        # stored before the rule existed (ratcheting keeps it updatable) is what the populator reports below.
+        broken = launcher_config("broken", {**PAUSE, "name": "not-the-launcher"})
+        with pytest.raises(ApiException) as refused:
+            await objects.create(broken)
+        assert "spec.podTemplate.spec.containers: Required value" in str(refused.value.body)
+        async with rules_lifted(cluster, api, LauncherConfig):
+            await objects.create(broken)
         await objects.create(policy("gpus", {"ghost": 1, "broken": 1}))
         bad_selector = policy("bad-selector", {"broken": 1})
         bad_selector["spec"]["enhancedNodeSelector"]["labelSelector"] = {
