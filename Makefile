@@ -16,7 +16,7 @@ PYTEST_ARGS ?=
 # Where `make cluster-up` keeps the loopback cluster's state (tests use their own temporary one).
 CLUSTER_STATE ?= .cluster
 
-.PHONY: help venv lock tools control-plane images cluster-up cluster-down lint test demo launcher-demo bench clean
+.PHONY: help venv lock tools control-plane images cluster-up cluster-down lint test demo smoke smoke-versions launcher-demo bench clean
 
 help:
 	@echo "make demo          bring up the loopback cluster and show a real model swap with vLLM on the CPU"
@@ -27,6 +27,8 @@ help:
 	@echo "make images        build the components' OCI images with buildah (docs/install.md)"
 	@echo "make cluster-up    start the loopback cluster (kubeconfig: .cluster/kubeconfig)"
 	@echo "make cluster-down  stop it and remove its state"
+	@echo "make smoke K8S=1.37 the demo's cold, warm and hot swaps on another Kubernetes minor (1.32, 1.35, 1.37),"
+	@echo "                   on a cluster of its own, taken down afterwards; make smoke-versions: 1.32 and 1.37"
 	@echo "make lint          ruff + mypy --strict"
 	@echo "make bench         run the benchmarks under bench/"
 
@@ -82,6 +84,19 @@ test: venv tools control-plane lint images
 IMAGES ?=
 demo: $(if $(IMAGES),images) cluster-up
 	$(PY) -m e2e.demo --state-dir $(CLUSTER_STATE) $(if $(IMAGES),--images)
+
+# The supported minors other than the one `make test` runs, built the same way (e2e/cluster/kubernetes/vMINOR).
+K8S ?= 1.35
+SMOKE_STATE = .cluster-smoke-$(K8S)
+smoke: venv tools
+	@e2e/cluster/build-control-plane.sh $(K8S) >/dev/null
+	DUALPODS_K8S_MINOR=$(K8S) $(PY) -m e2e.cluster up --state-dir $(SMOKE_STATE) --apiserver-port 0
+	$(PY) -m e2e.demo --state-dir $(SMOKE_STATE); status=$$?; \
+	  $(PY) -m e2e.cluster down --state-dir $(SMOKE_STATE); exit $$status
+
+smoke-versions:
+	$(MAKE) smoke K8S=1.32
+	$(MAKE) smoke K8S=1.37
 
 launcher-demo: venv
 	$(PY) -m e2e.launcher_demo
