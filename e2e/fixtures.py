@@ -53,12 +53,14 @@ async def api(cluster: LoopbackCluster) -> AsyncIterator[client.ApiClient]:
 
 
 @asynccontextmanager
-async def fresh_namespace(api: client.ApiClient, label: str) -> AsyncIterator[str]:
-    """A new namespace named after `label` whose default ServiceAccount exists; deleted afterwards."""
+async def fresh_namespace(
+    api: client.ApiClient, label: str, labels: dict[str, str] | None = None
+) -> AsyncIterator[str]:
+    """A new namespace named after `label` (with `labels`) whose default ServiceAccount exists; deleted afterwards."""
     slug = re.sub(r"[^a-z0-9]+", "-", label.lower()).strip("-")[:40].strip("-")
     name = f"{slug}-{uuid.uuid4().hex[:5]}"
     core = client.CoreV1Api(api)
-    await core.create_namespace({"metadata": {"name": name}})
+    await core.create_namespace({"metadata": {"name": name, "labels": labels or {}}})
     await wait_service_account(core, name)
     try:
         yield name

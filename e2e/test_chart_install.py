@@ -4,7 +4,9 @@ made at run time, not rendered; a tenant install with namespace rights only (`cr
 InferenceServerConfig."""
 
 import base64
-from collections.abc import AsyncIterator
+import json
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -13,11 +15,13 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from api.crdgen import DEFAULT_OUT_DIR as CRD_DIR
+from api.crds import GROUP, VERSION, LauncherConfig
 from controller.launcher_token import GENERATED_ANNOTATION
-from e2e.chart import DUAL_PODS
+from e2e.chart import DUAL_PODS, POPULATOR
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import kubectl
-from e2e.dualpods_env import DualPodsEnv
+from e2e.dualpods_env import RESTRICTED_NAMESPACE, DualPodsEnv, installed
+from e2e.fixtures import fresh_namespace
 from e2e.waiting import wait_for
 
 TENANT_VALUES = ["crds.install=false", "rbac.clusterScoped=false"]
@@ -162,3 +166,52 @@ async def test_kubectl_waits_for_a_served_isc_and_shows_a_missing_launcher_confi
     assert row.split()[3] == "False"  # READY
     served = (await kubectl(env.cluster, *namespace, "get", "isc", "served", "--no-headers")).split()
     assert served[3:5] == ["True", "1"], served  # READY, REQUESTERS
+
+
+async def test_the_chart_installs_and_serves_where_pod_security_restricted_is_enforced(
+    cluster: LoopbackCluster, api: client.ApiClient, tmp_path: Path
+) -> None:
+    """The controllers, the `helm test` Pod, launchers and requesters all meet "restricted"; the API server's Pod
+    Security admission refuses a Pod that does not, so the namespace's label is enforced, not decoration."""
+    async with fresh_namespace(api, "pod-security-restricted", RESTRICTED_NAMESPACE) as namespace:
+        plain = {"metadata": {"name": "plain"}, "spec": {"containers": [{"name": "c", "image": "registry.example/x"}]}}
+        with pytest.raises(ApiException) as refused:
+            await client.CoreV1Api(api).create_namespaced_pod(namespace, plain)
+        assert refused.value.status == 403
+        assert 'violates PodSecurity "restricted:latest"' in json.loads(refused.value.body or "{}")["message"]
+        async with installed(cluster, api, namespace, tmp_path) as env:
+            await env.create_launcher_config("lc", max_instances=1, launcher_args=["--stand-in"])
+            await env.create_isc("isc", "lc", port=8005, options="--model a")
+            await env.create_requesters(RS, "isc")
+            requester = await env.ready_requester(RS)
+            launcher = await env.launcher_of(requester)
+            assert launcher["spec"]["securityContext"]["runAsNonRoot"] is True
+            assert "all checks passed" in await helm_test(env)
+
+
+async def test_the_controllers_log_and_count_the_api_servers_warnings(env: DualPodsEnv) -> None:
+    """A launcher template with a deprecated node label: the API server warns on each launcher the populator
+    creates; the populator logs the warning once and counts every one."""
+    await env.create_launcher_config("lc", max_instances=1, launcher_args=["--stand-in"])
+    deprecated = {"spec": {"podTemplate": {"spec": {"nodeSelector": {"beta.kubernetes.io/arch": "amd64"}}}}}
+    await env.objects.patch_namespaced_custom_object(
+        GROUP, VERSION, env.namespace, LauncherConfig.RESOURCE.plural, "lc", deprecated,
+        _content_type="application/merge-patch+json",
+    )  # fmt: skip
+    await env.create_population_policy("one-each", "lc", count=1)
+    nodes = await env.cluster.kubelet.nodes()
+
+    async def counted() -> float:
+        found = re.search(r'^dualpods_kube_api_warnings_total\{method="POST"\} (\S+)$',
+                          await env.controllers.metrics(POPULATOR), re.MULTILINE)  # fmt: skip
+        return float(found[1]) if found else 0.0
+
+    assert await wait_for(lambda: _at_least(counted, len(nodes)), what="a warning per launcher created", within=60)
+    warning = f"the API server warned about POST /api/v1/namespaces/{env.namespace}/pods: spec.nodeSelector"
+    log = await env.controllers.log_tail(POPULATOR, lines=400)
+    assert log.count(warning) == 1, log
+    assert "[beta.kubernetes.io/arch]: deprecated" in log
+
+
+async def _at_least(count: Callable[[], Awaitable[float]], wanted: int) -> bool:
+    return await count() >= wanted
