@@ -58,7 +58,7 @@ _OVERRIDES: Final = {"io.k8s.apimachinery.pkg.api.resource.Quantity": QUANTITY_S
 # List-map keys must be required or defaulted. Kubernetes declares defaults in its Go types (`+default=`),
 # but the JSON Schemas we read have lost them, so the ones we need are restated here.
 LIST_MAP_KEY_DEFAULTS: Final = {("io.k8s.api.core.v1.ContainerPort", "protocol"): "TCP"}
-# Kubernetes defaults these to "", which an apiserver 1.20 rejects as a CRD default (it reads it as null);
+# Kubernetes defaults these to "", which the 1.20 API server refused as a CRD default (it read it as null);
 # their lists become atomic instead (as imagePullSecrets was before Kubernetes 1.34): merged as a whole.
 ATOMIC_INSTEAD: Final = frozenset({("io.k8s.api.core.v1.LocalObjectReference", "name")})
 

@@ -473,7 +473,7 @@ async def test_volumes_and_configuration_errors(
 async def test_lost_node_pods_are_recreated_elsewhere(
     api: client.ApiClient, namespace: str, cluster: LoopbackCluster
 ) -> None:
-    """The lost Node's processes die at once; pod GC deletes its Pods (40-60 s quarantine in 1.20)
+    """The lost Node's processes die at once; pod GC deletes its Pods once the Node object is gone
     and the ReplicaSet replaces them on the remaining Node."""
     apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
     await apps.create_namespaced_deployment(namespace, deployment_manifest("survivor", replicas=2))

@@ -14,7 +14,7 @@ from e2e.chart import CHART
 from scripts.helm_chart import REPO, helm, render_chart, run_helm
 from tests.pod_security import restricted_violations
 
-KUBE_VERSION = "1.30.0"
+KUBE_VERSION = "1.35.0"
 EVERYTHING_ON = [
     "dualPodsController.replicas=2",
     "launcherPopulator.replicas=3",
@@ -258,13 +258,12 @@ def test_a_digest_pins_the_image() -> None:
     assert image == f"dualpods/controller@{digest}"
 
 
-@pytest.mark.parametrize(("kube_version", "api_version"), [("1.30.0", "policy/v1"), ("1.20.2", "policy/v1beta1")])
-def test_several_replicas_get_a_disruption_budget_and_spread_over_nodes(kube_version: str, api_version: str) -> None:
-    docs = render("dualPodsController.replicas=2", "launcherPopulator.replicas=3", kube_version=kube_version)
+def test_several_replicas_get_a_disruption_budget_and_spread_over_nodes() -> None:
+    docs = render("dualPodsController.replicas=2", "launcherPopulator.replicas=3")
     budgets = {b["metadata"]["name"]: b for b in by_kind(docs, "PodDisruptionBudget")}
     assert set(budgets) == {"rel-dual-pods-controller", "rel-launcher-populator"}
     for name, budget in budgets.items():
-        assert budget["apiVersion"] == api_version
+        assert budget["apiVersion"] == "policy/v1"
         assert budget["spec"]["maxUnavailable"] == 1
         assert budget["spec"]["selector"] == deployment(docs, name)["spec"]["selector"]
         anti = deployment(docs, name)["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]

@@ -65,7 +65,7 @@ def _schema(crd: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_crd_schemas_are_structural(crds: dict[str, dict[str, Any]]) -> None:
-    """Every node typed (or int-or-string), and only keys apiextensions.k8s.io/v1 of Kubernetes 1.20 knows."""
+    """Every node typed (or int-or-string), and only keys apiextensions.k8s.io/v1 knows."""
     allowed = {"properties", "items", "additionalProperties", "anyOf", "default", *KEPT_KEYS}
     for kind, crd in crds.items():
         for path, node in _schema_nodes(_schema(crd)):
@@ -123,7 +123,7 @@ def test_launcher_config_embeds_the_kubernetes_pod_spec(crds: dict[str, dict[str
     limits = container["resources"]["properties"]["limits"]["additionalProperties"]
     assert limits["x-kubernetes-int-or-string"]
     assert "pattern" in limits
-    # The one list-map whose key Kubernetes defaults to "" (which apiserver 1.20 refuses) is atomic instead.
+    # The one list-map whose key Kubernetes defaults to "" (which the 1.20 API server refused) is atomic instead.
     assert pod["properties"]["imagePullSecrets"]["x-kubernetes-list-type"] == "atomic"
 
 

@@ -1,4 +1,4 @@
-"""config/examples/, the GPU deployment users start from: every object is valid Kubernetes 1.30 (ours parse through
+"""config/examples/, the GPU deployment users start from: every object is valid Kubernetes 1.35 (ours parse through
 the models, in tests/test_crds.py), and every Pod it makes, launchers included, passes Pod Security "restricted"."""
 
 from typing import Any
@@ -10,7 +10,7 @@ from api.crds import LauncherConfig
 from e2e.crds import EXAMPLES, manifests
 from tests.pod_security import restricted_violations
 
-KUBE_VERSION = "1.30.0"
+KUBE_VERSION = "1.35.0"
 
 
 def others() -> list[dict[str, Any]]:

@@ -3,7 +3,7 @@
 # machine's Go, from the Go module proxy, as pinned by e2e/cluster/kubernetes/vMINOR/go.{mod,sum} (written by
 # kubernetes/pin.sh; no Kubernetes source lives in this repository). The binaries are cached outside the
 # repository, keyed by the module's pins, this script and the Go version, so only the first run pays the build
-# (about 10 minutes on 2 cores with a cold Go cache).
+# (about 6 minutes on 2 cores with a cold Go cache).
 #
 # Usage: build-control-plane.sh [MINOR]      MINOR defaults to $DUALPODS_K8S_MINOR, else 1.35;
 #                                            prints the directory holding the binaries

@@ -226,7 +226,7 @@ spec:
 {{- define "dualpods.disruptionBudget" -}}
 {{- if and .values.enabled (gt (int .values.replicas) 1) }}
 ---
-apiVersion: {{ ternary "policy/v1" "policy/v1beta1" (semverCompare ">=1.21-0" .root.Capabilities.KubeVersion.Version) }}
+apiVersion: policy/v1
 kind: PodDisruptionBudget
 metadata:
   name: {{ include "dualpods.fullname" .root }}-{{ .name }}
