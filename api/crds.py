@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Final, Literal, Self
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, JsonValue, field_validator, model_validator
 
 from api import keys
 from api.kubemodel import Int32, Int64, KubeModel, kubernetes_definition
@@ -146,11 +146,11 @@ class CustomResource(KubeModel):
 # existed stays updatable as long as the field the rule is on does not change (validation ratcheting, 1.30+).
 
 
-def _rule(rule: str, message: str, **extra: str) -> dict[str, str]:
+def _rule(rule: str, message: str, **extra: str) -> dict[str, JsonValue]:
     return {"rule": rule, "message": message, **extra}
 
 
-def _metadata_key_rules(kind: str) -> list[dict[str, str]]:
+def _metadata_key_rules(kind: str) -> list[JsonValue]:
     """What the dual-pods controller would refuse at binding time in a map of routing `kind`s."""
     reserved = " || ".join(f"k.startsWith('{prefix}')" for prefix in keys.RESERVED_METADATA_PREFIXES)
     prefixes = ", ".join(keys.RESERVED_METADATA_PREFIXES)
