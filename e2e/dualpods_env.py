@@ -142,24 +142,24 @@ class DualPodsEnv:
         image: str | None = None,
         env: dict[str, str] | None = None,
         verify_wakes: bool | None = None,
+        restricted: bool = True,
     ) -> None:
         """`image`: another than the launcher's (a broken or foreign one, for fault tests); `env`: the
         launcher container's environment (e.g. LAUNCHER_FMA_ONLY=true); `verify_wakes`: its
-        `spec.verifyWakes` (None: left out, the default)."""
+        `spec.verifyWakes` (None: left out, the default); `restricted` False: no securityContext (a template as
+        FMA's e2e writes it)."""
         container: Obj = {
             "name": keys.INFERENCE_SERVER_CONTAINER,
             "image": image or self.images.launcher,
             "args": ["--mock-gpus", "--stop-grace-seconds", "3", *launcher_args],
             "ports": [{"containerPort": LAUNCHER_PORT}],
-            "securityContext": RESTRICTED_CONTAINER,
         }
         if env:
             container["env"] = [{"name": k, "value": v} for k, v in env.items()]
-        pod_spec: Obj = {
-            "terminationGracePeriodSeconds": 5,
-            "containers": [container],
-            "securityContext": RESTRICTED_POD,
-        }
+        pod_spec: Obj = {"terminationGracePeriodSeconds": 5, "containers": [container]}
+        if restricted:
+            container["securityContext"] = RESTRICTED_CONTAINER
+            pod_spec["securityContext"] = RESTRICTED_POD
         if self.images.models_dir is not None:
             # The real launcher image, run as config/examples/ runs it: its root read-only, writing only to HOME's
             # and /tmp's emptyDirs (only the models' hostPath is this machine's own, which "restricted" forbids).

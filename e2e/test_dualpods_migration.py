@@ -145,7 +145,8 @@ async def test_fmas_launcher_and_sleeping_instance_are_adopted_and_woken(
     try:
         await env.setup()
         # What FMA's users created, and what FMA's controllers left.
-        await env.create_launcher_config("lc", max_instances=2, launcher_args=["--stand-in"])
+        # As FMA's e2e writes it, without a securityContext: the template the vector's hash was made from.
+        await env.create_launcher_config("lc", max_instances=2, launcher_args=["--stand-in"], restricted=False)
         await env.create_isc("isc", "lc", port=PORT, options=OPTIONS, labels=ROUTING)
         await env.create_population_policy("keep-one", "lc", count=1)
         lc, isc = await _read(env, LauncherConfig, "lc"), await _read(env, InferenceServerConfig, "isc")
