@@ -1,6 +1,7 @@
 """The loopback kubelet's pure parts, without a cluster: expansion, env, image map, GPUs, addresses, Pod
 decoding."""
 
+import asyncio
 import ipaddress
 import json
 from pathlib import Path
@@ -197,3 +198,33 @@ async def test_pod_events_decode_as_the_library_does_and_a_changed_spec_is_seen(
         assert decoder.decode(json.loads(json.dumps(pod))).spec.containers[0].image == "python:3.12"
     finally:
         await api.close()
+
+
+async def test_a_stop_cancelled_during_the_grace_period_ends_cancelled_and_the_container_can_still_be_killed(
+    tmp_path: Path,
+) -> None:
+    """A Pod worker cancelled while a container ignores SIGTERM gets its cancellation; the worker's cleanup
+    then kills the container, which is gone within a moment (137: SIGKILL)."""
+    log = tmp_path / "log"
+    process = await ContainerProcess.start(
+        ["sh", "-c", "trap '' TERM; echo up; exec sleep 30"], env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path,
+        hostname="units", mounts=[], log=log,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(5):
+            while True:  # a file: nothing to wait on but the next look
+                if "up" in log.read_text():
+                    break
+                await asyncio.sleep(0.01)
+        stopping = asyncio.create_task(process.stop(30))
+        await asyncio.sleep(0.1)
+        assert not stopping.done()
+        stopping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            async with asyncio.timeout(1):
+                await stopping
+        assert stopping.cancelled()
+    finally:
+        process.kill()
+    async with asyncio.timeout(5):
+        assert await process.wait() == 137
