@@ -122,7 +122,8 @@ class Profile:
         with contextlib.suppress(ProcessLookupError):
             self._process.send_signal(signal.SIGINT)  # py-spy writes its output on SIGINT
         try:
-            await asyncio.wait_for(self._process.wait(), 30)
+            async with asyncio.timeout(30):
+                await self._process.wait()
         except TimeoutError:
             self._process.kill()
             await self._process.wait()

@@ -1,8 +1,12 @@
 """The loopback kubelet's pure parts, without a cluster: expansion, env, image map, GPUs, addresses, Pod
 decoding."""
 
+import asyncio
+import contextlib
 import ipaddress
 import json
+import os
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -10,6 +14,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio import client
 
+from e2e.kubelet import oci
 from e2e.kubelet.addresses import AddressBlock, require_loopback
 from e2e.kubelet.container import ContainerProcess
 from e2e.kubelet.env import ContainerConfigError, PodFields, expand, resolve_env
@@ -197,3 +202,91 @@ async def test_pod_events_decode_as_the_library_does_and_a_changed_spec_is_seen(
         assert decoder.decode(json.loads(json.dumps(pod))).spec.containers[0].image == "python:3.12"
     finally:
         await api.close()
+
+
+async def test_a_stop_cancelled_during_the_grace_period_ends_cancelled_and_the_container_can_still_be_killed(
+    tmp_path: Path,
+) -> None:
+    """A Pod worker cancelled while a container ignores SIGTERM gets its cancellation; the worker's cleanup
+    then kills the container, which is gone within a moment (137: SIGKILL)."""
+    log = tmp_path / "log"
+    process = await ContainerProcess.start(
+        ["sh", "-c", "trap '' TERM; echo up; exec sleep 30"], env={"PATH": "/usr/bin:/bin"}, cwd=tmp_path,
+        hostname="units", mounts=[], log=log,
+    )  # fmt: skip
+    try:
+        async with asyncio.timeout(5):
+            while True:  # a file: nothing to wait on but the next look
+                if "up" in log.read_text():
+                    break
+                await asyncio.sleep(0.01)
+        stopping = asyncio.create_task(process.stop(30))
+        await asyncio.sleep(0.1)
+        assert not stopping.done()
+        stopping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            async with asyncio.timeout(1):
+                await stopping
+        assert stopping.cancelled()
+    finally:
+        process.kill()
+    async with asyncio.timeout(5):
+        assert await process.wait() == 137
+
+
+@pytest.fixture
+def fake_podman(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A `podman` first on PATH that records its pid and arguments, then hangs for `run` only."""
+    calls = tmp_path / "podman-calls"
+    podman = tmp_path / "bin" / "podman"
+    podman.parent.mkdir()
+    podman.write_text(f'#!/bin/sh\necho "$$ $*" >> {calls}\n[ "$1" = hang ] && exec sleep 30\nexit 0\n')
+    podman.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{podman.parent}:{os.environ['PATH']}")
+    return calls
+
+
+async def test_a_podman_call_cancelled_while_it_runs_ends_cancelled(fake_podman: Path) -> None:
+    calling = asyncio.create_task(oci._podman("hang"))
+    try:
+        async with asyncio.timeout(5):
+            while True:  # a file: nothing to wait on but the next look
+                if fake_podman.is_file():
+                    break
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)
+        assert not calling.done()
+        calling.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            async with asyncio.timeout(1):
+                await calling
+        assert calling.cancelled()
+    finally:
+        for line in fake_podman.read_text().splitlines():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(line.split()[0]), signal.SIGKILL)
+
+
+async def test_an_oci_stop_cancelled_during_the_grace_period_ends_cancelled_before_any_removal(
+    fake_podman: Path, tmp_path: Path
+) -> None:
+    """SIGTERM went to the container; the cancelled stop leaves the removal (SIGKILL) to its caller's cleanup."""
+    process = await asyncio.create_subprocess_exec("sleep", "30")
+    spec = oci.OciSpec(
+        name="units-1", image="img", command=None, args=None, env={}, hostname="units", mounts=[], working_dir=None
+    )
+    try:
+        stopping = asyncio.create_task(oci.OciContainer(spec, process).stop(30))
+        await asyncio.sleep(0.2)
+        assert not stopping.done()
+        stopping.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            async with asyncio.timeout(1):
+                await stopping
+        assert stopping.cancelled()
+        assert [line.split()[1:] for line in fake_podman.read_text().splitlines()] == [
+            ["kill", "--signal=TERM", "units-1"]
+        ]
+    finally:
+        process.kill()
+        await process.wait()

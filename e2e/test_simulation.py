@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from e2e.kubelet.addresses import AddressBlock, SubnetCarver
 from e2e.kubelet.config import KubeletConfig, SimulationConfig
@@ -217,3 +218,40 @@ async def test_kubelet_restarts_a_simulation_that_dies(tmp_path: Path, pod_ip: s
         assert "--probes-port" in Path(_spec("requester", pod_ip, tmp_path).log).read_text()
     finally:
         await simulations.close()
+
+
+async def _slow_to_clean_up(cleaning: asyncio.Event) -> web.AppRunner:
+    """A server whose shutdown hangs (a handler that does not end within the grace period)."""
+
+    async def hang(_: web.Application) -> None:
+        cleaning.set()
+        await asyncio.sleep(30)
+
+    app = web.Application()
+    app.on_cleanup.append(hang)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    return runner
+
+
+@pytest.mark.parametrize("role", ["launcher", "requester"])
+async def test_a_stop_cancelled_within_its_grace_period_ends_cancelled(tmp_path: Path, role: str) -> None:
+    """The kubelet's control call going away mid-stop cancels the stop: the cancellation comes out, and the
+    stop reports neither a clean exit nor a kill it did not do."""
+    cleaning = asyncio.Event()
+    runner = await _slow_to_clean_up(cleaning)
+    container: LauncherContainer | RequesterContainer
+    if role == "launcher":
+        container = LauncherContainer(_spec(role, "127.0.0.1", tmp_path), tmp_path / "state")
+        container._runner = runner
+    else:
+        container = RequesterContainer(_spec(role, "127.0.0.1", tmp_path), tmp_path / "state")
+        container._runners = [runner]
+    stopping = asyncio.create_task(container.stop(30))
+    async with asyncio.timeout(2):
+        await cleaning.wait()
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(2):
+            await stopping
+    assert stopping.cancelled()

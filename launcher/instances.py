@@ -509,7 +509,8 @@ class InstanceManager:
         instance.wake_check.detail = problem[:MAX_DETAIL_CHARS]
         self._kill(instance, Verdict(StopReason.WAKE_CHECK_FAILED, f"woken, it failed its post-wake check: {problem}"))
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(instance.exited.wait(), REAP_WAIT_S)
+            async with asyncio.timeout(REAP_WAIT_S):
+                await instance.exited.wait()
         raise WakeCheckFailed(
             f"instance {instance.id} failed its post-wake check and was killed: {problem}; create it again"
         )
@@ -647,7 +648,8 @@ class InstanceManager:
                 raise BackendError(f"instance {instance.id} did not answer {method} {path}: {err!r}") from None
             # It was judged dead meanwhile (and killed, which may have cut this call first), or it exited.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(instance.exited.wait(), REAP_WAIT_S)
+                async with asyncio.timeout(REAP_WAIT_S):
+                    await instance.exited.wait()
             error = BackendTimeout if instance.stop_reason is StopReason.UNRESPONSIVE else BackendError
             stopped = f"{instance.stop_reason}, " if instance.stop_reason else ""
             raise error(
@@ -714,7 +716,8 @@ class InstanceManager:
             self._signal(instance, signal.SIGCONT)
             grace = self.settings.stop_grace_seconds
             try:
-                await asyncio.wait_for(instance.exited.wait(), grace)
+                async with asyncio.timeout(grace):
+                    await instance.exited.wait()
             except TimeoutError:
                 instance.log.warning("instance %s ignored SIGTERM for %.0f s; killing it", instance.id, grace)
                 self._signal(instance, signal.SIGKILL)
@@ -792,10 +795,18 @@ def _short_temp_dir() -> Path:
 
 
 async def _copied(instance: Instance) -> None:
-    """Until the instance's output is on the launcher's stdout, its last lines included (it has exited)."""
+    """Until the instance's output is on the launcher's stdout, its last lines included (it has exited).
+    The copy is shielded: a waiter that gives up (or is cancelled) leaves it running; a copy cancelled
+    itself (the launcher's shutdown) ends the wait, while a cancellation of the waiter goes on up."""
     if instance.output is not None:
-        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.shield(instance.output), OUTPUT_DRAIN_S)
+        try:
+            async with asyncio.timeout(OUTPUT_DRAIN_S):
+                await asyncio.shield(instance.output)
+        except TimeoutError:
+            pass
+        except asyncio.CancelledError:
+            if not instance.output.cancelled():
+                raise
 
 
 def _remove_files(instance: Instance) -> None:

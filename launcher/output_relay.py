@@ -92,4 +92,5 @@ async def follow(path: Path, instance_id: str, done: asyncio.Event) -> None:
                 _emit(instance_id, partial)
             return
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(done.wait(), POLL_S)
+            async with asyncio.timeout(POLL_S):
+                await done.wait()

@@ -106,7 +106,8 @@ async def _listen(args: argparse.Namespace, core: EngineCore | None) -> None:
     if args.startup_delay:
         log.info("listening in %.1f s (--startup-delay)", args.startup_delay)
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(stop.wait(), args.startup_delay)
+        async with asyncio.timeout(args.startup_delay):
+            await stop.wait()
     if stop.is_set():
         return
     if core is not None:

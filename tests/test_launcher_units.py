@@ -11,8 +11,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -27,18 +28,24 @@ from api.launcher import (
     EventType,
     InstanceState,
     InstanceStatus,
+    StartupTimes,
     StopReason,
+    VllmConfig,
     WakeCheck,
     WakeCheckStatus,
     WakeProbe,
 )
+from e2e.cluster.ports import free_port
 from launcher import gpu_memory, liveness, startup_phases, validation
 from launcher.engine_defaults import GIB, GpuMemory, Machine, transformers_defaults, vllm_defaults
 from launcher.errors import BadRequest, Conflict, Gone, InvalidOptions, RangeNotSatisfiable
 from launcher.events import EventLog, Subscription
-from launcher.instances import MAX_DETAIL_CHARS
+from launcher.gpus import GpuInventory, naive_loader
+from launcher.instances import MAX_DETAIL_CHARS, Instance, InstanceManager, ManagerSettings, _copied
 from launcher.liveness import EngineProcesses, LivenessPolicy
 from launcher.logs import FIRST_PAGE, PAGE_BYTES, content_range, parse_range, resolve_range
+from launcher.metrics import LauncherMetrics
+from launcher.process_stats import ProcessTreeStats
 from launcher.runtimes import TransformersRuntime, VllmRuntime
 from launcher.wake_check import LOGPROB_TOLERANCE, PROBE_PROMPT, PROBE_TOKENS, ProbeAnswer, compare, parse_choice
 
@@ -561,3 +568,117 @@ def test_runtime_log_lines_mark_phases_and_the_bytes_a_sleep_moved(tmp_path: Pat
     assert startup_phases.moved_bytes(marks, startup_phases.SLEPT, since=marks[3].at) == 3_300_000
     assert startup_phases.moved_bytes(marks[:4], startup_phases.SLEPT, since=0) == int(1.5 * 2**30)
     assert startup_phases.moved_bytes(marks, startup_phases.WOKE, since=0) is None
+
+
+# Cancellations that arrive while the launcher waits on an instance --------------------------------------------
+
+NO_PROCESS = 2**22 + 1  # above any pid_max: a signal to it would find no process
+# Stops on SIGTERM, a moment later (a server shutting down); never longer than 30 s.
+SLOW_TO_STOP = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (time.sleep(0.4), sys.exit(0)))
+print("up", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.fixture
+async def manager(tmp_path: Path) -> AsyncIterator[InstanceManager]:
+    settings = ManagerSettings(host="127.0.0.1", port=free_port(), state_dir=tmp_path, zygote=False)
+    manager = InstanceManager({}, GpuInventory("no GPUs", naive_loader(0)), LauncherMetrics(), EventLog(), settings)
+    yield manager
+    await manager.session.close()
+
+
+def _instance(tmp_path: Path, pid: int, port: int = 0) -> Instance:
+    return Instance(
+        id="inst-1", config=VllmConfig(options="--model m"), argv=[], defaults_applied={}, port=port, pid=pid,
+        work_dir=tmp_path, temp_dir=tmp_path, created_at=time.monotonic(), stats=ProcessTreeStats(pid),
+        runtime_name="vllm", startup=StartupTimes(forked_by="launcher"),
+    )  # fmt: skip
+
+
+@pytest.fixture
+def child() -> Iterator[subprocess.Popen[bytes]]:
+    """An instance's server process, in its own process group as the launcher's are."""
+    process = subprocess.Popen([sys.executable, "-c", SLOW_TO_STOP], stdout=subprocess.PIPE, start_new_session=True)
+    assert process.stdout is not None
+    assert process.stdout.readline() == b"up\n"
+    yield process
+    if process.returncode is None:
+        process.kill()
+        process.wait()
+    process.stdout.close()
+
+
+async def _reap(manager: InstanceManager, instance: Instance, child: subprocess.Popen[bytes]) -> None:
+    """As the launcher's reaper does when SIGCHLD comes."""
+    async with asyncio.timeout(5):
+        code = await asyncio.to_thread(child.wait)
+    manager._on_exit(instance, code)
+
+
+async def _cancel_while_waiting(task: "asyncio.Task[Any]") -> None:
+    """Cancel `task` while it waits; the cancellation must come back out of it, not be swallowed."""
+    await asyncio.sleep(0.1)
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(2):
+            await task
+    assert task.cancelled()
+
+
+async def test_a_stop_cancelled_during_the_grace_period_ends_cancelled_and_the_instance_still_exits(
+    manager: InstanceManager, tmp_path: Path, child: subprocess.Popen[bytes]
+) -> None:
+    instance = _instance(tmp_path, child.pid)
+    await _cancel_while_waiting(asyncio.create_task(manager._stop(instance)))
+    await _reap(manager, instance, child)  # the SIGTERM it got before the cancellation stands
+    assert (instance.status, instance.exit_code) == (InstanceStatus.STOPPED, 0)
+
+
+async def test_a_call_cancelled_while_it_waits_for_a_dead_instances_exit_code_ends_cancelled(
+    manager: InstanceManager, tmp_path: Path
+) -> None:
+    """A sleep or wake forwarded to an instance judged unresponsive waits a moment for its exit code; its
+    caller going away meanwhile ends the call as cancelled, not as a BackendTimeout."""
+    instance = _instance(tmp_path, pid=NO_PROCESS, port=free_port())  # nothing listens there
+    instance.stop_reason = StopReason.UNRESPONSIVE
+    await _cancel_while_waiting(asyncio.create_task(manager._call_backend(instance, "POST", "/sleep")))
+
+
+async def test_a_failed_wake_check_cancelled_while_it_waits_for_the_exit_code_still_killed_the_instance(
+    manager: InstanceManager, tmp_path: Path, child: subprocess.Popen[bytes]
+) -> None:
+    instance = _instance(tmp_path, child.pid, port=free_port())  # nothing answers the probe there
+    instance.probe = ProbeAnswer([1, 2, 3], [5, 6, 7])
+    checking = asyncio.create_task(manager._check_wake(instance, TransformersRuntime()))
+    await _cancel_while_waiting(checking)  # the reaper has not seen the exit yet
+    await _reap(manager, instance, child)
+    assert (instance.exit_code, instance.stop_reason) == (-signal.SIGKILL, StopReason.WAKE_CHECK_FAILED)
+
+
+async def test_a_wait_for_the_output_copy_cancelled_ends_cancelled_and_the_copy_goes_on(tmp_path: Path) -> None:
+    instance = _instance(tmp_path, pid=NO_PROCESS)
+    copied = asyncio.Event()
+
+    async def copy() -> None:
+        await asyncio.sleep(0.3)
+        copied.set()
+
+    instance.output = asyncio.create_task(copy())
+    await _cancel_while_waiting(asyncio.create_task(_copied(instance)))
+    async with asyncio.timeout(2):
+        await instance.output
+    assert copied.is_set()
+
+
+async def test_a_copy_cancelled_by_the_launchers_shutdown_ends_the_wait_for_it(tmp_path: Path) -> None:
+    instance = _instance(tmp_path, pid=NO_PROCESS)
+    instance.output = asyncio.create_task(asyncio.sleep(30))
+    waiting = asyncio.create_task(_copied(instance))
+    await asyncio.sleep(0.05)
+    instance.output.cancel()
+    async with asyncio.timeout(1):
+        await waiting  # returns: no CancelledError

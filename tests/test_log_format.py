@@ -116,3 +116,27 @@ async def test_an_instances_lines_are_copied_prefixed_until_it_is_done(captured:
     lines = captured.getvalue().splitlines()
     assert [len(line) for line in lines[1:3]] == [len("inst-1 | ") + output_relay.MAX_LINE_BYTES, len("inst-1 | ") + 5]
     assert lines[3] == "inst-1 | last words, no newline"
+
+
+async def test_a_copy_cancelled_while_it_waits_for_more_ends_cancelled(captured: io.StringIO, tmp_path: Path) -> None:
+    """The launcher's shutdown cancels the copies: a copy between two polls ends at once, as cancelled."""
+    output_relay.configure("text")
+    output_relay.output_log.handlers[0].setStream(captured)  # type: ignore[attr-defined]
+    log = tmp_path / "log"
+    log.write_bytes(b"first line\n")
+    copying = asyncio.ensure_future(output_relay.follow(log, "inst-1", asyncio.Event()))
+    async with asyncio.timeout(5):
+        while True:  # the copy polls the file: so does the test
+            if captured.getvalue():
+                break
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(output_relay.POLL_S / 2)  # waiting for the next poll
+    copying.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(1):
+            await copying
+    assert copying.cancelled()
+    with log.open("ab") as out:
+        out.write(b"written after the copy ended\n")
+    await asyncio.sleep(output_relay.POLL_S * 2)
+    assert captured.getvalue() == "inst-1 | first line\n"

@@ -19,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.cluster.ports import free_port
+from standin import cli
 from standin.engine_core import ENGINE_TITLE
 
 REPO = Path(__file__).resolve().parent.parent
@@ -235,6 +236,23 @@ async def test_sigterm_before_listening_exits_0(start_standin: Callable[..., Sta
     standin = start_standin("--startup-delay", "60")
     await standin.wait_for_log("listening in 60.0 s")
     assert standin.stop(timeout=5) == 0
+
+
+async def test_a_cancelled_startup_delay_ends_cancelled_and_never_listens() -> None:
+    """A server cancelled while it waits out --startup-delay (its caller giving up) stops there: the
+    cancellation reaches the caller, and the port never opens."""
+    port = free_port()
+    args, _ = cli.build_parser().parse_known_args(["--startup-delay", "60", "--no-engine-process", "--port", str(port)])
+    serving = asyncio.ensure_future(cli._serve(args, None))
+    await asyncio.sleep(0.05)
+    serving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(1):
+            await serving
+    assert serving.cancelled()
+    with pytest.raises(aiohttp.ClientConnectionError):
+        async with aiohttp.ClientSession() as session, session.get(f"http://127.0.0.1:{port}/health"):
+            pass
 
 
 async def test_sigterm_exits_0_promptly_while_holding_requests(

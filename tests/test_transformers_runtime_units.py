@@ -467,6 +467,53 @@ async def test_call_returns_the_result_or_raises_and_close_refuses_held_requests
         await held
 
 
+async def _cancel_while_pending(task: "asyncio.Task[Any]") -> None:
+    """Cancel `task` while it waits; the cancellation must come back out of it."""
+    await asyncio.sleep(0.05)
+    assert not task.done()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        async with asyncio.timeout(2):
+            await task
+    assert task.cancelled()
+
+
+async def test_a_request_held_while_asleep_and_cancelled_ends_cancelled_and_never_runs(engine: Engine) -> None:
+    """A client that goes away while its request waits at the closed door takes the request with it."""
+    await engine.sleep(1, "wait")
+    held = FakeJob()
+    await _cancel_while_pending(asyncio.create_task(engine.submit(held)))
+    assert engine.waiting == 0
+    assert await engine.wake_up(None) is True
+    await engine.call(lambda: None)  # anything queued before it has run by now
+    assert not held.started.is_set()
+
+
+class StubbornJob(FakeJob):
+    """Ignores an abort: it ends only when `proceed` is set."""
+
+    def run(self) -> str:
+        self.started.set()
+        self.proceed.wait(5)
+        return "ran"
+
+
+async def test_a_close_cancelled_while_it_waits_for_the_model_thread_still_refused_held_requests(
+    engine: Engine,
+) -> None:
+    running = StubbornJob(hold=True)
+    await engine.submit(running)
+    await _started(running)
+    queued = FakeJob()
+    await engine.submit(queued)
+    await _cancel_while_pending(asyncio.create_task(engine.close()))
+    assert await queued.outcome == "abandoned"
+    with pytest.raises(ApiError, match="shutting down"):
+        await engine.submit(FakeJob())
+    running.proceed.set()
+    assert await running.outcome == "ran"
+
+
 async def test_an_abandoned_call_gets_503() -> None:
     job = CallJob(lambda: 1)
     job.abandon()

@@ -248,7 +248,8 @@ class Engine:
         deadline = loop.time() + self.sleep_wait_timeout
         while not self._open.is_set():
             try:
-                await asyncio.wait_for(self._open.wait(), max(0.0, deadline - loop.time()))
+                async with asyncio.timeout_at(deadline):
+                    await self._open.wait()
             except TimeoutError:
                 raise ApiError(
                     503,
@@ -403,7 +404,8 @@ class Engine:
         self._open.set()
         self._abort_all()
         with contextlib.suppress(TimeoutError):  # aborted sequences end within a step: let them say so
-            await asyncio.wait_for(self._idle.wait(), CLOSE_GRACE_S)
+            async with asyncio.timeout(CLOSE_GRACE_S):
+                await self._idle.wait()
         if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):

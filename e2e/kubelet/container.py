@@ -146,7 +146,8 @@ class ContainerProcess:
         if self._process.returncode is None:
             self._signal(signal.SIGTERM)
             try:
-                return await asyncio.wait_for(self.wait(), max(grace_seconds, 0.0))
+                async with asyncio.timeout(max(grace_seconds, 0.0)):
+                    return await self.wait()
             except TimeoutError:
                 pass
         self.kill()

@@ -84,7 +84,8 @@ async def _podman(*args: str, limit: float = 60.0) -> tuple[int, str]:
         "podman", *args, stdin=devnull, stdout=pipe, stderr=asyncio.subprocess.STDOUT
     )
     try:
-        output, _ = await asyncio.wait_for(process.communicate(), limit)
+        async with asyncio.timeout(limit):
+            output, _ = await process.communicate()
     except TimeoutError:
         process.kill()
         await process.wait()
@@ -180,11 +181,13 @@ class OciContainer:
         if self._running():
             await _podman("kill", "--signal=TERM", self.spec.name)
             with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(self.wait(), max(grace_seconds, 0.0))
+                async with asyncio.timeout(max(grace_seconds, 0.0)):
+                    return await self.wait()
         while self._running():  # also a container that podman had not created yet when TERM was sent
             await _podman("rm", "--force", "--time=0", self.spec.name)
             with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(self.wait(), _GONE_POLL_SECONDS)
+                async with asyncio.timeout(_GONE_POLL_SECONDS):
+                    return await self.wait()
         return await self.wait()
 
     def kill(self) -> None:

@@ -225,7 +225,8 @@ class SimulationProcess:
         if self._process is not None and self._process.returncode is None:
             self._process.send_signal(signal.SIGTERM)
             try:
-                await asyncio.wait_for(self._process.wait(), 10.0)
+                async with asyncio.timeout(10.0):
+                    await self._process.wait()
             except TimeoutError:
                 self._process.kill()
                 await self._process.wait()

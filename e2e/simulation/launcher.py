@@ -104,7 +104,8 @@ class LauncherContainer(SimulatedContainer):
         if self._runner is None:
             return 0
         try:
-            await asyncio.wait_for(self._runner.cleanup(), grace_seconds)
+            async with asyncio.timeout(grace_seconds):
+                await self._runner.cleanup()
         except TimeoutError:
             await self.kill()
             return KILLED

@@ -84,7 +84,8 @@ class RequesterContainer(SimulatedContainer):
     async def stop(self, grace_seconds: float) -> int:
         """As the requester on SIGTERM: stop accepting, idle connections closed at once."""
         try:
-            await asyncio.wait_for(self._shut_down(), grace_seconds)
+            async with asyncio.timeout(grace_seconds):
+                await self._shut_down()
         except TimeoutError:
             await self.kill()
             return KILLED
