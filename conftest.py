@@ -1,1 +1,1 @@
-pytest_plugins = ["e2e.fixtures"]
+pytest_plugins = ["e2e.fixtures", "e2e.failure_logs"]
