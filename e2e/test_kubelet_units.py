@@ -23,6 +23,7 @@ from e2e.kubelet.images import DEFAULT_IMAGE_MAP, REPO_ROOT, ImageEntry, ImageMa
 from e2e.kubelet.supervisor import Backoff
 from e2e.kubelet.sync import PodDecoder
 from e2e.kubelet.volumes import Mount
+from e2e.waiting import cancel_while_waiting, wait_for
 
 
 @pytest.mark.parametrize(
@@ -215,19 +216,8 @@ async def test_a_stop_cancelled_during_the_grace_period_ends_cancelled_and_the_c
         hostname="units", mounts=[], log=log,
     )  # fmt: skip
     try:
-        async with asyncio.timeout(5):
-            while True:  # a file: nothing to wait on but the next look
-                if "up" in log.read_text():
-                    break
-                await asyncio.sleep(0.01)
-        stopping = asyncio.create_task(process.stop(30))
-        await asyncio.sleep(0.1)
-        assert not stopping.done()
-        stopping.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            async with asyncio.timeout(1):
-                await stopping
-        assert stopping.cancelled()
+        await wait_for(lambda: "up" in log.read_text(), what="the container up", within=5, interval=0.01)
+        await cancel_while_waiting(asyncio.create_task(process.stop(30)))
     finally:
         process.kill()
     async with asyncio.timeout(5):
@@ -249,18 +239,8 @@ def fake_podman(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 async def test_a_podman_call_cancelled_while_it_runs_ends_cancelled(fake_podman: Path) -> None:
     calling = asyncio.create_task(oci._podman("hang"))
     try:
-        async with asyncio.timeout(5):
-            while True:  # a file: nothing to wait on but the next look
-                if fake_podman.is_file():
-                    break
-                await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
-        assert not calling.done()
-        calling.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            async with asyncio.timeout(1):
-                await calling
-        assert calling.cancelled()
+        await wait_for(fake_podman.is_file, what="podman called", within=5, interval=0.01)
+        await cancel_while_waiting(calling, settle=0.05)
     finally:
         for line in fake_podman.read_text().splitlines():
             with contextlib.suppress(ProcessLookupError):
@@ -276,14 +256,7 @@ async def test_an_oci_stop_cancelled_during_the_grace_period_ends_cancelled_befo
         name="units-1", image="img", command=None, args=None, env={}, hostname="units", mounts=[], working_dir=None
     )
     try:
-        stopping = asyncio.create_task(oci.OciContainer(spec, process).stop(30))
-        await asyncio.sleep(0.2)
-        assert not stopping.done()
-        stopping.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            async with asyncio.timeout(1):
-                await stopping
-        assert stopping.cancelled()
+        await cancel_while_waiting(asyncio.create_task(oci.OciContainer(spec, process).stop(30)), settle=0.2)
         assert [line.split()[1:] for line in fake_podman.read_text().splitlines()] == [
             ["kill", "--signal=TERM", "units-1"]
         ]

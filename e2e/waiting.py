@@ -57,3 +57,17 @@ async def wait_service_account(core: Any, namespace: str, name: str = "default",
         return bool(await core.read_namespaced_service_account(name, namespace))
 
     await wait_for(exists, what=f"the ServiceAccount {namespace}/{name}", within=within)
+
+
+async def cancel_while_waiting(task: "asyncio.Task[Any]", settle: float = 0.1, within: float = 2.0) -> None:
+    """Cancel `task` once it has waited `settle` seconds; the cancellation must come back out of it (not be
+    swallowed, as `asyncio.wait_for` could), within `within` seconds."""
+    await asyncio.sleep(settle)
+    assert not task.done(), "it should still be waiting"
+    task.cancel()
+    try:
+        async with asyncio.timeout(within):
+            await task
+    except asyncio.CancelledError:
+        pass
+    assert task.cancelled(), "the cancellation was swallowed"

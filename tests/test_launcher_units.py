@@ -13,7 +13,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
@@ -36,6 +35,7 @@ from api.launcher import (
     WakeProbe,
 )
 from e2e.cluster.ports import free_port
+from e2e.waiting import cancel_while_waiting
 from launcher import gpu_memory, liveness, startup_phases, validation
 from launcher.engine_defaults import GIB, GpuMemory, Machine, transformers_defaults, vllm_defaults
 from launcher.errors import BadRequest, Conflict, Gone, InvalidOptions, RangeNotSatisfiable
@@ -618,22 +618,11 @@ async def _reap(manager: InstanceManager, instance: Instance, child: subprocess.
     manager._on_exit(instance, code)
 
 
-async def _cancel_while_waiting(task: "asyncio.Task[Any]") -> None:
-    """Cancel `task` while it waits; the cancellation must come back out of it, not be swallowed."""
-    await asyncio.sleep(0.1)
-    assert not task.done()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        async with asyncio.timeout(2):
-            await task
-    assert task.cancelled()
-
-
 async def test_a_stop_cancelled_during_the_grace_period_ends_cancelled_and_the_instance_still_exits(
     manager: InstanceManager, tmp_path: Path, child: subprocess.Popen[bytes]
 ) -> None:
     instance = _instance(tmp_path, child.pid)
-    await _cancel_while_waiting(asyncio.create_task(manager._stop(instance)))
+    await cancel_while_waiting(asyncio.create_task(manager._stop(instance)))
     await _reap(manager, instance, child)  # the SIGTERM it got before the cancellation stands
     assert (instance.status, instance.exit_code) == (InstanceStatus.STOPPED, 0)
 
@@ -645,7 +634,7 @@ async def test_a_call_cancelled_while_it_waits_for_a_dead_instances_exit_code_en
     caller going away meanwhile ends the call as cancelled, not as a BackendTimeout."""
     instance = _instance(tmp_path, pid=NO_PROCESS, port=free_port())  # nothing listens there
     instance.stop_reason = StopReason.UNRESPONSIVE
-    await _cancel_while_waiting(asyncio.create_task(manager._call_backend(instance, "POST", "/sleep")))
+    await cancel_while_waiting(asyncio.create_task(manager._call_backend(instance, "POST", "/sleep")))
 
 
 async def test_a_failed_wake_check_cancelled_while_it_waits_for_the_exit_code_still_killed_the_instance(
@@ -654,7 +643,7 @@ async def test_a_failed_wake_check_cancelled_while_it_waits_for_the_exit_code_st
     instance = _instance(tmp_path, child.pid, port=free_port())  # nothing answers the probe there
     instance.probe = ProbeAnswer([1, 2, 3], [5, 6, 7])
     checking = asyncio.create_task(manager._check_wake(instance, TransformersRuntime()))
-    await _cancel_while_waiting(checking)  # the reaper has not seen the exit yet
+    await cancel_while_waiting(checking)  # the reaper has not seen the exit yet
     await _reap(manager, instance, child)
     assert (instance.exit_code, instance.stop_reason) == (-signal.SIGKILL, StopReason.WAKE_CHECK_FAILED)
 
@@ -668,7 +657,7 @@ async def test_a_wait_for_the_output_copy_cancelled_ends_cancelled_and_the_copy_
         copied.set()
 
     instance.output = asyncio.create_task(copy())
-    await _cancel_while_waiting(asyncio.create_task(_copied(instance)))
+    await cancel_while_waiting(asyncio.create_task(_copied(instance)))
     async with asyncio.timeout(2):
         await instance.output
     assert copied.is_set()

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from api.openai_errors import ApiError
+from e2e.waiting import cancel_while_waiting
 from transformers_runtime import build_parser
 from transformers_runtime.batch import Batch, Prompt
 from transformers_runtime.engine import CallJob, Engine, Job
@@ -467,22 +468,11 @@ async def test_call_returns_the_result_or_raises_and_close_refuses_held_requests
         await held
 
 
-async def _cancel_while_pending(task: "asyncio.Task[Any]") -> None:
-    """Cancel `task` while it waits; the cancellation must come back out of it."""
-    await asyncio.sleep(0.05)
-    assert not task.done()
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        async with asyncio.timeout(2):
-            await task
-    assert task.cancelled()
-
-
 async def test_a_request_held_while_asleep_and_cancelled_ends_cancelled_and_never_runs(engine: Engine) -> None:
     """A client that goes away while its request waits at the closed door takes the request with it."""
     await engine.sleep(1, "wait")
     held = FakeJob()
-    await _cancel_while_pending(asyncio.create_task(engine.submit(held)))
+    await cancel_while_waiting(asyncio.create_task(engine.submit(held)), settle=0.05)
     assert engine.waiting == 0
     assert await engine.wake_up(None) is True
     await engine.call(lambda: None)  # anything queued before it has run by now
@@ -506,7 +496,7 @@ async def test_a_close_cancelled_while_it_waits_for_the_model_thread_still_refus
     await _started(running)
     queued = FakeJob()
     await engine.submit(queued)
-    await _cancel_while_pending(asyncio.create_task(engine.close()))
+    await cancel_while_waiting(asyncio.create_task(engine.close()), settle=0.05)
     assert await queued.outcome == "abandoned"
     with pytest.raises(ApiError, match="shutting down"):
         await engine.submit(FakeJob())
