@@ -180,8 +180,11 @@ _LAUNCHER_CONTAINER_RULE: Final = _rule(
     reason="FieldValueRequired",
 )
 VALIDATIONS: Final = "x-kubernetes-validations"
-# Routing labels and annotations per InferenceServerConfig: a bound on what the rules above cost the API server.
-MAX_ROUTING_KEYS: Final = 64
+# Routing labels and annotations per InferenceServerConfig, and a label value's length: bounds on what the rules above
+# cost the API server. Only the CRD carries them, never the models: an object stored before they existed must still
+# parse, so that the controllers can report what is wrong with it.
+ROUTING_KEY_BOUNDS: Final[dict[str, JsonValue]] = {"maxProperties": 64}
+LABEL_VALUE_BOUND: Final[dict[str, JsonValue]] = {"maxLength": 63}
 
 
 # --- InferenceServerConfig -------------------------------------------------------------------------
@@ -197,18 +200,15 @@ class ModelServerConfig(KubeModel):
     """Options are the vLLM startup options, excluding Port."""
     env_vars: dict[str, str] = Field(default_factory=dict, alias="env_vars")
     """EnvVars are the environment variables for the vLLM instance."""
-    labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+    labels: dict[str, Annotated[str, Field(json_schema_extra=LABEL_VALUE_BOUND)]] = Field(
         default_factory=dict,
-        max_length=MAX_ROUTING_KEYS,
-        json_schema_extra={VALIDATIONS: [*_metadata_key_rules("label"), _LABEL_VALUE_RULE]},
+        json_schema_extra={**ROUTING_KEY_BOUNDS, VALIDATIONS: [*_metadata_key_rules("label"), _LABEL_VALUE_RULE]},
     )
     """Labels are applied to the server-providing Pod while bound. Keys must be valid Kubernetes label keys
     and must not use reserved prefixes (dual-pods.llm-d.ai/, kubernetes.io/, k8s.io/). Values must be
     valid Kubernetes label values."""
     annotations: dict[str, str] = Field(
-        default_factory=dict,
-        max_length=MAX_ROUTING_KEYS,
-        json_schema_extra={VALIDATIONS: _metadata_key_rules("annotation")},
+        default_factory=dict, json_schema_extra={**ROUTING_KEY_BOUNDS, VALIDATIONS: _metadata_key_rules("annotation")}
     )
     """Annotations are applied to the server-providing Pod while bound. Keys must be valid Kubernetes
     annotation keys and must not use reserved prefixes (dual-pods.llm-d.ai/, kubernetes.io/, k8s.io/)."""

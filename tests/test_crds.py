@@ -501,3 +501,22 @@ def test_a_population_policy_without_a_spec_is_valid_and_asks_for_nothing(crds: 
     policy = LauncherPopulationPolicy.from_k8s({k: v for k, v in _lpp().items() if k != "spec"})
     assert policy.spec.count_for_launcher == []
     assert policy.spec.enhanced_node_selector.matches({"any": "node"}, {})
+
+
+def test_the_models_parse_what_only_the_crds_bounds_refuse(crds: dict[str, dict[str, Any]]) -> None:
+    """An InferenceServerConfig stored before the CRD bounded its routing maps still parses, so the controllers can
+    say what is wrong with it rather than fail to read it; the CRD carries the bounds for new writes."""
+    server = crds["InferenceServerConfig"]["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "properties"
+    ]["modelServerConfig"]["properties"]
+    assert (server["labels"]["maxProperties"], server["labels"]["additionalProperties"]["maxLength"]) == (64, 63)
+    assert server["annotations"]["maxProperties"] == 64
+    many = {f"key-{i}": "v" * 100 for i in range(100)}
+    stored = {
+        "apiVersion": API_VERSION,
+        "kind": "InferenceServerConfig",
+        "metadata": {"name": "old"},
+        "spec": {"launcherConfigName": "lc", "modelServerConfig": {"port": 8005, "labels": many, "annotations": many}},
+    }
+    parsed = InferenceServerConfig.from_k8s(stored)
+    assert parsed.spec.model_server_config.labels == many
