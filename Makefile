@@ -12,7 +12,8 @@ export TRANSFORMERS_OFFLINE := 1
 export VLLM_NO_USAGE_STATS := 1
 export DO_NOT_TRACK := 1
 
-PYTEST_ARGS ?=
+# The slowest tests are listed after every run: the suite's time is part of what `make test` promises.
+PYTEST_ARGS ?= --durations=30
 # Where `make cluster-up` keeps the loopback cluster's state (tests use their own temporary one).
 CLUSTER_STATE ?= .cluster
 
