@@ -91,7 +91,6 @@ class LimitedApiClient(client.ApiClient):  # type: ignore[misc]
         self.limits = limits
         self._bucket = TokenBucket(limits.qps, limits.burst)
         self._metrics = metrics
-
         self._logged_warnings: set[str] = set()
 
     def request(self, method: str, url: str, *args: Any, **kwargs: Any) -> Awaitable[Any]:

@@ -13,7 +13,16 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from api.crdgen import DEFAULT_OUT_DIR as CRD_DIR
-from api.crds import API_VERSION, GROUP, KINDS, VERSION, CustomResource, InferenceServerConfig, LauncherConfig
+from api.crds import (
+    API_VERSION,
+    GROUP,
+    KINDS,
+    VALIDATIONS,
+    VERSION,
+    CustomResource,
+    InferenceServerConfig,
+    LauncherConfig,
+)
 from e2e.cluster.binaries import venv_tool
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.waiting import wait_for
@@ -95,7 +104,7 @@ _RULE_BREAKERS: dict[type[CustomResource], dict[str, Any]] = {
 
 def _without_rules(schema: Any) -> Any:
     if isinstance(schema, dict):
-        return {k: _without_rules(v) for k, v in schema.items() if k != "x-kubernetes-validations"}
+        return {k: _without_rules(v) for k, v in schema.items() if k != VALIDATIONS}
     if isinstance(schema, list):
         return [_without_rules(item) for item in schema]
     return schema

@@ -20,7 +20,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from api import keys
 from e2e.actuation import Actuation, actuate, release
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.dualpods_env import PROCESSES, RESTRICTED_NAMESPACE, DualPodsEnv, Images, built_images
+from e2e.dualpods_env import ENFORCE, PROCESSES, RESTRICTED_NAMESPACE, WARN, DualPodsEnv, Images, built_images
 from e2e.kubelet import oci
 from e2e.tiny_model import ensure_tiny_model
 from e2e.waiting import wait_for, wait_service_account
@@ -40,7 +40,7 @@ def pod_security(images: Images) -> dict[str, str]:
     enforced there and "restricted" only warned about."""
     if images is PROCESSES:
         return RESTRICTED_NAMESPACE
-    return {"pod-security.kubernetes.io/enforce": "privileged", "pod-security.kubernetes.io/warn": "restricted"}
+    return {ENFORCE: "privileged", WARN: "restricted"}
 
 
 async def fresh_namespace(
@@ -123,7 +123,7 @@ async def run(state_dir: Path, namespace: str, images: Images) -> None:
         await env.setup()
         say(
             f"installing the Helm chart into namespace {namespace} (controllers run as Pods; Pod Security "
-            f"{labels['pod-security.kubernetes.io/enforce']!r} enforced)"
+            f"{labels[ENFORCE]!r} enforced)"
         )
         if images is not PROCESSES:
             say(f"  from the images of `make images`: {images.controller}, {images.launcher}, {images.requester}")

@@ -35,8 +35,9 @@ RESTRICTED_POD: Obj = {"runAsNonRoot": True, "seccompProfile": {"type": "Runtime
 RESTRICTED_CONTAINER: Obj = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
 # The real launcher image, run as config/examples/ runs it: its root read-only, writing only to volumes.
 READ_ONLY_CONTAINER: Obj = {**RESTRICTED_CONTAINER, "readOnlyRootFilesystem": True}
-# The namespace labels of Pod Security admission: what it enforces.
-RESTRICTED_NAMESPACE: dict[str, str] = {"pod-security.kubernetes.io/enforce": "restricted"}
+# The namespace labels of Pod Security admission: the level it enforces, and the one it only warns about.
+ENFORCE, WARN = "pod-security.kubernetes.io/enforce", "pod-security.kubernetes.io/warn"
+RESTRICTED_NAMESPACE: dict[str, str] = {ENFORCE: "restricted"}
 
 
 @dataclass(frozen=True)
