@@ -58,6 +58,15 @@ def is_ready(pod: Pod) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
+def unschedulable(pod: Pod) -> str | None:
+    """The scheduler's message while it cannot place the Pod (PodScheduled False, reason Unschedulable)."""
+    conditions = pod.get("status", {}).get("conditions") or []
+    for condition in conditions:
+        if condition.get("type") == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return str(condition.get("message") or "unschedulable") if condition.get("status") == "False" else None
+    return None
+
+
 def container_status(pod: Pod, container: str = keys.INFERENCE_SERVER_CONTAINER) -> dict[str, Any]:
     for status in pod.get("status", {}).get("containerStatuses") or []:
         if status.get("name") == container:

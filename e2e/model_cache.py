@@ -32,7 +32,7 @@ def report_build(what: str, out_dir: Path) -> Iterator[None]:
     print(f"built {what} in {out_dir} ({size / 1e6:.2f} MB) in {elapsed:.1f} s", file=sys.stderr)
 
 
-def _readable_by_all(tree: Path) -> None:
+def readable_by_all(tree: Path) -> None:
     """Every file readable and every directory searchable by any user: a container that mounts an entry runs
     as a non-root user (safetensors, for one, writes its files owner-only)."""
     for path in [tree, *tree.rglob("*")]:
@@ -45,14 +45,14 @@ def ensure_built(kind: str, key: str, build: Builder) -> Path:
     """Return `<cache>/<kind>/<key>`, building it with `build` first if it is not there yet."""
     final = cache_root() / kind / key
     if final.is_dir():
-        _readable_by_all(final)  # entries built before this rule
+        readable_by_all(final)  # entries built before this rule
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=final.parent))
     try:
         with report_build(key, final):
             build(scratch)
-            _readable_by_all(scratch)
+            readable_by_all(scratch)
             try:
                 scratch.rename(final)
             except OSError:

@@ -389,6 +389,12 @@ async def test_stuck_launchers_are_labelled_and_reported_once(api: client.ApiCli
             return stuck if len(stuck) == 2 and labelled else None
 
         stuck = await wait_for(stuck_launchers, what="both launchers labelled stuck", within=30)
+        ready = functools.partial(objects.condition, type_="Ready")
+        await eventually(lambda: ready("LauncherPopulationPolicy", "one-node"), ("False", "Unschedulable"), "Ready")
+        shown = await objects.get("LauncherPopulationPolicy", "one-node")
+        (message,) = [c["message"] for c in shown["status"]["conditions"] if c["type"] == "Ready"]
+        unschedulable = stuck["unschedulable"].metadata.name
+        assert f"; unschedulable: {unschedulable} (0/" in message, "the scheduler's own words"
         await asyncio.sleep(QUIET_S)
         for config, phase in (("unschedulable", "stuck_scheduling"), ("never-ready", "stuck_starting")):
             pod = stuck[config]
@@ -402,3 +408,44 @@ async def test_stuck_launchers_are_labelled_and_reported_once(api: client.ApiCli
         assert {p.metadata.uid for p in await launchers(api, namespace)} == {p.metadata.uid for p in stuck.values()}, (
             "stuck launchers are not replaced"
         )
+
+
+@pytest.mark.usefixtures("crds")
+async def test_launchers_a_quota_refuses_are_reported_on_the_policy_until_it_allows_them(
+    api: client.ApiClient, namespace: str
+) -> None:
+    objects = Objects(api, namespace)
+    core = client.CoreV1Api(api)
+    nodes = await gpu_nodes(api)
+    quota = {"metadata": {"name": "launchers"}, "spec": {"hard": {"pods": "1"}}}
+    await core.create_namespaced_resource_quota(namespace, quota)
+
+    async def quota_counted() -> bool:  # until then the API server refuses every Pod ("status unknown")
+        found = await core.read_namespaced_resource_quota("launchers", namespace)
+        return bool(found.status and found.status.hard)
+
+    await wait_for(quota_counted, what="the quota's status", within=30)
+    ready = functools.partial(objects.condition, type_="Ready")
+    async with populator(api, namespace):
+        await objects.create(launcher_config("pause", PAUSE))
+        await objects.create(policy("gpus", {"pause": 1}))
+        await eventually(lambda: ready("LauncherPopulationPolicy", "gpus"), ("False", "QuotaExceeded"), "LPP Ready")
+        shown = await objects.get("LauncherPopulationPolicy", "gpus")
+        (message,) = [c["message"] for c in shown["status"]["conditions"] if c["type"] == "Ready"]
+        assert message.startswith("0 of 2 launchers Ready; refused on node "), message
+        assert "exceeded quota: launchers, requested: pods=1, used: pods=1, limited: pods=1" in message
+        (created,) = await launchers(api, namespace)
+        refused_node = next(node for node in nodes if node != created.metadata.labels[keys.NODE_NAME_LABEL])
+        await asyncio.sleep(QUIET_S)  # the populator retries meanwhile; the Event is not repeated
+        events = await core.list_namespaced_event(namespace, field_selector="involvedObject.name=gpus")
+        assert [(e.type, e.reason, e.source.component, e.involved_object.kind, e.count) for e in events.items] == [
+            ("Warning", "QuotaExceeded", "launcher-populator", "LauncherPopulationPolicy", 1)
+        ]
+        assert events.items[0].message.startswith(
+            f"cannot create a launcher of LauncherConfig pause on node {refused_node}: "
+        ), events.items[0].message
+
+        await core.patch_namespaced_resource_quota("launchers", namespace, {"spec": {"hard": {"pods": "2"}}})
+        await settled(api, namespace, dict.fromkeys(nodes, 1))
+        # The pause launchers are never Ready: populating, and no longer for want of quota.
+        await eventually(lambda: ready("LauncherPopulationPolicy", "gpus"), ("False", "Populating"), "LPP Ready")

@@ -11,8 +11,10 @@ image, and chats through the requester image's proxy.
 
 import contextlib
 import json
+import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -79,6 +81,14 @@ def call(url: str, method: str = "GET", body: dict[str, Any] | None = None) -> A
         return json.loads(response.read())
 
 
+def call_status(url: str, method: str, body: dict[str, Any]) -> tuple[int, Any]:
+    """(the HTTP status, the JSON body) of a call that may be refused."""
+    try:
+        return 200, call(url, method, body)
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
 def wait_answers(url: str, within: float, diagnose: Any = lambda: "") -> None:
     deadline = time.monotonic() + within
     while True:
@@ -129,10 +139,25 @@ def test_images_hold_the_wheel_and_nothing_of_the_checkout(images: None, image: 
     assert "org.opencontainers.image.source" in labels
 
 
-def test_the_cpu_launcher_image_forks_vllm_that_answers_a_chat(images: None) -> None:
+def test_the_cpu_launcher_image_forks_vllm_that_answers_a_chat(images: None, tmp_path: Path) -> None:
+    """Before that, a model whose weights only root may read (as safetensors writes them, mode 0600) is refused
+    before any fork, naming the file and the image's user, for either runtime."""
     model = ensure_tiny_model(seed=1)
-    with launcher(catalogue.LAUNCHER_CPU, f"{model}:/models/tiny:ro") as (url, name):
+    private = tmp_path / "private"
+    shutil.copytree(model, private)
+    private.chmod(0o755)
+    (private / "model.safetensors").chmod(0o600)
+    with launcher(catalogue.LAUNCHER_CPU, f"{model}:/models/tiny:ro", f"{private}:/models/private:ro") as (url, name):
         assert "preloaded transformers, vllm in" in logs(name)
+        for runtime in ("vllm", "transformers"):
+            create = {"options": f"--model /models/private --port {free_port()}", "runtime": runtime}
+            status, refused = call_status(f"{url}/v2/vllm/instances", "POST", create)
+            assert status == 400, refused
+            assert refused["reason"] == "InvalidOptions", refused
+            assert "/models/private/model.safetensors" in refused["detail"], refused
+            assert "dualpods (uid 65532, gid 0)" in refused["detail"], refused
+        assert call(f"{url}/v2/vllm/instances")["instances"] == [], "nothing was forked"
+
         port = free_port()
         options = f"--model /models/tiny --served-model-name tiny --port {port} --max-model-len 256"
         call(f"{url}/v2/vllm/instances/tiny", "PUT", {"options": options})

@@ -17,7 +17,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from e2e import tiny_model
-from e2e.model_cache import ensure_built, report_build
+from e2e.model_cache import ensure_built, readable_by_all, report_build
 
 # Bump when anything below changes what is written: it keys the cache.
 RECIPE = "tiny-lora-v1"
@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with report_build(f"{RECIPE} rank {args.rank} seed {args.seed} for {args.base}", args.out_dir):
         build_tiny_lora(args.out_dir, args.base, args.seed, args.rank)
+        readable_by_all(args.out_dir)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-from e2e.model_cache import ensure_built, report_build
+from e2e.model_cache import ensure_built, readable_by_all, report_build
 
 # Bump when anything below changes what is written: it keys the cache.
 RECIPE = "tiny-llama-v1"
@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     with report_build(f"{RECIPE} seed {args.seed}", args.out_dir):
         build_tiny_model(args.out_dir, args.seed)
+        readable_by_all(args.out_dir)  # a launcher image's non-root user must read it
 
 
 if __name__ == "__main__":

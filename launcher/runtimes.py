@@ -26,6 +26,7 @@ from . import startup_phases as phases
 from . import vllm_startup
 from .engine_defaults import KV_CACHE_SIZING_FLAGS, EngineDefaults, Machine, transformers_defaults, vllm_defaults
 from .errors import InvalidOptions
+from .validation import unreadable_model_entry
 
 _UNSET: Any = object()
 log = logging.getLogger(__name__)
@@ -133,6 +134,12 @@ class KnownArgsRuntime(Runtime):
     def _run_parser(self, argv: list[str], namespace: argparse.Namespace | None) -> argparse.Namespace:
         values, _ignored = self.parser.parse_known_args(argv, namespace)
         return values
+
+
+def _check_model_readable(model: str) -> None:
+    problem = unreadable_model_entry(model)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def platform_is_cpu() -> bool:
@@ -278,6 +285,7 @@ class VllmRuntime(Runtime):
         model = values.model_tag or values.model
         if model.startswith(("/", "./", "../")) and not os.path.exists(model):
             raise ValueError(f"model path {model} does not exist on this node")
+        _check_model_readable(model)
         if self.on_cpu and values.enable_sleep_mode:
             raise ValueError(
                 "--enable-sleep-mode is not supported by vLLM on the CPU platform; leave it out "
@@ -346,6 +354,9 @@ class TransformersRuntime(KnownArgsRuntime):
         from transformers_runtime import build_parser
 
         return build_parser()
+
+    def check(self, values: argparse.Namespace) -> None:
+        _check_model_readable(values.model)
 
     def defaults(self, parsed: ParsedOptions, machine: Machine) -> EngineDefaults:
         return transformers_defaults(parsed.explicit, machine)

@@ -8,6 +8,8 @@ produce a watch line a client cannot read.
 
 import errno
 import json
+import os
+import pwd
 import socket
 from collections.abc import Mapping
 from typing import Any
@@ -25,6 +27,8 @@ from api.launcher import (
 from .errors import BadRequest, Conflict, InvalidOptions
 
 MAX_PORT = 65535
+# A model directory holds a few dozen files at its top: the check stops here.
+MAX_MODEL_FILES_CHECKED = 1000
 
 
 def encoded_size(value: Any) -> int:
@@ -102,3 +106,49 @@ def check_port_free(host: str, port: int) -> None:
                         ErrorReason.PORT_IN_USE,
                     ) from None
                 # Anything else is the instance's to meet (and report in its log).
+
+
+def _this_user() -> str:
+    """Who the launcher runs as, as a message names it (images run as arbitrary UIDs, not always in passwd)."""
+    uid, gid = os.geteuid(), os.getegid()
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid}, gid {gid})"
+    except KeyError:
+        return f"uid {uid} (gid {gid})"
+
+
+def unreadable_model_entry(model: str) -> str | None:
+    """Why this process's user cannot read a local model path, naming the entry and the user; None when it can
+    (or the model is not a local path).
+
+    Forked anyway, such a model fails deep inside the runtime, after the fork and with a misleading error
+    (safetensors' "No such file or directory" for a weights file of mode 0600), so creates check it first.
+    A model directory's own files are its top-level ones (config, tokenizer, weights; a hub cache's snapshot
+    links them to its blobs, and the links are followed); subdirectories and hidden files are not read by
+    every runtime, so they are left to the runtime.
+    """
+    if not os.path.lexists(model):
+        return None
+    if not os.path.isdir(model):
+        return _unreadable(model, model, os.R_OK, "file cannot be read")
+    problem = _unreadable(model, model, os.R_OK | os.X_OK, "directory cannot be listed")
+    if problem is not None:
+        return problem
+    with os.scandir(model) as listing:
+        files = sorted(e.path for e in listing if not e.name.startswith(".") and not e.is_dir())
+    for path in files[:MAX_MODEL_FILES_CHECKED]:
+        problem = _unreadable(model, path, os.R_OK, "file cannot be read")
+        if problem is not None:
+            return problem
+    return None
+
+
+def _unreadable(model: str, path: str, mode: int, what: str) -> str | None:
+    if not os.path.exists(path):
+        return f"model path {model}: {path} is a symbolic link to nothing"
+    if os.access(path, mode):
+        return None
+    return (
+        f"model path {model}: this {what} by the launcher's user {_this_user()}: {path}; make the model readable "
+        "by that user (for example files 0644 and directories 0755)"
+    )

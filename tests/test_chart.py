@@ -181,8 +181,17 @@ def test_fma_chart_globals_work() -> None:
     assert image == "dualpods/controller:1.2"  # the chart's own value wins
 
 
-def test_the_controllers_service_account_keeps_the_suffix_fma_policies_exempt() -> None:
-    assert "/serviceAccount/name" in template_fails("serviceAccount.name=controllers")
+def test_the_controllers_service_account_keeps_the_suffix_only_where_the_admission_policies_need_it() -> None:
+    refused = template_fails("serviceAccount.name=controllers")
+    assert 'serviceAccount.name "controllers" lacks the suffix -fma-controllers' in refused
+    assert "admissionPolicies.enabled=false" in refused
+    docs = render("serviceAccount.name=controllers", "admissionPolicies.enabled=false")
+    pod = deployment(docs, "rel-dual-pods-controller")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "controllers"
+    assert not by_kind(docs, "ValidatingAdmissionPolicy")
+    # A tenant install renders no policies, so nothing asks for the suffix there.
+    assert render("serviceAccount.name=controllers", *TENANT)
+    assert "/serviceAccount/name" in template_fails("serviceAccount.name=Not_A_Name")
 
 
 def test_two_renders_with_the_same_values_are_byte_identical() -> None:

@@ -13,6 +13,7 @@ from api.crds import GROUP, VERSION, InferenceServerConfigStatus, LauncherPopula
 from controller.conditions import Problem, Readiness, computed, current
 from controller.dualpods.isc_status import IscSnapshot, isc_status, observe_isc
 from controller.populator.key import LauncherKey
+from controller.populator.refusals import QUOTA_EXCEEDED, Refusal
 from controller.populator.status import config_status, policy_status
 from controller.status_writer import StatusWriter
 from tests.test_dualpods_fakes import (
@@ -91,11 +92,36 @@ def test_a_policy_is_populated_once_every_launcher_it_asks_for_is_ready() -> Non
     stuck = launcher("c", "h", stuck_label=True)
     key, other = LauncherKey("n1", "lc"), LauncherKey("n2", "lc")
     cached = {key: [ready, starting], other: [stuck]}
-    status = policy_status(policy, [], {key: 2, other: 1}, lambda k: cached.get(k, []), T0)
+    status = policy_status(policy, [], {key: 2, other: 1}, lambda k: cached.get(k, []), {}, T0)
     assert conditions(status)["Ready"][:3] == ("False", "Populating", "1 of 3 launchers Ready; stuck: c")
-    status = policy_status(policy, [], {key: 1}, lambda k: cached.get(k, []), T0)
+    status = policy_status(policy, [], {key: 1}, lambda k: cached.get(k, []), {}, T0)
     assert conditions(status)["Ready"][:3] == ("True", "Populated", "1 of 1 launchers Ready")
-    assert conditions(policy_status(policy, [], {}, lambda k: [], T0))["Ready"][:2] == ("True", "Populated")
+    assert conditions(policy_status(policy, [], {}, lambda k: [], {}, T0))["Ready"][:2] == ("True", "Populated")
+
+
+def test_a_policy_says_why_its_launchers_are_missing() -> None:
+    policy = {"metadata": {"name": "p", "generation": 1}}
+    pending = launcher("a", "h")
+    pending["status"]["conditions"] = [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes are available"}
+    ]
+    key, other = LauncherKey("n1", "lc"), LauncherKey("n2", "lc")
+    cached = {key: [pending]}
+    status = policy_status(policy, [], {key: 1}, lambda k: cached.get(k, []), {}, T0)
+    assert conditions(status)["Ready"][:3] == (
+        "False", "Unschedulable", "0 of 1 launchers Ready; unschedulable: a (0/2 nodes are available)"
+    )  # fmt: skip
+    quota = Refusal(QUOTA_EXCEEDED, "exceeded quota: q, requested: pods=1, used: pods=1, limited: pods=1")
+    status = policy_status(policy, [], {key: 1, other: 1}, lambda k: cached.get(k, []), {other: quota}, T0)
+    assert conditions(status)["Ready"][:3] == (
+        "False",
+        "QuotaExceeded",
+        "0 of 2 launchers Ready; refused on node n2 (lc): exceeded quota: q, requested: pods=1, used: pods=1, "
+        "limited: pods=1; unschedulable: a (0/2 nodes are available)",
+    )
+    # A refusal of a key whose launchers all exist (created before the quota shrank) is no longer the story.
+    status = policy_status(policy, [], {key: 1}, lambda k: cached.get(k, []), {key: quota}, T0)
+    assert conditions(status)["Ready"][1] == "Unschedulable"
 
 
 async def isc_snapshot(*objs: dict[str, Any]) -> IscSnapshot:

@@ -348,6 +348,20 @@ def test_bad_vllm_options_are_rejected_with_vllms_message(
     assert message in caught.value.message
 
 
+def test_a_model_whose_weights_link_to_nothing_is_refused_before_the_fork(
+    vllm_runtime: VllmRuntime, tmp_path: Path
+) -> None:
+    """As a hub cache's snapshot whose blob was removed; an unreadable file is refused the same way, naming the
+    launcher's user (as root here everything is readable: e2e/test_real_images.py runs the image's user)."""
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "model.safetensors").symlink_to(tmp_path / "blobs" / "gone")
+    with pytest.raises(BadRequest) as caught:
+        vllm_runtime.parse(["--model", str(tmp_path)])
+    assert caught.value.message == (
+        f"invalid options: model path {tmp_path}: {tmp_path}/model.safetensors is a symbolic link to nothing"
+    )
+
+
 # ----- liveness
 
 # A server process that forks one "engine" child titled ENGINE_TITLE; the child dies with its parent,

@@ -24,6 +24,7 @@ from controller.populator.metrics import LauncherPodCount
 from controller.populator.nodes import NodeFacts
 from controller.populator.phases import Thresholds
 from controller.populator.reconcile import KeyReconciler
+from controller.populator.refusals import Refusal
 from controller.populator.warmth import Warmth
 
 NOW = datetime(2026, 6, 21, 12, 0, tzinfo=UTC)
@@ -126,12 +127,14 @@ def launcher(
 
 
 class FakeCluster:
-    """A fake of the launcher API (`LauncherApi`) and of the informer cache (`LauncherCache`).
+    """A fake of the launcher API (`LauncherApi`), of the informer cache (`LauncherCache`) and of where
+    refusals go (`RefusalSink`).
 
     `pods` is the API server's state; `cache` is what the informer shows, a copy that tests refresh
     with `sync()`, so they can model an informer that lags. Deletes are immediate (no grace period)
     unless `graceful` is set. `conflicting` names Pods whose deletes answer 409; `patch_error`, when
-    set, is what every label patch raises.
+    set, is what every label patch raises; `create_error`, what every create raises. `refusals` is what
+    the reconcile reported, in order.
     """
 
     def __init__(self, *pods: dict[str, Any], nodes: Iterable[str] = (NODE,)) -> None:
@@ -143,6 +146,8 @@ class FakeCluster:
         self.warm: dict[str, Warmth] = {}  # what each launcher's view reports asleep (none when absent)
         self.conflicting: set[str] = set()
         self.patch_error: ApiException | None = None
+        self.create_error: ApiException | None = None
+        self.refusals: list[tuple[LauncherKey, Refusal | None]] = []
         self.graceful = False
         self.creates = 0
         self.lists = 0
@@ -186,6 +191,8 @@ class FakeCluster:
         return [copy.deepcopy(p) for p in self.pods.values() if launcher_key(p) == key]
 
     async def create(self, pod: Pod) -> dict[str, Any]:
+        if self.create_error is not None:
+            raise self.create_error
         self.creates += 1
         created = copy.deepcopy(dict(pod))
         serial = next(self._serial)
@@ -229,6 +236,11 @@ class FakeCluster:
     async def note(self, pod: Pod, reason: str, message: str) -> None:
         self.notes.append((pod["metadata"]["name"], reason, message))
 
+    # ----- RefusalSink
+
+    async def refused(self, key: LauncherKey, refusal: Refusal | None) -> None:
+        self.refusals.append((key, refusal))
+
 
 class FakeMonotonic:
     """A monotonic clock that tests move by hand, for expectation timeouts."""
@@ -248,6 +260,7 @@ def reconciler(
     registry = CollectorRegistry()
     reconcile = KeyReconciler(
         digest,
+        cluster,
         cluster,
         cluster,
         expectations,

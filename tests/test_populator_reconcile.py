@@ -1,14 +1,27 @@
 """The reconcile of one (Node, LauncherConfig) key against in-memory fakes: creates up to the target
 from the node-specialised template, never deletes bound launchers, replaces stale ones, deletes the
 surplus not-Ready and newest first, creates nothing while anything is being deleted, never creates
-twice on a lagging cache, and keeps hands-off while the LauncherConfig is missing or malformed."""
+twice on a lagging cache, keeps hands-off while the LauncherConfig is missing or malformed, and reports the
+API server's refusals of its creates by what they are."""
 
+import json
 from datetime import timedelta
+
+import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
 from controller.launcher_template import launcher_config_hash
 from controller.populator.digest import Digest, digest_config, digest_policy
 from controller.populator.metrics import NAME
+from controller.populator.refusals import (
+    CREATE_FAILED,
+    FORBIDDEN,
+    INVALID,
+    QUOTA_EXCEEDED,
+    REFUSED_BY_ADMISSION,
+    refusal_of,
+)
 from controller.populator.warmth import Warmth
 from tests.test_populator_fakes import (
     CONFIG,
@@ -192,3 +205,49 @@ async def test_a_gone_node_is_left_alone_but_still_counted() -> None:
     await reconcile(KEY)
     assert cluster.names() == {"a"}
     assert registry.get_sample_value(NAME, {"lcfg_name": CONFIG, "phase": "unbound"}) == 1
+
+
+QUOTA_BODY = (
+    '{"kind":"Status","apiVersion":"v1","status":"Failure","reason":"Forbidden","code":403,"message":"pods '
+    '\\"launcher-lc-a-x\\" is forbidden: exceeded quota: launchers, requested: pods=1, used: pods=1, limited: pods=1"}'
+)
+
+
+async def test_a_refused_create_is_reported_until_a_create_succeeds() -> None:
+    cluster = FakeCluster()
+    cluster.create_error = ApiException(status=403, reason=QUOTA_BODY)
+    reconcile, _, _ = reconciler(cluster, digest_for(1))
+    with pytest.raises(ApiException):
+        await reconcile(KEY)  # raised, so the queue retries the key with back-off
+    ((key, refusal),) = cluster.refusals
+    assert key == KEY
+    assert refusal is not None
+    assert refusal.reason == QUOTA_EXCEEDED
+    assert refusal.message == "exceeded quota: launchers, requested: pods=1, used: pods=1, limited: pods=1"
+
+    cluster.create_error = None
+    assert await reconcile(KEY) is None
+    assert cluster.creates == 1
+    assert cluster.refusals[-1] == (KEY, None)
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "reason"),
+    [
+        (403, 'pods "l" is forbidden: exceeded quota: q, requested: pods=1, used: pods=2, limited: pods=2',
+         QUOTA_EXCEEDED),
+        (403, 'pods "l" is forbidden: violates PodSecurity "restricted:latest": allowPrivilegeEscalation != false',
+         REFUSED_BY_ADMISSION),
+        (422, "pods \"l\" is forbidden: ValidatingAdmissionPolicy 'p' with binding 'b' denied request: no",
+         REFUSED_BY_ADMISSION),
+        (400, 'admission webhook "v.example.com" denied the request: no launchers here', REFUSED_BY_ADMISSION),
+        (403, 'pods is forbidden: User "system:serviceaccount:ns:sa" cannot create resource "pods"', FORBIDDEN),
+        (422, 'Pod "l" is invalid: spec.containers[0].image: Required value', INVALID),
+        (500, "etcdserver: request timed out", CREATE_FAILED),
+    ],
+)  # fmt: skip
+def test_refusals_are_told_apart_by_the_api_servers_message(status: int, message: str, reason: str) -> None:
+    body = json.dumps({"kind": "Status", "code": status, "message": message})
+    refusal = refusal_of(ApiException(status=status, reason=body))
+    assert refusal.reason == reason
+    assert refusal.message == message.removeprefix('pods "l" is forbidden: '), "no generated Pod name"

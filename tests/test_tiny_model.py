@@ -107,6 +107,8 @@ def test_cli_builds_the_same_model_as_the_cache(models: dict[int, Path], tmp_pat
     tiny_model.main([str(tmp_path / "seed1"), "--seed", "1"])
     for name in MODEL_FILES:
         assert (tmp_path / "seed1" / name).read_bytes() == (models[1] / name).read_bytes(), name
+        # Readable by a launcher image's non-root user, which safetensors' own 0600 would not be.
+        assert (tmp_path / "seed1" / name).stat().st_mode & 0o044 == 0o044, name
 
 
 def test_cache_hit_does_not_rebuild(

@@ -3,10 +3,11 @@
 Four informers feed two queues. The digest queue has one worker, the digest's only writer: it turns
 LauncherConfig, policy and Node changes into the digest and into those objects' statuses (status.py), and
 adds the keys whose target changed to the key queue; a launcher Pod change adds its own key, and the
-policies naming its LauncherConfig when it came, went, or changed readiness or stuckness. The key
-queue's workers reconcile one (Node, LauncherConfig) key at a time each. Nothing polls: a key is looked
-at again only when something it depends on changes, or when one of its launchers will cross a stuck
-threshold.
+policies naming its LauncherConfig when it came, went, or changed readiness, schedulability or stuckness.
+The key queue's workers reconcile one (Node, LauncherConfig) key at a time each. Nothing polls: a key is
+looked at again only when something it depends on changes, or when one of its launchers will cross a stuck
+threshold. A key whose launchers the API server refuses is reported on the policies asking for it (a
+Warning Event when the refusal is new, their Ready condition while it lasts).
 """
 
 import asyncio
@@ -40,6 +41,7 @@ from controller.populator.metrics import LauncherPodCount
 from controller.populator.nodes import NodeFacts
 from controller.populator.phases import Thresholds
 from controller.populator.reconcile import KeyReconciler
+from controller.populator.refusals import Refusal
 from controller.populator.status import config_status, policy_status
 from controller.populator.warmth import Warmth
 from controller.status_writer import StatusWriter
@@ -105,10 +107,13 @@ class Populator:
         self._metrics = LauncherPodCount(registry)
         self._own_seconds = own_seconds_histogram(registry)
         self._status = StatusWriter(client.CustomObjectsApi(api), namespace)
+        self._events = EventRecorder(api, COMPONENT)
+        self._refusals: dict[LauncherKey, Refusal] = {}
         self._reconcile = KeyReconciler(
             self._digest,
             self,
-            KubeLauncherApi(core, EventRecorder(api, COMPONENT), namespace),
+            KubeLauncherApi(core, self._events, namespace),
+            self,
             self._expectations,
             self._metrics,
             Thresholds(options.stuck_scheduling_threshold, options.stuck_starting_threshold),
@@ -155,6 +160,30 @@ class Populator:
     def warmth(self, pod: Pod) -> Warmth:
         return Warmth.of(self._views.get(pod["metadata"]["name"]))
 
+    # ----- refusals, as the key reconcile reports them
+
+    async def refused(self, key: LauncherKey, refusal: Refusal | None) -> None:
+        """Show a change of the key's refusal on every policy asking for its launchers: their status, and a
+        Warning Event for a new refusal (a refusal seen again on a retry is not repeated)."""
+        if self._refusals.get(key) == refusal:
+            return
+        if refusal is None:
+            del self._refusals[key]
+            log.info("%s: launchers can be created again", key)
+        else:
+            self._refusals[key] = refusal
+            log.warning("%s: the API server refuses its launchers (%s): %s", key, refusal.reason, refusal.message)
+        for name in self._digest.policies_naming(key.config):
+            if key not in self._digest.policy_asks(name):
+                continue
+            self._digest_queue.add(DigestItem("policy", name))
+            policy = self._policies.get(f"{self._namespace}/{name}")
+            if refusal is not None and policy is not None:
+                where = f"LauncherConfig {key.config} on node {key.node}"
+                await self._events.record(
+                    policy, "Warning", refusal.reason, f"cannot create a launcher of {where}: {refusal.message}"
+                )
+
     # ----- informer events
 
     def _on_pod(self, old: Obj | None, new: Obj | None) -> None:
@@ -199,7 +228,7 @@ class Populator:
                 policy = self._update_policy(item.name)
                 if policy is not None:
                     problems, asks = self._digest.policy_problems(item.name), self._digest.policy_asks(item.name)
-                    status = policy_status(policy, problems, asks, self.launchers, now)
+                    status = policy_status(policy, problems, asks, self.launchers, self._refusals, now)
                     await self._status.write(LauncherPopulationPolicy, policy, status)
             case "node":
                 self._update_node(item.name)
@@ -247,9 +276,10 @@ async def run_populator(
             tasks.create_task(populator.run())
 
 
-def _population_facts(pod: Obj | None) -> tuple[bool, bool, bool] | None:
-    """What a policy's readiness reads of a launcher: it exists, is being deleted, is Ready, is stuck."""
+def _population_facts(pod: Obj | None) -> tuple[bool, bool, bool, str | None] | None:
+    """What a policy's readiness reads of a launcher: it exists, is being deleted, is Ready, is stuck, why the
+    scheduler cannot place it."""
     if pod is None:
         return None
     stuck = pods.labels(pod).get(keys.LAUNCHER_STUCK_LABEL) == "true"
-    return pods.is_deleting(pod), pods.is_ready(pod), stuck
+    return pods.is_deleting(pod), pods.is_ready(pod), stuck, pods.unschedulable(pod)

@@ -8,6 +8,7 @@ loss (warmth.py: no sleeping instances first, then the fewest sleeper bytes, the
 not-Ready, newest), each with an Event that says why it was the one. New launchers are created only
 once nothing of the key is being deleted, so a node never holds old and new launchers at once, and every
 create and delete is remembered until the cache shows it, so a lagging cache never causes a second create.
+A create the API server refuses is reported (refusals.py) until one succeeds, then retried with back-off.
 """
 
 import asyncio
@@ -15,6 +16,8 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Protocol
+
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from controller import pods
 from controller.launcher_template import Pod, pod_for_node
@@ -24,6 +27,7 @@ from controller.populator.key import LauncherKey
 from controller.populator.kubeapi import DeleteOutcome, LauncherApi
 from controller.populator.metrics import LauncherPodCount
 from controller.populator.phases import Thresholds, phase_of, tally, template_hash
+from controller.populator.refusals import Refusal, refusal_of
 from controller.populator.stuck import report_stuck
 from controller.populator.warmth import Warmth, loss
 
@@ -38,6 +42,11 @@ class LauncherCache(Protocol):
     def warmth(self, pod: Pod) -> Warmth:
         """The launcher's sleeping instances, from its view."""
         ...
+
+
+class RefusalSink(Protocol):
+    async def refused(self, key: LauncherKey, refusal: Refusal | None) -> None:
+        """The key's launchers could not be created (`refusal`), or could again (None)."""
 
 
 def _utc_now() -> datetime:
@@ -56,6 +65,7 @@ class KeyReconciler:
         digest: Digest,
         cache: LauncherCache,
         api: LauncherApi,
+        refusals: RefusalSink,
         expectations: PendingExpectations,
         metrics: LauncherPodCount,
         thresholds: Thresholds,
@@ -65,6 +75,7 @@ class KeyReconciler:
         self._digest = digest
         self._cache = cache
         self._api = api
+        self._refusals = refusals
         self._expectations = expectations
         self._metrics = metrics
         self._thresholds = thresholds
@@ -148,8 +159,11 @@ class KeyReconciler:
             if not isinstance(created, BaseException) and self._cached(key, uid := created["metadata"]["uid"]) is None:
                 self._expectations.expect_creation(key, uid)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if isinstance(failed, ApiException):
+            await self._refusals.refused(key, refusal_of(failed))
         if failed is not None:
             raise failed
+        await self._refusals.refused(key, None)
         return None
 
     async def _delete(self, key: LauncherKey, pod: Pod, why: str) -> DeleteOutcome:
