@@ -17,7 +17,7 @@ PYTEST_ARGS ?= --durations=30
 # Where `make cluster-up` keeps the loopback cluster's state (tests use their own temporary one).
 CLUSTER_STATE ?= .cluster
 
-.PHONY: help venv lock tools control-plane images cluster-up cluster-down lint test demo smoke smoke-versions launcher-demo bench clean
+.PHONY: help venv lock tools control-plane images cluster-up cluster-down lint test unit-tests image-tools demo smoke smoke-versions launcher-demo bench clean
 
 help:
 	@echo "make demo          bring up the loopback cluster and show a real model swap with vLLM on the CPU"
@@ -31,6 +31,7 @@ help:
 	@echo "make smoke K8S=1.37 the demo's cold, warm and hot swaps on another Kubernetes minor (1.32, 1.35, 1.37),"
 	@echo "                   on a cluster of its own, taken down afterwards; make smoke-versions: 1.32 and 1.37"
 	@echo "make lint          ruff + mypy --strict"
+	@echo "make unit-tests    the tests under tests/ only (make test runs them and the e2e under e2e/)"
 	@echo "make bench         run the benchmarks under bench/"
 
 venv: $(VENV)/.installed
@@ -77,12 +78,25 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy .
 
-# The images come before the tests: the loopback kubelet runs real containers only where podman was
-# installed when it started. On a cold machine the control plane compiles while the images build (each
-# waits on disk and network part of the time), which takes minutes off a first run.
+# On a cold machine most of the time is the first build of the control plane (Go, both cores), of the images
+# (mostly disk and network) and the tests themselves, so they overlap: the unit tests (tests/, which need no
+# cluster) run while the control plane compiles and lint runs; the images build in the background while the
+# e2e tests run (the loopback kubelet only needs podman installed when it starts; the one test of the images
+# waits for their build, scripts/images/tools.py: machine_lock). Each part's output is printed when it ends;
+# the background build's is in build/images/build.log.
 test: venv
-	$(MAKE) --no-print-directory -j3 tools control-plane lint images
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory --output-sync=target -j4 lint unit-tests control-plane image-tools
+	@mkdir -p build/images
+	$(PY) -m scripts.images build > build/images/build.log 2>&1 & \
+	  $(VENV)/bin/pytest $(PYTEST_ARGS) e2e; status=$$?; \
+	  wait $$! || { echo "make test: the image build failed (build/images/build.log):"; tail -n 30 build/images/build.log; }; \
+	  exit $$status
+
+unit-tests: tools
+	$(VENV)/bin/pytest $(PYTEST_ARGS) tests
+
+image-tools: venv
+	$(PY) -m scripts.images tools
 
 IMAGES ?=
 demo: $(if $(IMAGES),images) cluster-up

@@ -1,21 +1,17 @@
 """Status conditions of the three kinds (controller/conditions.py and its callers): `errors` and `Stalled`
 from the same problems, `Ready` per kind, `observedGeneration`, a `lastTransitionTime` that changes only
-with a condition's status, and a status written to the real API server only when it would change."""
+with a condition's status (e2e/test_status_writes.py: written to the real API server only when it changes)."""
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import pytest
-from kubernetes_asyncio import client
-
 from api import keys
-from api.crds import GROUP, VERSION, InferenceServerConfigStatus, LauncherPopulationPolicy, Status
+from api.crds import InferenceServerConfigStatus, Status
 from controller.conditions import Problem, Readiness, computed, current
 from controller.dualpods.isc_status import IscSnapshot, isc_status, observe_isc
 from controller.populator.key import LauncherKey
 from controller.populator.refusals import QUOTA_EXCEEDED, Refusal
 from controller.populator.status import config_status, policy_status
-from controller.status_writer import StatusWriter
 from tests.test_dualpods_fakes import (
     ISC,
     LC,
@@ -183,49 +179,3 @@ async def test_the_controller_writes_an_isc_status_only_when_it_changes() -> Non
         [_, (_, status)] = h.statuses.written
         assert isinstance(status, InferenceServerConfigStatus)
         assert status.served_requesters == 1
-
-
-# ----- against the API server
-
-
-def lpp(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "LauncherPopulationPolicy",
-        "metadata": {"name": name},
-        "spec": {"enhancedNodeSelector": {"labelSelector": {}}, "countForLauncher": []},
-    }
-
-
-@pytest.mark.usefixtures("crds")
-async def test_statuses_are_replaced_on_the_api_server_only_when_they_change(
-    api: client.ApiClient, namespace: str
-) -> None:
-    objects = client.CustomObjectsApi(api)
-    plural = LauncherPopulationPolicy.RESOURCE.plural
-
-    async def read() -> dict[str, Any]:
-        found: dict[str, Any] = await objects.get_namespaced_custom_object(GROUP, VERSION, namespace, plural, "p")
-        return found
-
-    await objects.create_namespaced_custom_object(GROUP, VERSION, namespace, plural, lpp("p"))
-    writer = StatusWriter(objects, namespace)
-    stalled = computed(Status(), 1, [MISSING], Readiness(True, "Populated"), T0)
-    assert await writer.write(LauncherPopulationPolicy, await read(), stalled)
-    shown = await read()
-    assert current(Status, shown) == stalled
-    assert shown["status"]["conditions"][1]["lastTransitionTime"] == "2026-12-01T10:00:00Z"
-    again = computed(current(Status, shown), 1, [MISSING], Readiness(True, "Populated"), T1)
-    assert not await writer.write(LauncherPopulationPolicy, shown, again), "nothing changed: no write"
-    assert (await read())["metadata"]["resourceVersion"] == shown["metadata"]["resourceVersion"]
-    clean = computed(current(Status, shown), 1, [], Readiness(True, "Populated"), T1)
-    assert await writer.write(LauncherPopulationPolicy, shown, clean)
-    cleared = await read()
-    assert "errors" not in cleared["status"], "a replace: emptied errors disappear"
-    assert "message" not in cleared["status"]["conditions"][1], "an empty message is left out"
-    assert current(Status, cleared) == clean
-    stale = computed(current(Status, cleared), 1, [MISSING], Readiness(True, "Populated"), T1)
-    with pytest.raises(client.ApiException) as conflict:
-        await writer.write(LauncherPopulationPolicy, shown, stale)  # an older copy: the API server refuses it
-    assert conflict.value.status == 409
-    assert not await writer.write(LauncherPopulationPolicy, lpp("gone"), stale), "deleted: dropped"

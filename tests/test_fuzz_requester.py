@@ -14,8 +14,8 @@ import psutil
 import pytest
 import requests
 
+from e2e.requester_process import RequesterProcess
 from tests.fuzzing import FuzzTarget, detail_message, fuzz
-from tests.test_requester import RequesterProcess
 
 GPUS = "GPU-fuzz-0,GPU-fuzz-1"
 

@@ -19,9 +19,9 @@ import requests
 from api.requester import PROXY_OPENAPI_PATH
 from e2e.cluster.ports import free_port
 from e2e.launcher_process import REPO, offline_environment, wait_healthy
+from e2e.requester_process import RequesterProcess
 from tests.fuzzing import FuzzTarget, fuzz, openai_message
 from tests.test_fuzz_requester import requester_state
-from tests.test_requester import RequesterProcess
 
 MAX_MODEL_LEN = 24
 MAX_NUM_SEQS = 2

@@ -28,6 +28,7 @@ from openai.types.chat import ChatCompletionMessageParam
 
 from e2e.cluster.ports import free_port
 from e2e.launcher_process import REPO, offline_environment
+from e2e.requester_process import RequesterProcess, distinct_free_ports
 from e2e.waiting import wait_for
 from requester.__main__ import build_listeners, parse_args
 from requester.backend_limits import kv_cache_tokens_of, max_num_seqs_of
@@ -41,7 +42,6 @@ from requester.spi_auth import OpenSpi
 from requester.visible_devices import parse
 from standin.app import create_app
 from standin.engine import Engine
-from tests.test_requester import RequesterProcess, distinct_free_ports
 
 HOST = "127.0.0.1"
 MODEL = "tiny"

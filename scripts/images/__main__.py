@@ -1,5 +1,6 @@
 """`python3 -m scripts.images build [NAME ...]`: build the images (all by default) with buildah;
 `context`: only prepare the build context (for docker, podman or buildah by hand, docs/install.md);
+`tools`: only install the container tools (apt-get) where they are missing;
 `list`: each image's reference, size and user."""
 
 import argparse
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     build_command = commands.add_parser("build", help="build the images (with the images they are built on)")
     build_command.add_argument("names", nargs="*", metavar="NAME", help=f"any of {', '.join(catalogue.BY_NAME)}")
     commands.add_parser("context", help=f"prepare the build context in {CONTEXT}")
+    commands.add_parser("tools", help="install buildah, podman, runc and mmdebstrap where missing (apt-get)")
     commands.add_parser("list", help="each image's reference, size and user")
     args = parser.parse_args(argv)
     unknown = sorted(set(getattr(args, "names", [])) - set(catalogue.BY_NAME))
@@ -35,6 +37,8 @@ def main(argv: list[str] | None = None) -> None:
             build_all(args.names or list(catalogue.BY_NAME))
         elif args.command == "context":
             prepare_context()
+        elif args.command == "tools":
+            tools.ensure_installed()
         else:
             list_images()
     except tools.ToolError as error:

@@ -32,16 +32,18 @@ def source_url() -> str:
 
 
 def build_all(names: list[str]) -> None:
-    """Build the named images and those they are built on; each one's result on stderr."""
+    """Build the named images and those they are built on; each one's result on stderr. One build at a time on
+    the machine: a second waits for the first, then finds what it built up to date."""
     started = time.monotonic()
     tools.ensure_installed()
-    cached = prepare_context()
-    bases = {catalogue.DEBIAN: rootfs.ensure_base()}
-    source = source_url()
-    for image in catalogue.with_bases(names):
-        args = build.build_args(image, bases[image.base], source)
-        result = build.build(image, args, CONTEXT, cached, LOGS / f"{image.name}.log")
-        bases[image.name] = image.reference
-        state = f"built in {result.seconds:.1f} s" if result.built else "up to date"
-        say(f"{image.reference:<48} {state}")
+    with tools.machine_lock("build"):
+        cached = prepare_context()
+        bases = {catalogue.DEBIAN: rootfs.ensure_base()}
+        source = source_url()
+        for image in catalogue.with_bases(names):
+            args = build.build_args(image, bases[image.base], source)
+            result = build.build(image, args, CONTEXT, cached, LOGS / f"{image.name}.log")
+            bases[image.name] = image.reference
+            state = f"built in {result.seconds:.1f} s" if result.built else "up to date"
+            say(f"{image.reference:<48} {state}")
     say(f"images ready in {time.monotonic() - started:.1f} s")

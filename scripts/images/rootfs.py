@@ -45,10 +45,11 @@ def _mmdebstrap(out: Path) -> None:
 def ensure_base() -> str:
     """The base image's reference, made (cached tarball, then `podman import`) when it is not in storage."""
     name = reference()
-    if tools.image_exists(name):
+    with tools.machine_lock("base"):
+        if tools.image_exists(name):
+            return name
+        cached = ensure_built("images", f"debian-{SUITE}-{recipe_key()}", _mmdebstrap)
+        # What debian:bookworm's own image configuration says; an imported tarball has none.
+        config = [f"--change={change}" for change in (f"ENV PATH={PATH}", "ENV LANG=C.UTF-8", 'CMD ["bash"]')]
+        tools.run(["podman", "import", "--quiet", *config, str(cached / "rootfs.tar"), name], quiet=True)
         return name
-    cached = ensure_built("images", f"debian-{SUITE}-{recipe_key()}", _mmdebstrap)
-    # What debian:bookworm's own image configuration says; an imported tarball has none.
-    config = [f"--change={change}" for change in (f"ENV PATH={PATH}", "ENV LANG=C.UTF-8", 'CMD ["bash"]')]
-    tools.run(["podman", "import", "--quiet", *config, str(cached / "rootfs.tar"), name], quiet=True)
-    return name

@@ -6,14 +6,19 @@ works on a fresh machine. Every build and run goes through runc, not crun (podma
 machine's own (podman's defaults are higher, and raising them needs CAP_SYS_RESOURCE, which is absent).
 """
 
+import contextlib
+import fcntl
 import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from e2e.model_cache import cache_root
 
 PACKAGES = {"buildah": "buildah", "podman": "podman", "runc": "runc", "mmdebstrap": "mmdebstrap"}
 RUNC = "/usr/sbin/runc"
@@ -23,6 +28,18 @@ MACHINE_FLAGS = ["--runtime", RUNC, "--ulimit", "nofile=4096:4096", "--ulimit", 
 
 class ToolError(RuntimeError):
     """A container tool is missing or failed; the message says what to do."""
+
+
+@contextlib.contextmanager
+def machine_lock(name: str) -> Iterator[None]:
+    """Held by one process of the machine at a time (an flock under the cache). `make test` builds the images
+    beside the e2e tests, and the tests that need an image build it on demand: they take turns, and the later
+    one finds the image up to date instead of building it a second time."""
+    path = cache_root() / "images" / f".{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def missing() -> list[str]:

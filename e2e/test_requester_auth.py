@@ -25,8 +25,8 @@ from controller.dualpods.requester_tokens import RequesterTokens
 from controller.http import HttpCaller
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.cluster.ports import free_port
+from e2e.requester_process import RequesterProcess
 from requester.spi_auth import CannotVerify, InClusterApi
-from tests.test_requester import RequesterProcess
 
 CONTROLLER_SA = "rel-fma-controllers"  # trusted by the requester's default (`*-fma-controllers`)
 INTRUDER_SA = "intruder"
