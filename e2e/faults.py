@@ -5,6 +5,7 @@ Processes are found as an operator on the node would find them: the launcher by 
 environment, an instance by the PID its launcher reports, an instance's engine by its process tree.
 """
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -45,6 +46,29 @@ def container_process(module: str, variable: str, pod_ip: str) -> psutil.Process
 
 def launcher_process(pod_ip: str) -> psutil.Process:
     return container_process("launcher", "LAUNCHER_HOST", pod_ip)
+
+
+async def kill(process: psutil.Process) -> None:
+    """SIGKILL `process` and return once it is gone, so that what a test checks next cannot be the work of the
+    process it killed (a proxy still answered by an instance in its last milliseconds)."""
+    process.send_signal(signal.SIGKILL)
+    await asyncio.to_thread(process.wait, 10)
+
+
+async def kill_launcher(env: DualPodsEnv, launcher: Obj) -> Obj:
+    """SIGKILL the launcher's process, as an OOM kill does; returns its Pod once the kubelet reports the
+    container's restart, by when the instances it had are gone too (each dies with its launcher)."""
+    name = launcher["metadata"]["name"]
+    restarts = pods.restart_count(await env.pod(name))
+    await kill(launcher_process(launcher["status"]["podIP"]))
+
+    async def restarted() -> Obj | None:
+        again = await env.pod(name)
+        return again if pods.restart_count(again) > restarts else None
+
+    found: Obj | None = await wait_for(restarted, what=f"launcher {name}'s container restart reported", within=30)
+    assert found is not None
+    return found
 
 
 def requester_process(pod_ip: str) -> psutil.Process:

@@ -22,7 +22,15 @@ from api import keys
 from controller import pods
 from e2e.cluster.cluster import LoopbackCluster, node_is_ready
 from e2e.dualpods_env import DualPodsEnv, Obj, installed
-from e2e.faults import engine_process, instance_process, launcher_process, serving_pair, signal_tree, wait_served
+from e2e.faults import (
+    engine_process,
+    instance_process,
+    kill,
+    kill_launcher,
+    serving_pair,
+    signal_tree,
+    wait_served,
+)
 from e2e.fixtures import fresh_namespace
 from e2e.waiting import wait_for
 
@@ -80,24 +88,16 @@ async def test_sigkill_of_a_bound_launchers_process(faults: Faults) -> None:
     async with requester_set(faults, "kill-launcher", "isc-a") as rs:
         _, launcher, _ = await serving_pair(faults.env, rs)
         await wait_served(faults.env, rs, "a", within=60)
-        launcher_process(launcher["status"]["podIP"]).send_signal(signal.SIGKILL)  # its container restarts
-        await wait_served(faults.env, rs, "a", within=RECOVERY_S)
-        name = launcher["metadata"]["name"]
-
-        async def restarted() -> Obj | None:  # the kubelet may report it after the controller saw the new process
-            again = await faults.env.pod(name)
-            return again if pods.restart_count(again) >= 1 else None
-
-        again = await wait_for(restarted, what="the launcher container's restart reported", within=10)
-        assert again is not None
+        again = await kill_launcher(faults.env, launcher)  # its container restarts
         assert pods.uid(again) == pods.uid(launcher), "the launcher Pod stays; its container restarted"
+        await wait_served(faults.env, rs, "a", within=RECOVERY_S)
 
 
 async def test_sigkill_of_a_serving_instance(faults: Faults) -> None:
     async with requester_set(faults, "kill-instance", "isc-a") as rs:
         _, launcher, instance = await serving_pair(faults.env, rs)
         await wait_served(faults.env, rs, "a", within=60)
-        (await instance_process(faults.env, launcher, instance)).send_signal(signal.SIGKILL)
+        await kill(await instance_process(faults.env, launcher, instance))
         await wait_served(faults.env, rs, "a", within=RECOVERY_S)
 
 
@@ -227,7 +227,7 @@ async def test_an_api_server_outage_keeps_the_launcher_and_its_sleepers(faults: 
     env, cluster = faults.env, faults.cluster
     async with requester_set(faults, "outage", "isc-a") as rs:
         _, launcher, _ = await serving_pair(env, rs)
-        launcher_process(launcher["status"]["podIP"]).send_signal(signal.SIGKILL)  # a past restart
+        await kill_launcher(env, launcher)  # a past restart; its instance of a is re-created before the swap
         await wait_served(env, rs, "a", within=RECOVERY_S)
         await swap(env, rs, "isc-b")  # a sleeps, b serves
         _, launcher, _ = await serving_pair(env, rs)
