@@ -114,8 +114,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         command.add_argument("--kubeconfig", help="default: in-cluster credentials, else ~/.kube/config")
         command.add_argument("--leader-elect", action="store_true", help="hold a Lease; run several replicas")
         command.add_argument("--leader-election-id", help="the Lease's name (default: dualpods-<command>)")
-        command.add_argument("--metrics-host", default=os.environ.get("POD_IP", "0.0.0.0"))
-        command.add_argument("--metrics-port", type=int, default=8002)
+        command.add_argument(
+            "--metrics-host",
+            default=os.environ.get("POD_IP", "0.0.0.0"),
+            help="address /metrics is served on (default: the Pod's address from POD_IP, else all)",
+        )
+        command.add_argument("--metrics-port", type=int, default=8002, help="port of /metrics (default 8002, FMA's)")
         command.add_argument("--num-workers", type=int, default=default_workers, help="reconciles run at once")
         command.add_argument(
             "--kube-api-qps",
@@ -129,7 +133,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             default=DEFAULT_BURST,
             help=f"requests to the API server at once beyond --kube-api-qps (default {DEFAULT_BURST})",
         )
-        command.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+        command.add_argument(
+            "--log-level", default="info", choices=["debug", "info", "warning", "error"], help="default info"
+        )
         log_format.add_argument(command)
         command.add_argument("--launcher-token-secret", help="Secret with the launchers' bearer token (key `token`)")
         command.add_argument(
@@ -149,9 +155,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     dual_pods.add_argument(
         "--sleeper-limit", type=int, default=1, help="direct providers that may sleep on one GPU (FMA's default: 1)"
     )
-    populator.add_argument("--expectation-timeout", type=float, default=5.0)
-    populator.add_argument("--stuck-scheduling-threshold", type=float, default=120.0)
-    populator.add_argument("--stuck-starting-threshold", type=float, default=450.0)
+    populator.add_argument(
+        "--expectation-timeout",
+        type=float,
+        default=5.0,
+        help="seconds to wait for the cache to show a create or delete before listing from the API server "
+        "(default 5, FMA's)",
+    )
+    populator.add_argument(
+        "--stuck-scheduling-threshold",
+        type=float,
+        default=120.0,
+        help="seconds an unscheduled launcher may wait before it is labelled stuck (default 120, FMA's)",
+    )
+    populator.add_argument(
+        "--stuck-starting-threshold",
+        type=float,
+        default=450.0,
+        help="seconds a scheduled launcher may take to become Ready before it is labelled stuck (default 450, FMA's)",
+    )
     args = parser.parse_args(argv)
     args.build = build_dual_pods if args.command == "dual-pods" else build_populator
     return args

@@ -59,8 +59,18 @@ def parse_args(
         prog=prog, description="Preloads vLLM and forks model-server instances on request."
     )
     parser.add_argument("--host", default=env("LAUNCHER_HOST", "0.0.0.0"), help="address to serve on (default: all)")
-    parser.add_argument("--port", type=int, default=int(env("LAUNCHER_PORT", LAUNCHER_PORT)))
-    parser.add_argument("--log-level", choices=LOG_LEVELS, default=env("LAUNCHER_LOG_LEVEL", "info"))
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(env("LAUNCHER_PORT", LAUNCHER_PORT)),
+        help=f"the API's port (default {LAUNCHER_PORT}, FMA's contract; env LAUNCHER_PORT)",
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=env("LAUNCHER_LOG_LEVEL", "info"),
+        help="the launcher's own log level (default info; env LAUNCHER_LOG_LEVEL)",
+    )
     log_format.add_argument(parser, env="LAUNCHER_LOG_FORMAT")
     parser.add_argument(
         "--auth-token-file",
@@ -110,7 +120,12 @@ def parse_args(
         help="fork instances from a pre-initialised child per runtime (faster starts); --no-zygote forks them "
         "from the launcher itself (env LAUNCHER_ZYGOTE=false)",
     )
-    parser.add_argument("--stop-grace-seconds", type=float, default=10.0)
+    parser.add_argument(
+        "--stop-grace-seconds",
+        type=float,
+        default=10.0,
+        help="how long a stopped instance gets between SIGTERM and SIGKILL (default 10)",
+    )
     parser.add_argument(
         "--watch-history",
         type=_positive(int),
@@ -121,10 +136,23 @@ def parse_args(
         "liveness", "after its first ready, an instance whose /health fails this many times in a row is killed"
     )
     liveness.add_argument(
-        "--health-interval-seconds", type=_positive(float), default=DEFAULT_LIVENESS.health_interval_s
+        "--health-interval-seconds",
+        type=_positive(float),
+        default=DEFAULT_LIVENESS.health_interval_s,
+        help=f"seconds between two probes of an instance's /health (default {DEFAULT_LIVENESS.health_interval_s:g})",
     )
-    liveness.add_argument("--health-timeout-seconds", type=_positive(float), default=DEFAULT_LIVENESS.health_timeout_s)
-    liveness.add_argument("--health-failure-threshold", type=_positive(int), default=DEFAULT_LIVENESS.failure_threshold)
+    liveness.add_argument(
+        "--health-timeout-seconds",
+        type=_positive(float),
+        default=DEFAULT_LIVENESS.health_timeout_s,
+        help=f"how long one probe waits for an answer (default {DEFAULT_LIVENESS.health_timeout_s:g})",
+    )
+    liveness.add_argument(
+        "--health-failure-threshold",
+        type=_positive(int),
+        default=DEFAULT_LIVENESS.failure_threshold,
+        help=f"failed probes in a row that kill the instance (default {DEFAULT_LIVENESS.failure_threshold})",
+    )
     parser.add_argument(
         "--backend-timeout-seconds",
         type=_positive(float),
