@@ -56,3 +56,41 @@ def test_each_model_has_a_service_over_its_requesters_proxy() -> None:
         assert selected == [service["metadata"]["name"]]
         assert not selector <= config["spec"]["podTemplate"]["metadata"]["labels"].items()
         assert service["spec"]["ports"][0]["targetPort"] == "openai"
+
+
+# The common 8xH100 machines (vCPUs, memory in GiB) and the share of each a node keeps for the kubelet, the
+# system and its daemons (GKE and AKS reserve about 6-8% of memory on such machines; 10% leaves room).
+H100_MACHINES = {
+    "AWS p5.48xlarge": (192, 2048),
+    "GCP a3-highgpu-8g": (208, 1872e9 / 2**30),
+    "Azure ND96isr_H100_v5": (96, 1900),
+}
+NODE_RESERVE = 0.10
+
+
+def _quantity(value: str) -> float:
+    """CPUs or GiB of a Kubernetes quantity as the examples write them."""
+    units = {"m": 1e-3, "Mi": 2**-10, "Gi": 1.0, "Ti": 2**10}
+    for suffix, scale in units.items():
+        if value.endswith(suffix):
+            return float(value.removesuffix(suffix)) * scale
+    return float(value)
+
+
+def test_a_node_of_launchers_and_requesters_fits_each_common_h100_machine() -> None:
+    """One launcher and one requester per GPU (the policy's count), their requests and limits within what each
+    machine type leaves allocatable."""
+    (policy,) = [d for d in manifests(EXAMPLES) if d["kind"] == "LauncherPopulationPolicy"]
+    (count,) = [c["launcherCount"] for c in policy["spec"]["countForLauncher"]]
+    (config,) = [d for d in manifests(EXAMPLES) if d["kind"] == "LauncherConfig"]
+    (launcher,) = config["spec"]["podTemplate"]["spec"]["containers"]
+    requester = next(d for d in others() if d["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]
+
+    def per_node(kind: str, resource: str) -> float:
+        return float(count) * sum(_quantity(c["resources"][kind][resource]) for c in (launcher, requester))
+
+    budget = _quantity(config["spec"]["sleeperBudget"]["hostMemoryBytes"])
+    assert budget < _quantity(launcher["resources"]["limits"]["memory"]), "sleepers fit the launcher's limit"
+    for machine, (cpus, memory) in H100_MACHINES.items():
+        assert per_node("requests", "cpu") <= cpus * (1 - NODE_RESERVE), machine
+        assert per_node("limits", "memory") <= memory * (1 - NODE_RESERVE), machine
