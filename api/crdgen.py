@@ -1,4 +1,5 @@
-"""`python -m api.crdgen [OUT_DIR]`: write the CRDs of `api/crds.py` as YAML (default `config/crd/`).
+"""`python -m api.crdgen [OUT_DIR]`: write the CRDs of `api/crds.py` as YAML (default: `config/crd/` and the
+chart's CRD subchart, as real files: tools that build a chart from Git, Flux for one, do not follow symbolic links).
 
 A development tool: it reads Kubernetes' own PodSpec definition from the kubernetes-validate package
 (a `dev` dependency), so the LauncherConfig CRD embeds the authoritative schema rather than a copy.
@@ -26,7 +27,10 @@ from api.crds import (
 )
 from api.structural import StructuralConverter
 
-DEFAULT_OUT_DIR: Final = Path(__file__).resolve().parent.parent / "config" / "crd"
+_REPO: Final = Path(__file__).resolve().parent.parent
+DEFAULT_OUT_DIR: Final = _REPO / "config" / "crd"
+CHART_CRD_DIR: Final = _REPO / "charts" / "dualpods" / "charts" / "crds" / "crds"
+DEFAULT_OUT_DIRS: Final = (DEFAULT_OUT_DIR, CHART_CRD_DIR)
 # FMA 0.6 builds against k8s.io/api v0.34, so its LauncherConfig CRD embeds the 1.34 PodSpec; so do we.
 KUBERNETES_SCHEMA_VERSION: Final = "1.34.0"
 # Descriptions of the embedded Kubernetes types (`kubectl explain pod.spec` has them) would make the
@@ -150,11 +154,13 @@ def render() -> dict[str, str]:
 
 
 def main(argv: list[str]) -> int:
-    out_dir = Path(argv[1]) if len(argv) > 1 else DEFAULT_OUT_DIR
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, text in render().items():
-        (out_dir / name).write_text(text)
-        print(out_dir / name)
+    out_dirs = (Path(argv[1]),) if len(argv) > 1 else DEFAULT_OUT_DIRS
+    for out_dir in out_dirs:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in render().items():
+            (out_dir / name).unlink(missing_ok=True)  # a symbolic link left by an older checkout
+            (out_dir / name).write_text(text)
+            print(out_dir / name)
     return 0
 
 

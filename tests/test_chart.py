@@ -4,6 +4,8 @@ the standard knobs, tenant installs, and the shape of what it grants."""
 import json
 import subprocess
 import sys
+import tarfile
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
@@ -451,3 +453,15 @@ def test_the_dashboard_is_current() -> None:
     assert done.returncode == 0
     (configmap,) = [d for d in by_kind(render(*EVERYTHING_ON), "ConfigMap") if "dashboard" in d["metadata"]["name"]]
     assert '"uid": "dualpods"' in configmap["data"]["dualpods.json"]
+
+
+def test_the_packaged_chart_carries_the_crds_as_files(tmp_path: Path) -> None:
+    """What a chart repository or a GitOps tool gets (`helm package`) holds the three CRDs themselves."""
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    (packaged,) = tmp_path.glob("dualpods-*.tgz")
+    with tarfile.open(packaged) as archive:
+        assert not [m.name for m in archive.getmembers() if m.issym() or m.islnk()]
+    docs = [yaml.safe_load(d) for d in helm("template", "rel", str(packaged), "--include-crds").split("\n---")]
+    crds = sorted(d["metadata"]["name"] for d in docs if d and d["kind"] == "CustomResourceDefinition")
+    assert crds == [f"{plural}.fma.llm-d.ai" for plural in ("inferenceserverconfigs", "launcherconfigs",
+                                                            "launcherpopulationpolicies")]  # fmt: skip
