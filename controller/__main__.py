@@ -22,7 +22,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
-from api import log_format
+from api import log_format, version
 from api.token_file import TokenFile
 from controller.kube import DEFAULT_BURST, DEFAULT_QPS, ApiLimits, api_client
 from controller.launcher_token import ensure_launcher_token
@@ -106,6 +106,7 @@ def build_populator(
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m controller", description=__doc__)
+    version.add_argument(parser)
     commands = parser.add_subparsers(dest="command", required=True)
     dual_pods = commands.add_parser("dual-pods", help="bind server-requesting Pods to server-providing Pods")
     populator = commands.add_parser("populator", help="keep launcher Pods populated per LauncherPopulationPolicy")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from api import log_format
+from api import log_format, version
 from api.keys import LAUNCHER_PORT
 from api.token_file import DEFAULT_GRACE_SECONDS, TokenFile
 
@@ -58,6 +58,7 @@ def parse_args(
     parser = argparse.ArgumentParser(
         prog=prog, description="Preloads vLLM and forks model-server instances on request."
     )
+    version.add_argument(parser)
     parser.add_argument("--host", default=env("LAUNCHER_HOST", "0.0.0.0"), help="address to serve on (default: all)")
     parser.add_argument(
         "--port",

@@ -18,7 +18,7 @@ from types import FrameType
 
 import psutil
 
-from api import log_format
+from api import log_format, version
 from api.requester import DEFAULT_TRUSTED_CONTROLLERS, requester_audience
 
 from . import probes, proxy, spi
@@ -76,6 +76,7 @@ def parse_args(argv: list[str] | None = None, environ: Mapping[str, str] = os.en
         description="The process in a server-requesting Pod: reports its GPUs, serves the readiness "
         "that the dual-pods controller sets, and proxies the OpenAI API to the bound model server.",
     )
+    version.add_argument(parser)
     parser.add_argument(
         "--host", default=env("POD_IP", "0.0.0.0"), help="address the servers bind (env POD_IP; default: all)"
     )

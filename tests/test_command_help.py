@@ -1,12 +1,15 @@
-"""Every flag of every command says what it does in `--help`: an operator reads flags there, not in the code."""
+"""Every flag of every command says what it does in `--help` (an operator reads flags there, not in the code),
+and `--version` says which release it is."""
 
 import argparse
+import importlib.metadata
 from collections.abc import Callable
 from typing import Any
 from unittest import mock
 
 import pytest
 
+from api.version import release
 from controller.__main__ import parse_args as controller_args
 from launcher.__main__ import parse_args as launcher_args
 from requester.__main__ import parse_args as requester_args
@@ -40,3 +43,13 @@ def test_every_flag_has_help(parse_args: Callable[..., Any]) -> None:
         if action.option_strings and not action.help
     ]
     assert silent == []
+
+
+@pytest.mark.parametrize(
+    "parse_args", [launcher_args, controller_args, requester_args], ids=["launcher", "controller", "requester"]
+)
+def test_every_command_says_its_release(parse_args: Callable[..., Any], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        parse_args(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.split()[-1] == release() == importlib.metadata.version("dualpods")
