@@ -5,7 +5,6 @@ Processes are found as an operator on the node would find them: the launcher by 
 environment, an instance by the PID its launcher reports, an instance's engine by its process tree.
 """
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -49,10 +48,17 @@ def launcher_process(pod_ip: str) -> psutil.Process:
 
 
 async def kill(process: psutil.Process) -> None:
-    """SIGKILL `process` and return once it is gone, so that what a test checks next cannot be the work of the
+    """SIGKILL `process` and return once it is dead, so that what a test checks next cannot be the work of the
     process it killed (a proxy still answered by an instance in its last milliseconds)."""
     process.send_signal(signal.SIGKILL)
-    await asyncio.to_thread(process.wait, 10)
+
+    def dead() -> bool:  # gone, or a zombie its parent has not reaped yet: either answers nothing any more
+        try:
+            return process.status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return True
+
+    await wait_for(dead, what=f"process {process.pid} dead after SIGKILL", within=10, interval=0.05)
 
 
 async def kill_launcher(env: DualPodsEnv, launcher: Obj) -> Obj:
