@@ -105,6 +105,12 @@ class Objects:
         errors: list[str] = status.get("errors") or []
         return errors
 
+    async def message(self, kind: str, name: str, type_: str) -> str:
+        """The condition's message as the object shows it now."""
+        shown = await self.get(kind, name)
+        (found,) = [c for c in shown["status"]["conditions"] if c["type"] == type_]
+        return str(found.get("message", ""))
+
     async def condition(self, kind: str, name: str, type_: str) -> tuple[str, str] | None:
         """The condition's status and reason once the controller has observed the current generation."""
         obj = await self.get(kind, name)
@@ -391,8 +397,7 @@ async def test_stuck_launchers_are_labelled_and_reported_once(api: client.ApiCli
         stuck = await wait_for(stuck_launchers, what="both launchers labelled stuck", within=30)
         ready = functools.partial(objects.condition, type_="Ready")
         await eventually(lambda: ready("LauncherPopulationPolicy", "one-node"), ("False", "Unschedulable"), "Ready")
-        shown = await objects.get("LauncherPopulationPolicy", "one-node")
-        (message,) = [c["message"] for c in shown["status"]["conditions"] if c["type"] == "Ready"]
+        message = await objects.message("LauncherPopulationPolicy", "one-node", "Ready")
         unschedulable = stuck["unschedulable"].metadata.name
         assert f"; unschedulable: {unschedulable} (0/" in message, "the scheduler's own words"
         await asyncio.sleep(QUIET_S)
@@ -430,8 +435,7 @@ async def test_launchers_a_quota_refuses_are_reported_on_the_policy_until_it_all
         await objects.create(launcher_config("pause", PAUSE))
         await objects.create(policy("gpus", {"pause": 1}))
         await eventually(lambda: ready("LauncherPopulationPolicy", "gpus"), ("False", "QuotaExceeded"), "LPP Ready")
-        shown = await objects.get("LauncherPopulationPolicy", "gpus")
-        (message,) = [c["message"] for c in shown["status"]["conditions"] if c["type"] == "Ready"]
+        message = await objects.message("LauncherPopulationPolicy", "gpus", "Ready")
         assert message.startswith("0 of 2 launchers Ready; refused on node "), message
         assert "exceeded quota: launchers, requested: pods=1, used: pods=1, limited: pods=1" in message
         (created,) = await launchers(api, namespace)
