@@ -68,11 +68,12 @@ async def test_a_vllm_instances_start_up_is_in_its_launchers_container_log(
 
     prefix = f"{INSTANCE} | "
 
-    def copied() -> list[str]:
+    def copied_through_start_up() -> list[str]:
+        """The instance's lines so far, once its start-up has been copied (the copy lags the instance under load)."""
         log = cluster.container_log(pod, INFERENCE_SERVER_CONTAINER)
-        return [line.removeprefix(prefix) for line in log.splitlines() if line.startswith(prefix)]
+        lines = [line.removeprefix(prefix) for line in log.splitlines() if line.startswith(prefix)]
+        return lines if any("Application startup complete" in line for line in lines) else []
 
-    lines = await wait_for(copied, what="the instance's lines in the container log", within=10)
+    lines = await wait_for(copied_through_start_up, what="the instance's start-up in the container log", within=30)
     assert any("Available routes are" in line for line in lines), lines[-20:]
-    assert any("Application startup complete" in line for line in lines), lines[-20:]
     assert lines[0] in own_log  # the same lines as the instance's own log
