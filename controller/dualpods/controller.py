@@ -22,6 +22,7 @@ from controller import pods
 from controller.dualpods.binding import LAUNCHERS_BY_CONFIG_HASH
 from controller.dualpods.collaborators import Clients
 from controller.dualpods.direct import GPU, NOMINAL
+from controller.dualpods.drains import DEFAULT_TIMEOUT_S, DrainRewarmer
 from controller.dualpods.isc_status import LAUNCHERS_BY_SUMMARY_ISC, REQUESTERS_BY_ISC, served, summary_iscs
 from controller.dualpods.launcher_summaries import LauncherSummaries
 from controller.dualpods.memory import Memory
@@ -77,6 +78,7 @@ class DualPodsOptions:
     launcher_token_secret: str | None = None  # the Secret holding it, mounted into launchers we create
     sleeper_limit: int = 1  # direct providers that may sleep on one GPU (FMA's binary default)
     requester_tokens: RequesterTokens | None = None  # E15: the credential of calls that change requesters
+    drain_rewarm_timeout_s: float = DEFAULT_TIMEOUT_S  # how long a drain waits for a launcher's sleepers to be copied
 
 
 def kube_caches(api: client.ApiClient, namespace: str) -> Caches:
@@ -126,6 +128,7 @@ class DualPodsController:
         options_ = Options(launcher_token_secret=options.launcher_token_secret, sleeper_limit=options.sleeper_limit)
         self.reconciler = Reconciler(World(namespace, caches, views, clients, Memory(), metrics, options_))
         self.summaries = LauncherSummaries(namespace, caches.pods, views, clients.pods)
+        self.drains = DrainRewarmer(namespace, caches, views, clients, options.drain_rewarm_timeout_s)
         caches.pods.subscribe(self._count_requesters)
         caches.iscs.subscribe(self._count_iscs)
         caches.pods.subscribe(self._pod_changed)
@@ -151,9 +154,10 @@ class DualPodsController:
                 process = timed(self._process, self.metrics.reconcile_own_seconds, lambda key: key.kind.value)
                 tasks.create_task(run_workers(self.queue, process, self.options.workers))
                 tasks.create_task(self.summaries.run())
+                tasks.create_task(self.drains.run())
         finally:
-            self.queue.shutdown()
-            self.summaries.queue.shutdown()
+            for queue in (self.queue, self.summaries.queue, self.drains.queue):
+                queue.shutdown()
 
     async def _process(self, key: Key) -> float | None:
         started = time.monotonic()
