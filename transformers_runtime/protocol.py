@@ -1,4 +1,5 @@
-"""OpenAI request and response bodies (the subset vLLM's server accepts that this runtime implements).
+"""OpenAI request and response bodies (the subset vLLM's server accepts that this runtime implements); the
+bodies of the routes around inference are the surface's (`api.vllm_surface.bodies`).
 
 Requests ignore unknown fields, as vLLM does, but take JSON types strictly (a number is not a string).
 Every field of OpenAI's and vLLM's bodies that changes the answer is declared: what this runtime
