@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from api import keys
+from api.version import release
 from e2e.chart import CHART
 from scripts.helm_chart import REPO, helm, render_chart, run_helm
 from tests.pod_security import restricted_violations
@@ -244,7 +245,7 @@ def test_the_standard_knobs_reach_both_controllers() -> None:
         assert workload["metadata"]["labels"]["app.kubernetes.io/name"] == "swapper"
         template = workload["spec"]["template"]
         pod = template["spec"]
-        assert container(workload)["image"] == "registry.example.com/dualpods/controller:0.1.0"
+        assert container(workload)["image"] == f"registry.example.com/dualpods/controller:{release()}"
         assert pod["imagePullSecrets"] == [{"name": "pull"}]
         assert pod["nodeSelector"] == {"pool": "system"}
         assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
@@ -262,6 +263,18 @@ def test_the_standard_knobs_reach_both_controllers() -> None:
     (test_pod,) = by_kind(docs, "Pod")
     assert test_pod["spec"]["imagePullSecrets"] == [{"name": "pull"}]
     assert container(test_pod)["image"] == "registry.example.com/python:3.12-slim"
+
+
+def test_the_chart_the_app_and_the_wheel_are_one_release() -> None:
+    """One number for the wheel, the images built from it (the chart's default tag is its appVersion), the chart and
+    its CRD subchart; the CHANGELOG has a section for it."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    crds = yaml.safe_load((CHART / "charts" / "crds" / "Chart.yaml").read_text())
+    (dependency,) = chart["dependencies"]
+    assert {chart["version"], chart["appVersion"], crds["version"], crds["appVersion"], dependency["version"]} == {
+        release()
+    }
+    assert f"\n## {release()} " in (REPO / "CHANGELOG.md").read_text()
 
 
 def test_a_digest_pins_the_image() -> None:

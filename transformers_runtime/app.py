@@ -15,6 +15,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from prometheus_client import CollectorRegistry
 
+from api import version
 from api.openai_errors import ApiError
 from api.openapi import Content, Operation, Reply
 from api.vllm_surface import app as surface
@@ -41,7 +42,7 @@ GENERATION_REPLIES = {
 }
 DOCUMENTATION = surface.Documentation(
     "dualpods transformers runtime",
-    "0.1.0",
+    version.release(),
     "vLLM's OpenAI-compatible HTTP surface on transformers, for models vLLM cannot run (E4).",
     completions=Operation(
         "vLLM's legacy completions",
