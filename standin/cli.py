@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         max_model_len_default=2048,
         max_model_len_help="reported in /v1/models",
         host=_loopback_host,
+        host_help="the address to listen on: a loopback one (default 127.0.0.1)",
     )
     delays = parser.add_argument_group("delays (seconds)")
     delays.add_argument("--startup-delay", type=seconds, default=0.0, help="before listening at all")

@@ -14,6 +14,8 @@ from controller.__main__ import parse_args as controller_args
 from controller.kubectl_plugin import parse_args as kubectl_plugin_args
 from launcher.__main__ import parse_args as launcher_args
 from requester.__main__ import parse_args as requester_args
+from standin.cli import build_parser as standin_parser
+from transformers_runtime.cli import build_parser as transformers_parser
 
 
 class _Parsed(Exception):
@@ -58,3 +60,15 @@ def test_every_command_says_its_release(parse_args: Callable[..., Any], capsys: 
         parse_args(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out.split()[-1] == release() == importlib.metadata.version("dualpods")
+
+
+@pytest.mark.parametrize("build", [standin_parser, transformers_parser], ids=["standin", "transformers-runtime"])
+def test_the_runtimes_flags_have_help_and_say_their_release(
+    build: Callable[[], argparse.ArgumentParser], capsys: pytest.CaptureFixture[str]
+) -> None:
+    parser = build()
+    assert [a.option_strings for a in parser._actions if a.option_strings and not a.help] == []
+    with pytest.raises(SystemExit) as done:
+        parser.parse_args(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.split()[-1] == release()

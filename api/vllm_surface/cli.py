@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
+from api import version
+
 
 def seconds(value: str) -> float:
     """A duration flag: seconds, not negative."""
@@ -53,7 +55,8 @@ def serve_parser(
     parser.add_argument("--model", required=model is None, default=model, help=model_help)
     parser.add_argument("--served-model-name", nargs="+", help="names clients use (default: --model)")
     parser.add_argument("--host", type=host, default="127.0.0.1", help=host_help)
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=int, default=8000, help="the port to listen on (default 8000)")
+    version.add_argument(parser)
     parser.add_argument("--max-model-len", type=max_model_len, default=max_model_len_default, help=max_model_len_help)
     return parser
 
