@@ -29,6 +29,7 @@ from controller import pods
 from controller.dualpods.collaborators import Clients
 from controller.dualpods.drain_plan import DrainPlan, LauncherFacts, plan, sleeping
 from controller.dualpods.gpu_map import gpu_locations
+from controller.dualpods.launcher_summaries import SETTLE_S
 from controller.dualpods.snapshot import Caches, parse
 from controller.dualpods.writer import set_annotation, set_label
 from controller.http import HttpError
@@ -60,9 +61,10 @@ class DrainRewarmer:
         self.clients = clients
         self.timeout_s = timeout_s
         self.now = now
+        self.settle_s = SETTLE_S
         self._told: set[tuple[str, str]] = set()  # (launcher UID, message) Events already recorded
         self.queue: WorkQueue[str] = WorkQueue("drains")
-        views.subscribe(self.queue.add, lambda launcher, _view: self.queue.add(launcher))
+        views.subscribe(self._changed, lambda launcher, _view: self._changed(launcher))
         caches.pods.subscribe(self._pod_changed)
         caches.nodes.subscribe(self._node_changed)
 
@@ -198,9 +200,13 @@ class DrainRewarmer:
 
     # ----- which launchers a change concerns
 
+    def _changed(self, launcher: str) -> None:
+        """After SETTLE_S, as the summaries: the reconciler writes the launcher when its instances change."""
+        self.queue.add_after(launcher, self.settle_s)
+
     def _pod_changed(self, old: Obj | None, new: Obj | None) -> None:
         if new is not None and pods.is_launcher(new):
-            self.queue.add(pods.name(new))
+            self._changed(pods.name(new))
 
     def _node_changed(self, old: Obj | None, new: Obj | None) -> None:
         if _cordoned(old) == _cordoned(new):
