@@ -16,7 +16,6 @@ its sleep-state watch). A read changes nothing: it sees what the instance's watc
 """
 
 import asyncio
-import logging
 import shlex
 import signal
 import tempfile
@@ -61,8 +60,6 @@ from .sleep_state import SleepStates
 from .stopping import Stopper, copied, remove_files
 from .wake_verification import WakeVerifier
 from .zygote import Zygote, Zygotes
-
-log = logging.getLogger(__name__)
 
 # vLLM binds ZMQ IPC sockets named by a 36-character UUID inside TMPDIR, and zmq refuses socket paths
 # near the 107-byte sun_path limit; an instance's TMPDIR therefore lives in a short directory.
@@ -242,8 +239,8 @@ class InstanceManager:
 
     async def _supervise(self, instance: Instance, runtime: Runtime) -> None:
         """The instance's life after the fork: until it is first ready, then its watches until it stops."""
-        if not await self.servers.first_health(instance):
-            return
+        if not await self.servers.first_health(instance) or not instance.running:
+            return  # it stopped first
         self._on_ready(instance)
         engine = EngineProcesses.find(instance.pid, runtime.is_engine_process)
         try:
@@ -301,6 +298,7 @@ class InstanceManager:
             if not instance.sleeping:
                 started = time.monotonic()
                 await self.servers.sleep(instance, level)
+                self._require_serving(instance)  # it may have stopped as it answered
                 elapsed = time.monotonic() - started
                 self.metrics.sleep_seconds.labels(str(level)).observe(elapsed)
                 moved = self._moved_bytes(instance, startup_phases.SLEPT, started)
@@ -325,6 +323,7 @@ class InstanceManager:
                     self.metrics.wake_bytes_per_second.observe(moved / max(elapsed, 1e-6))
                 instance.offloaded_bytes = None
                 await self.verifier.check(instance, admission.runtime_named(self.runtimes, instance.config.runtime))
+                self._require_serving(instance)  # it may have stopped as it answered
                 instance.move(Phase.AWAKE)
         return instance.state()
 

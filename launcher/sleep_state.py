@@ -117,4 +117,5 @@ class SleepStates:
                 await self.verifier.check(instance, runtime)
             except (WakeCheckFailed, BackendError):
                 return  # killed, or stopped meanwhile: its STOPPED event says so
-            instance.move(Phase.AWAKE)
+            if instance.running:  # else it stopped as it answered
+                instance.move(Phase.AWAKE)
