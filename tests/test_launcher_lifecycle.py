@@ -2,6 +2,7 @@
 admission plan (a pure decision over a request, the instances held and the GPU facts)."""
 
 import argparse
+import asyncio
 import itertools
 import re
 import time
@@ -16,9 +17,14 @@ from launcher.admission import GpuFacts, Held, LauncherFacts, Request
 from launcher.engine_defaults import GIB, EngineDefaults, GpuMemory, Machine, vllm_defaults
 from launcher.errors import BadRequest, Conflict, InvalidOptions
 from launcher.instance import Instance
+from launcher.instance_server import InstanceServers
 from launcher.lifecycle import TRANSITIONS, IllegalTransition, Phase
+from launcher.metrics import LauncherMetrics
 from launcher.process_stats import ProcessTreeStats
 from launcher.runtimes import ParsedOptions, Runtime
+from launcher.sleep_state import SleepStates
+from launcher.stopping import Stopper
+from launcher.wake_verification import WakeVerifier
 
 # The life cycle ------------------------------------------------------------------------------------------------
 
@@ -131,6 +137,68 @@ def test_a_wake_forgets_the_sleep_level() -> None:
     assert (state.sleeping, state.sleep_level) == (False, None)
 
 
+def test_the_architecture_drawing_is_the_transition_table() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "architecture.md").read_text()
+    found = re.search(r"<!-- instance-phases:begin -->\n```mermaid\n(.*?)\n```\n<!-- instance-phases:end -->", text,
+                      re.DOTALL)  # fmt: skip
+    assert found, "docs/architecture.md has no drawing between the instance-phases:begin/end markers"
+    assert found.group(1) == lifecycle.mermaid(), "docs/architecture.md's instance drawing is stale: paste mermaid()"
+
+
+# The sleep state, found by the instance's watch -------------------------------------------------------------------
+
+
+class _Server(InstanceServers):
+    """An instance's server that says whether it sleeps as the test sets it."""
+
+    def __init__(self) -> None:
+        super().__init__("127.0.0.1", backend_timeout_seconds=1)
+        self.sleeping = False
+
+    async def is_sleeping(self, instance: Instance) -> bool | None:
+        return self.sleeping
+
+
+class _Verifier(WakeVerifier):
+    """A post-wake check that passes when the test lets it."""
+
+    def __init__(self, servers: InstanceServers) -> None:
+        super().__init__(servers, Stopper(grace_seconds=0), LauncherMetrics())
+        self.started, self.passes = asyncio.Event(), asyncio.Event()
+
+    async def check(self, instance: Instance, runtime: Runtime) -> None:
+        self.started.set()
+        await self.passes.wait()
+
+
+async def test_a_read_sees_a_sleep_at_once_but_a_wake_only_once_the_watch_has_checked_it() -> None:
+    published: Published = []
+    instance = _at(Phase.AWAKE, published)
+    server = _Server()
+    verifier = _Verifier(server)
+    states = SleepStates(server, verifier, interval_s=60)  # only reads make it look
+    async with asyncio.TaskGroup() as group:
+        watch = group.create_task(states.watch(instance, RUNTIME))
+        await asyncio.sleep(0)
+        server.sleeping = True
+        async with asyncio.timeout(1):
+            await states.look_now(instance)  # as a read does
+        assert (instance.phase, published) == (Phase.ASLEEP, [(EventType.SLEEPING, None)])
+        server.sleeping = False
+        async with asyncio.timeout(1):
+            await states.look_now(instance)
+            await verifier.started.wait()
+        assert instance.phase is Phase.ASLEEP, "the read returned before the check, which the watch runs"
+        async with asyncio.timeout(0.1):
+            await states.look_now(instance)  # the check holds the instance: a read does not wait for it
+        verifier.passes.set()
+        async with asyncio.timeout(1):
+            while instance.phase is Phase.ASLEEP:  # noqa: ASYNC110 - the watch's move, polled
+                await asyncio.sleep(0.01)
+        assert published[-1] == (EventType.AWAKE, None)
+        watch.cancel()
+
+
 # The admission plan --------------------------------------------------------------------------------------------
 
 LAUNCHER = LauncherFacts(host="127.0.0.1", port=8001, cpu_kv_cache_bytes=GIB)
@@ -229,11 +297,3 @@ def test_reading_a_request_refuses_an_unknown_runtime_and_a_taken_id() -> None:
     config = VllmConfig(options="--model m")
     with pytest.raises(Conflict, match="Instance a already exists"):
         admission.read(config, "a", {"vllm": RUNTIME}, LAUNCHER, Held(ids=("a",), ports={}))
-
-
-def test_the_architecture_drawing_is_the_transition_table() -> None:
-    text = (Path(__file__).parent.parent / "docs" / "architecture.md").read_text()
-    found = re.search(r"<!-- instance-phases:begin -->\n```mermaid\n(.*?)\n```\n<!-- instance-phases:end -->", text,
-                      re.DOTALL)  # fmt: skip
-    assert found, "docs/architecture.md has no drawing between the instance-phases:begin/end markers"
-    assert found.group(1) == lifecycle.mermaid(), "docs/architecture.md's instance drawing is stale: paste mermaid()"
