@@ -66,8 +66,8 @@ class Instance:
     startup: StartupTimes
     publish: Publisher = _unpublished  # each move's event, to the launcher's watchers
     revision: int = 0
-    phase: Phase = lifecycle.FIRST
-    sleeping_when_stopped: bool = False  # a stopped instance's state still says whether it slept
+    phase: Phase = field(default=lifecycle.FIRST, init=False)  # changed by `move` alone
+    sleeping_when_stopped: bool = field(default=False, init=False)  # a stopped instance's state still says so
     sleep_level: int | None = None  # where the launcher put it to sleep; None when it slept behind its back
     exit_code: int | None = None
     stop_reason: StopReason | None = None
