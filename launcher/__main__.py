@@ -24,7 +24,8 @@ from .dialect import Dialect
 from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES
 from .events import HISTORY_SIZE, EventLog
 from .fork import freeze_heap
-from .instances import DEFAULT_RUNTIME, InstanceManager, ManagerSettings
+from .instance import DEFAULT_RUNTIME
+from .instances import InstanceManager, ManagerSettings
 from .liveness import LivenessPolicy
 from .metrics import LauncherMetrics
 from .runtimes import Runtime, StandInRuntime, TransformersRuntime, VllmRuntime

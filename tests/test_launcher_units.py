@@ -36,18 +36,21 @@ from api.launcher import (
 )
 from e2e.cluster.ports import free_port
 from e2e.waiting import cancel_while_waiting
-from launcher import gpu_memory, liveness, startup_phases, validation
+from launcher import gpu_memory, liveness, startup_phases, stopping, validation
 from launcher.engine_defaults import GIB, GpuMemory, Machine, transformers_defaults, vllm_defaults
 from launcher.errors import BadRequest, Conflict, Gone, InvalidOptions, RangeNotSatisfiable
 from launcher.events import EventLog, Subscription
 from launcher.gpus import GpuInventory, naive_loader
-from launcher.instances import MAX_DETAIL_CHARS, Instance, InstanceManager, ManagerSettings, _copied
+from launcher.instance import Instance
+from launcher.instances import InstanceManager, ManagerSettings
+from launcher.lifecycle import Phase
 from launcher.liveness import EngineProcesses, LivenessPolicy
 from launcher.logs import FIRST_PAGE, PAGE_BYTES, content_range, parse_range, resolve_range
 from launcher.metrics import LauncherMetrics
 from launcher.process_stats import ProcessTreeStats
 from launcher.runtimes import TransformersRuntime, VllmRuntime
 from launcher.wake_check import LOGPROB_TOLERANCE, PROBE_PROMPT, PROBE_TOKENS, ProbeAnswer, compare, parse_choice
+from launcher.wake_verification import MAX_DETAIL_CHARS
 
 
 @pytest.mark.parametrize(
@@ -601,15 +604,18 @@ async def manager(tmp_path: Path) -> AsyncIterator[InstanceManager]:
     settings = ManagerSettings(host="127.0.0.1", port=free_port(), state_dir=tmp_path, zygote=False)
     manager = InstanceManager({}, GpuInventory("no GPUs", naive_loader(0)), LauncherMetrics(), EventLog(), settings)
     yield manager
-    await manager.session.close()
+    await manager.servers.close()
 
 
 def _instance(tmp_path: Path, pid: int, port: int = 0) -> Instance:
-    return Instance(
+    """An instance just created (STARTING)."""
+    instance = Instance(
         id="inst-1", config=VllmConfig(options="--model m"), argv=[], defaults_applied={}, port=port, pid=pid,
         work_dir=tmp_path, temp_dir=tmp_path, created_at=time.monotonic(), stats=ProcessTreeStats(pid),
         runtime_name="vllm", startup=StartupTimes(forked_by="launcher"),
     )  # fmt: skip
+    instance.move(Phase.STARTING)
+    return instance
 
 
 @pytest.fixture
@@ -636,7 +642,7 @@ async def test_a_stop_cancelled_during_the_grace_period_ends_cancelled_and_the_i
     manager: InstanceManager, tmp_path: Path, child: subprocess.Popen[bytes]
 ) -> None:
     instance = _instance(tmp_path, child.pid)
-    await cancel_while_waiting(asyncio.create_task(manager._stop(instance)))
+    await cancel_while_waiting(asyncio.create_task(manager.stopper.stop(instance)))
     await _reap(manager, instance, child)  # the SIGTERM it got before the cancellation stands
     assert (instance.status, instance.exit_code) == (InstanceStatus.STOPPED, 0)
 
@@ -648,7 +654,7 @@ async def test_a_call_cancelled_while_it_waits_for_a_dead_instances_exit_code_en
     caller going away meanwhile ends the call as cancelled, not as a BackendTimeout."""
     instance = _instance(tmp_path, pid=NO_PROCESS, port=free_port())  # nothing listens there
     instance.stop_reason = StopReason.UNRESPONSIVE
-    await cancel_while_waiting(asyncio.create_task(manager._call_backend(instance, "POST", "/sleep")))
+    await cancel_while_waiting(asyncio.create_task(manager.servers.call(instance, "POST", "/sleep")))
 
 
 async def test_a_failed_wake_check_cancelled_while_it_waits_for_the_exit_code_still_killed_the_instance(
@@ -656,7 +662,7 @@ async def test_a_failed_wake_check_cancelled_while_it_waits_for_the_exit_code_st
 ) -> None:
     instance = _instance(tmp_path, child.pid, port=free_port())  # nothing answers the probe there
     instance.probe = ProbeAnswer([1, 2, 3], [5, 6, 7])
-    checking = asyncio.create_task(manager._check_wake(instance, TransformersRuntime()))
+    checking = asyncio.create_task(manager.verifier.check(instance, TransformersRuntime()))
     await cancel_while_waiting(checking)  # the reaper has not seen the exit yet
     await _reap(manager, instance, child)
     assert (instance.exit_code, instance.stop_reason) == (-signal.SIGKILL, StopReason.WAKE_CHECK_FAILED)
@@ -671,7 +677,7 @@ async def test_a_wait_for_the_output_copy_cancelled_ends_cancelled_and_the_copy_
         copied.set()
 
     instance.output = asyncio.create_task(copy())
-    await cancel_while_waiting(asyncio.create_task(_copied(instance)))
+    await cancel_while_waiting(asyncio.create_task(stopping.copied(instance)))
     async with asyncio.timeout(2):
         await instance.output
     assert copied.is_set()
@@ -680,7 +686,7 @@ async def test_a_wait_for_the_output_copy_cancelled_ends_cancelled_and_the_copy_
 async def test_a_copy_cancelled_by_the_launchers_shutdown_ends_the_wait_for_it(tmp_path: Path) -> None:
     instance = _instance(tmp_path, pid=NO_PROCESS)
     instance.output = asyncio.create_task(asyncio.sleep(30))
-    waiting = asyncio.create_task(_copied(instance))
+    waiting = asyncio.create_task(stopping.copied(instance))
     await asyncio.sleep(0.05)
     instance.output.cancel()
     async with asyncio.timeout(1):

@@ -16,13 +16,17 @@ import shlex
 import time
 from dataclasses import dataclass
 
-from api.launcher import EventType, InstanceState, InstanceStatus, StartupTimes, VllmConfig
+from api.launcher import InstanceState, StartupTimes, VllmConfig, WakeCheck, WakeCheckStatus
 from launcher.events import EventLog
 from launcher.gpus import GpuInventory
-from launcher.instances import Instance, InstanceManager, ManagerSettings
+from launcher.instance import Instance
+from launcher.instance_server import InstanceServers
+from launcher.instances import InstanceManager, ManagerSettings
+from launcher.lifecycle import Phase
 from launcher.metrics import LauncherMetrics
 from launcher.process_stats import ProcessTreeStats
 from launcher.runtimes import Runtime, StandInRuntime
+from launcher.stopping import Stopper
 
 log = logging.getLogger(__name__)
 
@@ -55,37 +59,60 @@ def _runtimes() -> dict[str, Runtime]:
     return {"vllm": standin, "transformers": standin}
 
 
+class _SimulatedServers(InstanceServers):
+    """The instances' servers as the simulation plays them: a sleep or a wake takes its delay."""
+
+    def __init__(self, settings: ManagerSettings, delays: dict[str, Delays]) -> None:
+        super().__init__(settings.host, settings.backend_timeout_seconds)
+        self._delays = delays
+
+    async def call(self, instance: Instance, method: str, path: str) -> None:
+        delays = self._delays[instance.id]
+        await asyncio.sleep(delays.wake if path.startswith("/wake_up") else delays.sleep)
+
+
+class _SimulatedStopper(Stopper):
+    """Stops an instance with no process at once: it exits with 0."""
+
+    def __init__(self, delays: dict[str, Delays]) -> None:
+        super().__init__(grace_seconds=0)
+        self._delays = delays
+
+    async def stop(self, instance: Instance) -> None:
+        if instance.running:
+            instance.ask_to_stop()
+            instance.exit_code = 0
+            instance.mark_exited()
+            instance.move(Phase.STOPPED, exit_code=0)
+        self._delays.pop(instance.id, None)
+
+    def signal(self, instance: Instance, signum: int) -> None:
+        raise AssertionError(f"simulated instance {instance.id} has no process to signal")
+
+
 class SimulatedInstances(InstanceManager):
     def __init__(
         self, gpus: GpuInventory, metrics: LauncherMetrics, events: EventLog, settings: ManagerSettings
     ) -> None:
-        super().__init__(_runtimes(), gpus, metrics, events, settings)
         self._delays: dict[str, Delays] = {}
+        super().__init__(
+            _runtimes(), gpus, metrics, events, settings,
+            servers=_SimulatedServers(settings, self._delays), stopper=_SimulatedStopper(self._delays),
+        )  # fmt: skip
 
     async def create(self, config: VllmConfig, instance_id: str | None = None) -> InstanceState:
         admitted = await self._admit(config, instance_id)
         # No await from the end of `_admit` to the insert: its last checks cannot be raced.
         work_dir = self.settings.state_dir / admitted.instance_id
-        instance = Instance(
-            id=admitted.instance_id,
-            config=admitted.config,
-            argv=admitted.argv,
-            defaults_applied=admitted.defaults.chosen,
-            port=admitted.port,
-            pid=NO_PROCESS,
-            work_dir=work_dir,
-            temp_dir=work_dir,
-            created_at=time.monotonic(),
-            stats=_NoProcess(),
-            runtime_name=self._runtime(admitted.config.runtime).name,
-            startup=StartupTimes(forked_by="simulation"),
-        )
-        self._instances[instance.id] = instance
+        startup = StartupTimes(forked_by="simulation")
+        instance = self._add(admitted, NO_PROCESS, work_dir, work_dir, time.monotonic(), startup)
+        instance.stats = _NoProcess()
+        instance.wake_check = WakeCheck(status=WakeCheckStatus.OFF)
         values = admitted.parsed.values
         self._delays[instance.id] = Delays(values.startup_delay, values.sleep_delay, values.wake_delay)
         work_dir.mkdir(parents=True, exist_ok=True)
         instance.log_path.write_text(f"simulated instance {instance.id}: {shlex.join(instance.argv)}\n")
-        self._publish(instance, EventType.CREATED)
+        instance.move(Phase.STARTING)
         self._spawn(self._come_up(instance))
         return instance.state()
 
@@ -93,25 +120,5 @@ class SimulatedInstances(InstanceManager):
         await asyncio.sleep(self._delays[instance.id].startup)
         if not instance.running:
             return
-        instance.ready = True
         self.metrics.ready_seconds.observe(time.monotonic() - instance.created_at)
-        self._publish(instance, EventType.READY)
-
-    async def _call_backend(self, instance: Instance, method: str, path: str) -> None:
-        """A sleep or a wake, as the instance's server would take it."""
-        delays = self._delays[instance.id]
-        await asyncio.sleep(delays.wake if path.startswith("/wake_up") else delays.sleep)
-
-    async def _refresh_sleep_state(self, instance: Instance) -> None:
-        """Nobody can reach a simulated instance but through the launcher: its state is always current."""
-
-    async def _stop(self, instance: Instance) -> None:
-        if instance.running:
-            instance.stop_asked.set()
-            instance.status, instance.exit_code, instance.ready = InstanceStatus.STOPPED, 0, False
-            instance.exited.set()
-        self._delays.pop(instance.id, None)
-
-    @staticmethod
-    def _signal(instance: Instance, signum: int) -> None:
-        raise AssertionError(f"simulated instance {instance.id} has no process to signal")
+        instance.move(Phase.AWAKE)

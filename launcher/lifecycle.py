@@ -1,0 +1,64 @@
+"""An instance's life cycle: its phases, the transitions between them and the watch event each publishes.
+
+One table (`TRANSITIONS`) says which moves exist; `event_of` refuses any other (`IllegalTransition`), so
+an instance's `ready`, `sleeping` and `status` are what its phase says, never a set of flags that could
+disagree. The wire format is the launcher's API's (`api.launcher`): the phase itself is not on it.
+docs/architecture.md draws the table (`mermaid`).
+
+A stop a DELETE causes publishes nothing: the DELETED event that follows reports it (as FMA's launcher
+does).
+"""
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Final
+
+from api.launcher import EventType, InstanceStatus
+
+
+class Phase(StrEnum):
+    NEW = "new"  # forked, not yet announced
+    STARTING = "starting"  # its server does not answer /health yet
+    AWAKE = "awake"  # serving
+    ASLEEP = "asleep"  # ready, its weights offloaded or discarded
+    STOPPED = "stopped"  # its server exited (or was killed)
+    DELETED = "deleted"  # removed from the launcher
+
+
+TRANSITIONS: Final[Mapping[tuple[Phase, Phase], EventType]] = {
+    (Phase.NEW, Phase.STARTING): EventType.CREATED,
+    (Phase.STARTING, Phase.AWAKE): EventType.READY,
+    (Phase.AWAKE, Phase.ASLEEP): EventType.SLEEPING,
+    (Phase.ASLEEP, Phase.AWAKE): EventType.AWAKE,
+    (Phase.STARTING, Phase.STOPPED): EventType.STOPPED,
+    (Phase.AWAKE, Phase.STOPPED): EventType.STOPPED,
+    (Phase.ASLEEP, Phase.STOPPED): EventType.STOPPED,
+    (Phase.STOPPED, Phase.DELETED): EventType.DELETED,
+}
+FIRST: Final = Phase.NEW
+RUNNING: Final = frozenset({Phase.NEW, Phase.STARTING, Phase.AWAKE, Phase.ASLEEP})  # its server process lives
+READY: Final = frozenset({Phase.AWAKE, Phase.ASLEEP})  # its server answered /health
+
+
+class IllegalTransition(Exception):
+    """A move the table does not declare: a bug in the launcher, never a client's error."""
+
+
+def event_of(current: Phase, to: Phase, deleting: bool = False) -> EventType | None:
+    """The event the move `current` → `to` publishes; None for a stop a DELETE causes (`deleting`)."""
+    event = TRANSITIONS.get((current, to))
+    if event is None:
+        raise IllegalTransition(f"an instance cannot go from {current} to {to}")
+    return None if deleting and event is EventType.STOPPED else event
+
+
+def status_of(phase: Phase) -> InstanceStatus:
+    return InstanceStatus.RUNNING if phase in RUNNING else InstanceStatus.STOPPED
+
+
+def mermaid() -> str:
+    """The life cycle as a Mermaid diagram, from TRANSITIONS: each arrow labelled with the event it publishes."""
+    lines = ["stateDiagram-v2", f"    [*] --> {FIRST}"]
+    lines += [f"    {source} --> {target}: {event}" for (source, target), event in TRANSITIONS.items()]
+    lines.append(f"    {Phase.DELETED} --> [*]")
+    return "\n".join(lines)

@@ -1,0 +1,299 @@
+"""The launcher's instance life cycle (its transition table, and the events its moves publish) and its
+admission plan (a pure decision over a request, the instances held and the GPU facts)."""
+
+import argparse
+import asyncio
+import itertools
+import re
+import time
+from collections import deque
+from pathlib import Path
+
+import pytest
+
+from api.launcher import ErrorReason, EventType, InstanceStatus, StartupTimes, VllmConfig
+from launcher import admission, lifecycle
+from launcher.admission import GpuFacts, Held, LauncherFacts, Request
+from launcher.engine_defaults import GIB, EngineDefaults, GpuMemory, Machine, vllm_defaults
+from launcher.errors import BadRequest, Conflict, InvalidOptions
+from launcher.instance import Instance
+from launcher.instance_server import InstanceServers
+from launcher.lifecycle import TRANSITIONS, IllegalTransition, Phase
+from launcher.metrics import LauncherMetrics
+from launcher.process_stats import ProcessTreeStats
+from launcher.runtimes import ParsedOptions, Runtime
+from launcher.sleep_state import SleepStates
+from launcher.stopping import Stopper
+from launcher.wake_verification import WakeVerifier
+
+# The life cycle ------------------------------------------------------------------------------------------------
+
+
+def _paths() -> dict[Phase, list[Phase]]:
+    """For every phase reachable from the first, the phases on a shortest way there."""
+    paths = {lifecycle.FIRST: [lifecycle.FIRST]}
+    queue = deque([lifecycle.FIRST])
+    while queue:
+        current = queue.popleft()
+        for source, target in TRANSITIONS:
+            if source is current and target not in paths:
+                paths[target] = [*paths[current], target]
+                queue.append(target)
+    return paths
+
+
+def test_every_phase_and_every_declared_transition_is_reachable_from_the_first() -> None:
+    paths = _paths()
+    assert set(paths) == set(Phase)
+    assert all(source in paths for source, _ in TRANSITIONS)
+
+
+Published = list[tuple[EventType, int | None]]
+
+
+def _instance(published: Published) -> Instance:
+    return Instance(
+        id="i", config=VllmConfig(options="--model m"), argv=[], defaults_applied={}, port=1, pid=0,
+        work_dir=Path("/nonexistent"), temp_dir=Path("/nonexistent"), created_at=time.monotonic(),
+        stats=ProcessTreeStats(0), runtime_name="vllm", startup=StartupTimes(forked_by="launcher"),
+        publish=lambda _, event, exit_code: published.append((event, exit_code)),
+    )  # fmt: skip
+
+
+def _at(phase: Phase, published: Published) -> Instance:
+    instance = _instance(published)
+    for step in _paths()[phase][1:]:
+        instance.move(step)
+    published.clear()
+    return instance
+
+
+@pytest.mark.parametrize(("source", "target"), list(TRANSITIONS), ids=lambda p: str(p))
+def test_a_declared_transition_moves_the_instance_and_publishes_its_event(source: Phase, target: Phase) -> None:
+    published: Published = []
+    instance = _at(source, published)
+    instance.move(target, exit_code=7 if target is Phase.STOPPED else None)
+    assert instance.phase is target
+    assert published == [(TRANSITIONS[source, target], 7 if target is Phase.STOPPED else None)]
+
+
+UNDECLARED = [pair for pair in itertools.product(Phase, Phase) if pair not in TRANSITIONS]
+
+
+@pytest.mark.parametrize(("source", "target"), UNDECLARED, ids=lambda p: str(p))
+def test_an_undeclared_transition_is_refused_and_changes_nothing(source: Phase, target: Phase) -> None:
+    with pytest.raises(IllegalTransition):
+        lifecycle.event_of(source, target)
+    published: Published = []
+    instance = _at(source, published)
+    with pytest.raises(IllegalTransition, match=f"from {source} to {target}"):
+        instance.move(target)
+    assert (instance.phase, published) == (source, [])
+
+
+def test_a_stop_a_delete_causes_publishes_nothing_and_the_deletion_reports_it() -> None:
+    published: Published = []
+    instance = _at(Phase.AWAKE, published)
+    instance.deleting = True
+    instance.move(Phase.STOPPED, exit_code=0)
+    instance.move(Phase.DELETED)
+    assert published == [(EventType.DELETED, None)]
+
+
+@pytest.mark.parametrize(
+    ("phase", "status", "ready", "sleeping"),
+    [
+        (Phase.NEW, InstanceStatus.RUNNING, False, False),
+        (Phase.STARTING, InstanceStatus.RUNNING, False, False),
+        (Phase.AWAKE, InstanceStatus.RUNNING, True, False),
+        (Phase.ASLEEP, InstanceStatus.RUNNING, True, True),
+        (Phase.STOPPED, InstanceStatus.STOPPED, False, False),
+        (Phase.DELETED, InstanceStatus.STOPPED, False, False),
+    ],
+)
+def test_the_state_on_the_wire_is_what_the_phase_says(
+    phase: Phase, status: InstanceStatus, ready: bool, sleeping: bool
+) -> None:
+    state = _at(phase, []).state()
+    assert (state.status, state.ready, state.sleeping) == (status, ready, sleeping)
+
+
+def test_a_stopped_instance_still_says_it_slept_and_at_which_level() -> None:
+    instance = _at(Phase.AWAKE, [])
+    instance.sleep_level = 2
+    instance.move(Phase.ASLEEP)
+    instance.move(Phase.STOPPED, exit_code=-9)
+    instance.move(Phase.DELETED)
+    state = instance.state()
+    assert (state.status, state.ready, state.sleeping, state.sleep_level) == (InstanceStatus.STOPPED, False, True, 2)
+
+
+def test_a_wake_forgets_the_sleep_level() -> None:
+    instance = _at(Phase.AWAKE, [])
+    instance.sleep_level = 1
+    instance.move(Phase.ASLEEP)
+    instance.move(Phase.AWAKE)
+    state = instance.state()
+    assert (state.sleeping, state.sleep_level) == (False, None)
+
+
+def test_the_architecture_drawing_is_the_transition_table() -> None:
+    text = (Path(__file__).parent.parent / "docs" / "architecture.md").read_text()
+    found = re.search(r"<!-- instance-phases:begin -->\n```mermaid\n(.*?)\n```\n<!-- instance-phases:end -->", text,
+                      re.DOTALL)  # fmt: skip
+    assert found, "docs/architecture.md has no drawing between the instance-phases:begin/end markers"
+    assert found.group(1) == lifecycle.mermaid(), "docs/architecture.md's instance drawing is stale: paste mermaid()"
+
+
+# The sleep state, found by the instance's watch -------------------------------------------------------------------
+
+
+class _Server(InstanceServers):
+    """An instance's server that says whether it sleeps as the test sets it."""
+
+    def __init__(self) -> None:
+        super().__init__("127.0.0.1", backend_timeout_seconds=1)
+        self.sleeping = False
+
+    async def is_sleeping(self, instance: Instance) -> bool | None:
+        return self.sleeping
+
+
+class _Verifier(WakeVerifier):
+    """A post-wake check that passes when the test lets it."""
+
+    def __init__(self, servers: InstanceServers) -> None:
+        super().__init__(servers, Stopper(grace_seconds=0), LauncherMetrics())
+        self.started, self.passes = asyncio.Event(), asyncio.Event()
+
+    async def check(self, instance: Instance, runtime: Runtime) -> None:
+        self.started.set()
+        await self.passes.wait()
+
+
+async def test_a_read_sees_a_sleep_at_once_but_a_wake_only_once_the_watch_has_checked_it() -> None:
+    published: Published = []
+    instance = _at(Phase.AWAKE, published)
+    server = _Server()
+    verifier = _Verifier(server)
+    states = SleepStates(server, verifier, interval_s=60)  # only reads make it look
+    async with asyncio.TaskGroup() as group:
+        watch = group.create_task(states.watch(instance, RUNTIME))
+        await asyncio.sleep(0)
+        server.sleeping = True
+        async with asyncio.timeout(1):
+            await states.look_now(instance)  # as a read does
+        assert (instance.phase, published) == (Phase.ASLEEP, [(EventType.SLEEPING, None)])
+        server.sleeping = False
+        async with asyncio.timeout(1):
+            await states.look_now(instance)
+            await verifier.started.wait()
+        assert instance.phase is Phase.ASLEEP, "the read returned before the check, which the watch runs"
+        async with asyncio.timeout(0.1):
+            await states.look_now(instance)  # the check holds the instance: a read does not wait for it
+        verifier.passes.set()
+        async with asyncio.timeout(1):
+            while instance.phase is Phase.ASLEEP:  # noqa: ASYNC110 - the watch's move, polled
+                await asyncio.sleep(0.01)
+        assert published[-1] == (EventType.AWAKE, None)
+        watch.cancel()
+
+
+# The admission plan --------------------------------------------------------------------------------------------
+
+LAUNCHER = LauncherFacts(host="127.0.0.1", port=8001, cpu_kv_cache_bytes=GIB)
+NOTHING_HELD = Held(ids=(), ports={})
+
+
+class _GpuRuntime(Runtime):
+    """vLLM's defaults on a GPU over a parser of the flags they read."""
+
+    name = "vllm"
+    on_cpu = False
+
+    def preload(self) -> None:
+        pass
+
+    def make_parser(self) -> argparse.ArgumentParser:
+        parser = argparse.ArgumentParser()
+        parser.add_argument("--model", required=True)
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--host", default=None)
+        parser.add_argument("--gpu-memory-utilization", type=float)
+        return parser
+
+    def serve(self, argv: list[str]) -> None:
+        raise AssertionError("never served here")
+
+    def defaults(self, parsed: ParsedOptions, machine: Machine) -> EngineDefaults:
+        return vllm_defaults(parsed.explicit, machine)
+
+    def wants_gpu_memory(self, parsed: ParsedOptions) -> bool:
+        return True
+
+
+RUNTIME = _GpuRuntime()
+
+
+def _request(options: str = "--model m --port 8005", instance_id: str = "a", **fields: object) -> Request:
+    config = VllmConfig.model_validate({"options": options, **fields})
+    return admission.read(config, instance_id, {"vllm": RUNTIME}, LAUNCHER, NOTHING_HELD)
+
+
+def test_a_plan_adds_the_defaults_the_gpu_memory_allows_and_the_launchers_host() -> None:
+    memory = [GpuMemory(free_bytes=70 * GIB, total_bytes=80 * GIB)]
+    request = _request(gpu_uuids=["GPU-b"], gpu_sleeper_reserve_bytes=10 * GIB)
+    plan = admission.plan(request, GpuFacts(indices=[3], memory=memory), LAUNCHER, NOTHING_HELD)
+    assert plan.argv == [
+        "--model", "m", "--port", "8005", "--max-model-len", "auto", "--enable-sleep-mode",
+        "--gpu-memory-utilization", "0.74", "--host", "127.0.0.1",
+    ]  # fmt: skip
+    assert (plan.instance_id, plan.port, plan.env) == ("a", 8005, {"CUDA_VISIBLE_DEVICES": "3"})
+    assert plan.config.env_vars == {"CUDA_VISIBLE_DEVICES": "3"}, "the devices are echoed in the state"
+    assert plan.defaults.chosen["--gpu-memory-utilization"] == "0.74"
+
+
+def test_a_plan_without_gpus_named_leaves_the_environment_as_asked() -> None:
+    request = _request(env_vars={"A": "1"})
+    plan = admission.plan(request, GpuFacts(), LAUNCHER, NOTHING_HELD)
+    assert plan.env == {"A": "1"}
+    assert plan.config is request.config
+
+
+def test_a_plan_refuses_a_port_another_running_instance_holds_and_an_id_taken_meanwhile() -> None:
+    request = _request()
+    with pytest.raises(Conflict, match="port 8005 is already used by instance other") as port:
+        admission.plan(request, GpuFacts(), LAUNCHER, Held(ids=("other",), ports={8005: "other"}))
+    assert port.value.reason is ErrorReason.PORT_IN_USE
+    with pytest.raises(Conflict, match="Instance a already exists") as taken:
+        admission.plan(request, GpuFacts(), LAUNCHER, Held(ids=("a",), ports={}))
+    assert taken.value.reason is ErrorReason.ALREADY_EXISTS
+
+
+def test_a_plan_refuses_an_environment_no_process_can_have() -> None:
+    with pytest.raises(BadRequest, match="not a valid environment variable name"):
+        admission.plan(_request(env_vars={"A=B": "1"}), GpuFacts(), LAUNCHER, NOTHING_HELD)
+
+
+@pytest.mark.parametrize(
+    ("options", "instance_id", "error", "message"),
+    [
+        ("--model m", "-bad", BadRequest, "invalid instance ID"),
+        ("--model 'm", "a", InvalidOptions, "cannot split"),
+        ("--model m --host 10.0.0.1", "a", InvalidOptions, "is not this launcher's address"),
+        ("--model m --port 8001", "a", InvalidOptions, "this launcher's own API port"),
+    ],
+)
+def test_reading_a_request_refuses_its_first_fault(
+    options: str, instance_id: str, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        _request(options, instance_id)
+
+
+def test_reading_a_request_refuses_an_unknown_runtime_and_a_taken_id() -> None:
+    with pytest.raises(BadRequest, match="unknown runtime 'nope'; this launcher runs: vllm"):
+        _request(runtime="nope")
+    config = VllmConfig(options="--model m")
+    with pytest.raises(Conflict, match="Instance a already exists"):
+        admission.read(config, "a", {"vllm": RUNTIME}, LAUNCHER, Held(ids=("a",), ports={}))
