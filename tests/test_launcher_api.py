@@ -71,6 +71,17 @@ async def wait_ready(http: aiohttp.ClientSession, instance_id: str, timeout: flo
             await asyncio.sleep(0.05)
 
 
+async def wait_probe_recorded(http: aiohttp.ClientSession, instance_id: str, timeout: float = 30) -> None:
+    """Until the instance's wake probe, recorded at its first ready, is no longer pending."""
+    async with asyncio.timeout(timeout):
+        while True:
+            async with http.get(f"{BASE}/{instance_id}") as response:
+                state: dict[str, Any] = await response.json()
+            if (state.get("wake_check") or {}).get("status") != "pending":
+                return
+            await asyncio.sleep(0.05)
+
+
 @dataclass
 class Case:
     name: str
@@ -524,9 +535,11 @@ async def test_a_crashed_instance_is_stopped_with_its_exit_code(
 async def test_a_hung_instance_is_killed_as_unresponsive_and_calls_to_it_fail_in_time(
     launcher: LauncherProcess, http: aiohttp.ClientSession
 ) -> None:
-    """SIGSTOP: the process lives, its port accepts connections, and nothing answers."""
+    """SIGSTOP: the process lives, its port accepts connections, and nothing answers. (Stopped once its wake probe
+    is recorded: a sleep asked while the recording waits on the frozen server would find it already killed.)"""
     await create(http, "hung")
     await wait_ready(http, "hung")
+    await wait_probe_recorded(http, "hung")
     revision = (await listing(http, detail=False))["revision"]
     loop = asyncio.get_running_loop()
     async with http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
