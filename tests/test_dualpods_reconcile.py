@@ -15,8 +15,8 @@ import pytest
 from api import keys
 from api.launcher import InstanceStatus, VllmConfig
 from controller.dualpods.passes import RELAY_RECHECK_S
-from controller.dualpods.reconcile import SPI_STARTUP_RETRY_S
 from controller.dualpods.requester_client import RequesterError
+from controller.dualpods.requester_steps import SPI_STARTUP_RETRY_S
 from controller.dualpods.status import RequesterProblem
 from controller.http import HttpError, Reply
 from controller.informer import Obj

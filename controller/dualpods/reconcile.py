@@ -15,7 +15,6 @@ already shows: written only when it differs, an Event only for an error not show
 """
 
 import logging
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -24,63 +23,25 @@ from api import keys
 from api.crds import InferenceServerConfig
 from api.launcher import InstanceStatus
 from controller import pods
-from controller.dualpods import binding, release, serving
-from controller.dualpods.direct import DirectProviders
 from controller.dualpods.identity import VLLM, instance_id
 from controller.dualpods.isc_status import isc_status, observe_isc
 from controller.dualpods.memory import Memory
 from controller.dualpods.passes import Pass, World
-from controller.dualpods.phases import NOT_SERVING, Phase, classify
+from controller.dualpods.phases import ROW, Phase, classify
 from controller.dualpods.requester_client import RequesterError
-from controller.dualpods.snapshot import observe, parse, settled
+from controller.dualpods.snapshot import observe, parse
 from controller.dualpods.status import Outcome, RequesterProblem, new_errors, reported_errors, status_json
-from controller.dualpods.writer import set_annotation, set_finalizer
-from controller.http import HttpError
+from controller.dualpods.writer import set_annotation
 from controller.kube import refusal
 
 log = logging.getLogger(__name__)
 
 LAUNCHERS = "launchers"  # pod index: "true" -> every launcher Pod
-SPI_STARTUP_RETRY_S = 0.05
-SPI_STARTUP_WINDOW_S = 60.0
-
-Step = Callable[[Pass], Awaitable[float | None]]
 
 
 class Reconciler:
     def __init__(self, world: World) -> None:
         self.world = world
-        self.direct = DirectProviders()
-        self._steps: dict[Phase, Step] = {
-            Phase.GONE: self._forget,
-            Phase.PROVIDER_DELETED: release.relay_deletion,
-            Phase.DISCARDING: release.discard,
-            Phase.UNROUTING: release.unroute,
-            Phase.RELEASE_WAITING: release.wait_for_launcher,
-            Phase.RELEASING: lambda p: release.release(p, self.direct),
-            Phase.CONFLICTED: _conflicted,
-            Phase.UNHOLDING: _unhold,
-            Phase.DEPARTING: _nothing,
-            Phase.UNSCHEDULED: _nothing,  # not scheduled yet, or its node is going away: Kubernetes will act
-            Phase.STARTING: _nothing,  # a normal moment of a Pod's start: its IP arrives with an update
-            Phase.INVALID: _invalid,
-            Phase.NEEDS_GPUS: _record_gpus,
-            Phase.CORDONED: _cordoned,
-            Phase.ACQUIRING: self.direct.acquire,
-            Phase.UNBOUND: binding.bind,
-            Phase.WAKE_FAILED: serving.replace_failed_wake,
-            Phase.LOST: _lost,
-            Phase.SETTLING: _settle,
-            Phase.DIRECT_SERVING: self.direct.actuate,
-            Phase.LAUNCHER_STARTING: _nothing,  # its readiness or watch brings us back
-            Phase.RECREATING: serving.recreate,
-            Phase.CREATING: serving.create,
-            Phase.LOADING: _nothing,  # its READY event brings us back
-            Phase.ASLEEP: serving.wake,
-            Phase.MISROUTED: serving.misrouted,
-            Phase.SERVING: serving.serve,
-        }
-        assert set(self._steps) == set(Phase), "every phase has a step"
 
     @property
     def memory(self) -> Memory:
@@ -105,8 +66,8 @@ class Reconciler:
 
     async def _act(self, p: Pass, phase: Phase) -> Outcome:
         try:
-            again = await self._steps[phase](p)
-            if phase in NOT_SERVING and p.s.requester is not None and not p.written:
+            again = await ROW[phase].step(p)
+            if ROW[phase].serves is False and p.s.requester is not None and not p.written:
                 again = _sooner(again, await p.relay(False))  # its instance does not serve: not Ready
         except RequesterProblem as problem:
             return Outcome(problem.errors, failure=problem if problem.retry else None, changed=p.changed)
@@ -141,11 +102,6 @@ class Reconciler:
         except ApiException as err:
             if err.status not in (404, 409):  # gone, or changed meanwhile: the next pass reports
                 raise
-
-    async def _forget(self, p: Pass) -> float | None:
-        """Both Pods are gone: forget what memory holds of them (as FMA drops an inference server's state)."""
-        self.world.memory.keep_only({pods.uid(pod) for pod in self.world.caches.pods.items()})
-        return None
 
     # ----- an InferenceServerConfig's status
 
@@ -185,73 +141,3 @@ class Reconciler:
 
 def _sooner(a: float | None, b: float | None) -> float | None:
     return min((x for x in (a, b) if x is not None), default=None)
-
-
-# ----- the requester-level steps
-
-
-async def _nothing(p: Pass) -> float | None:
-    return None
-
-
-async def _conflicted(p: Pass) -> float | None:
-    raise RequesterProblem(f"requester {p.s.name} is bound to several providers: "
-                           f"{', '.join((pods.name(p.provider), *p.s.others))}")  # fmt: skip
-
-
-async def _invalid(p: Pass) -> float | None:
-    raise RequesterProblem(
-        f"the annotations {keys.SERVER_PATCH_ANNOTATION} and {keys.INFERENCE_SERVER_CONFIG_ANNOTATION} "
-        "exclude each other",
-        retry=False,
-    )
-
-
-async def _unhold(p: Pass) -> float | None:
-    await p.update(p.requester, lambda pod: set_finalizer(pod, keys.REQUESTER_FINALIZER, False), "no running provider")
-    return None
-
-
-async def _cordoned(p: Pass) -> float | None:
-    await p.delete(p.requester, f"node {pods.node_name(p.requester)} is cordoned and no provider is bound")
-    return None
-
-
-async def _lost(p: Pass) -> float | None:
-    instance = p.s.instance
-    if instance is not None and instance.status is InstanceStatus.STOPPED:
-        why = f"its instance {p.s.wanted} stopped with exit code {instance.exit_code}"
-        if instance.stop_reason is not None:
-            why += f" ({instance.stop_reason})"
-        await p.lose(why)
-    else:
-        await p.lose(f"its instance {p.s.wanted} vanished from launcher")
-    return None
-
-
-async def _settle(p: Pass) -> float | None:
-    """Bring the requester's metadata in line with its binding, and its status with this (clean) pass."""
-    target = settled(p.requester, p.s, status=status_json([]))
-    await p.update(p.requester, lambda pod: pod.update(target), "binding")
-    return None
-
-
-async def _record_gpus(p: Pass) -> float | None:
-    """Ask the requester for its GPUs once; the annotation keeps them for every later pass (its update
-    brings the next one)."""
-    requester = p.requester
-    try:
-        gpus = await p.clients.requesters.gpu_uuids(requester, p.s.isc_name)
-    except HttpError as err:
-        age = pods.container_age_s(requester)
-        if err.reply is None and (age is None or age < SPI_STARTUP_WINDOW_S):
-            # Its process is still starting and nothing announces when it listens: look again
-            # soon rather than after an exponential back-off that would outlast the start-up.
-            return SPI_STARTUP_RETRY_S
-        raise RequesterProblem(f"cannot query the requester's GPUs: {err}") from None
-    if not gpus:
-        raise RequesterProblem("the assigned set of GPUs is empty")
-    await p.update(
-        requester, lambda pod: set_annotation(pod, keys.ACCELERATORS_ANNOTATION, ",".join(gpus)), "record GPUs"
-    )
-    return None

@@ -15,9 +15,8 @@ import logging
 from api import keys
 from api.launcher import InstanceState, InstanceStatus
 from controller import pods
-from controller.dualpods import instance_sleep
+from controller.dualpods import direct, instance_sleep
 from controller.dualpods.budget import host_victims
-from controller.dualpods.direct import DirectProviders
 from controller.dualpods.identity import VLLM, instance_id
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, committed_routing
@@ -65,7 +64,7 @@ async def wait_for_launcher(p: Pass) -> float | None:
     raise RuntimeError(f"launcher {pods.name(p.provider)}'s instances are not known yet; cannot unbind")
 
 
-async def release(p: Pass, direct: DirectProviders) -> float | None:
+async def release(p: Pass) -> float | None:
     """Put the instance away, then unbind (the provider's write, then the requester's finalizer)."""
     provider, s = p.provider, p.s
     if s.direct_provider:

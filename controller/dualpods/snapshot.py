@@ -44,12 +44,35 @@ class Mode(StrEnum):
     BOTH = "both"
 
 
+class Absence(StrEnum):
+    """Why a referenced object has no parsed value."""
+
+    MISSING = "missing"  # no object of that name
+    INVALID = "invalid"  # it exists, but does not parse
+
+
+@dataclass(frozen=True)
+class Unparsed:
+    """A referenced object that is missing or invalid, and the message a user reads about it."""
+
+    absence: Absence
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
 @dataclass(frozen=True)
 class Parsed(Generic[T]):
-    """A referenced object, parsed; `problem` says why there is none (missing or invalid)."""
+    """A referenced object, parsed; `problem` says why there is none (missing or invalid). Neither: nothing
+    was referenced."""
 
     value: T | None = None
-    problem: str | None = None
+    problem: Unparsed | None = None
+
+    @property
+    def missing(self) -> bool:
+        return self.problem is not None and self.problem.absence is Absence.MISSING
 
 
 @dataclass(frozen=True)
@@ -64,11 +87,11 @@ class Caches:
 def parse(kind: type[C], cache: Informer, namespace: str, name: str) -> Parsed[C]:
     obj = cache.get(f"{namespace}/{name}")
     if obj is None:
-        return Parsed(problem=f"{kind.RESOURCE.kind} {name} does not exist")
+        return Parsed(problem=Unparsed(Absence.MISSING, f"{kind.RESOURCE.kind} {name} does not exist"))
     try:
         return Parsed(kind.from_k8s(obj))
     except ValidationError as err:
-        return Parsed(problem=f"{kind.RESOURCE.kind} {name} is invalid: {err}")
+        return Parsed(problem=Unparsed(Absence.INVALID, f"{kind.RESOURCE.kind} {name} is invalid: {err}"))
 
 
 @dataclass(frozen=True)
