@@ -92,7 +92,6 @@ async def _make_room(p: Pass, node: str, indices: list[str]) -> bool:
         message = (
             f"deleting sleeping provider {pods.name(victim)}: at most {limit} may sleep on GPU {index} of node {node}"
         )
-        log.info("%s", message)
         await p.event(victim, "Normal", "SleeperBudget", message)
         await p.delete(victim, "sleeper limit")
     return crowded
@@ -140,7 +139,7 @@ async def put_to_sleep(p: Pass, provider: pods.Pod) -> bool:
         refused = err.reply is not None and err.reply.status < 500
         if not (refused or err.timed_out or p.s.patience_over):
             raise  # unreachable for a moment, or failing: try again (a hung one is not waited for)
-        await p.event(provider, "Warning", "CannotSleep", f"deleting it instead of unbinding: {err}")
+        await p.warn(provider, "CannotSleep", f"deleting it instead of unbinding: {err}")
         await p.delete(provider, "unbinding a provider that does not sleep")
         return False
     _note(p, provider, asleep=True)

@@ -1,6 +1,6 @@
 """What the dual-pods controller keeps only in memory: losing it on restart costs at most a metric label, a
-re-sent readiness, or one question to a provider whether it sleeps. Nothing about what a requester's status
-shows lives here: that is read from the requester itself (status.py)."""
+re-sent readiness, one question to a provider whether it sleeps, or a phase change logged again. Nothing
+about what a requester's status shows lives here: that is read from the requester itself (status.py)."""
 
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +18,7 @@ class Memory:
     # Direct provider UID -> (its container's restart count, asleep) as last seen or made: a restarted
     # container starts awake, so the knowledge holds only for the same count.
     asleep: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    phases: dict[str, str] = field(default_factory=dict)  # requester name -> the phase its last pass ran
 
     def keep_only(self, uids: set[str]) -> None:
         """Forget the Pods not among `uids` (FMA drops an inference server's state once both Pods are gone)."""

@@ -86,7 +86,16 @@ class Pass:
         self._note(pod, f"deleted {pods.name(pod)}: {why}")
 
     async def event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """The one object logger: what is said about `obj` goes to the log (a Warning at WARNING, else INFO,
+        with the pass's fields) and becomes an Event on it, so a warning is never only in one of them."""
+        level = logging.WARNING if type_ == "Warning" else logging.INFO
+        kind = obj.get("kind") or "Pod"
+        log.log(level, "%s %s: %s", kind, pods.name(obj), message, extra={"reason": reason})
         await self.world.clients.events.record(obj, type_, reason, message)
+
+    async def warn(self, obj: dict[str, Any], reason: str, message: str) -> None:
+        """A warning about `obj`: logged, and a Warning Event on it."""
+        await self.event(obj, "Warning", reason, message)
 
     def _note(self, pod: pods.Pod, what: str) -> None:
         self.changed.append(what)
@@ -96,7 +105,7 @@ class Pass:
 
     async def lose(self, why: str) -> None:
         """The bound instance is gone: delete the requester so its set makes a fresh one."""
-        await self.event(self.requester, "Warning", "InstanceLost", f"{why} {pods.name(self.provider)}")
+        await self.warn(self.requester, "InstanceLost", f"{why} {pods.name(self.provider)}")
         await self.delete(self.requester, why)
 
     async def relay(self, ready: bool, target: tuple[str, int] | None = None) -> float | None:

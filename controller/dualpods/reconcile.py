@@ -14,6 +14,7 @@ The status annotation and its Events are computed from the outcome and compared 
 already shows: written only when it differs, an Event only for an error not shown yet.
 """
 
+import itertools
 import logging
 from datetime import UTC, datetime
 
@@ -22,6 +23,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from api import keys
 from api.crds import InferenceServerConfig
 from api.launcher import InstanceStatus
+from api.log_format import PASS_FIELD, PHASE_FIELD, REQUESTER_FIELD, log_context
 from controller import pods
 from controller.dualpods.identity import VLLM, instance_id
 from controller.dualpods.isc_status import isc_status, observe_isc
@@ -42,6 +44,7 @@ LAUNCHERS = "launchers"  # pod index: "true" -> every launcher Pod
 class Reconciler:
     def __init__(self, world: World) -> None:
         self.world = world
+        self._pass_ids = itertools.count(1)
 
     @property
     def memory(self) -> Memory:
@@ -53,16 +56,27 @@ class Reconciler:
         """One pass; returns when to look again. A problem is raised after it is reported (the queue's
         back-off), unless only a change to some object can settle it."""
         w = self.world
-        p = Pass(w, observe(w.namespace, name, w.caches, w.views))
-        phase = classify(p.s)
-        log.debug("requester %s: %s", name, phase)
-        outcome = await self._act(p, phase)
-        if outcome.changed:
-            log.debug("requester %s (%s) changed: %s", name, phase, "; ".join(outcome.changed))
-        await self._report(p, outcome)
+        with log_context(**{REQUESTER_FIELD: name, PASS_FIELD: str(next(self._pass_ids))}):
+            p = Pass(w, observe(w.namespace, name, w.caches, w.views))
+            phase = classify(p.s)
+            with log_context(**{PHASE_FIELD: phase.value}):
+                self._note_phase(name, phase)
+                outcome = await self._act(p, phase)
+                if outcome.changed:
+                    log.debug("changed: %s", "; ".join(outcome.changed))
+                await self._report(p, outcome)
         if outcome.failure is not None:
             raise outcome.failure
         return outcome.again_after
+
+    def _note_phase(self, name: str, phase: Phase) -> None:
+        """Log a requester's change of phase at INFO, once (a pass that stays in its phase logs at debug)."""
+        before = self.memory.phases.get(name)
+        if before == phase.value:
+            log.debug("requester %s: %s", name, phase.value)
+            return
+        log.info("requester %s: %s → %s", name, before or "(new)", phase.value)
+        self.memory.phases[name] = phase.value
 
     async def _act(self, p: Pass, phase: Phase) -> Outcome:
         try:
@@ -95,7 +109,7 @@ class Reconciler:
         if reported_errors(requester) == outcome.errors:
             return
         for error in new_errors(requester, outcome.errors):
-            await p.event(requester, "Warning", "ActuationProblem", error)
+            await p.warn(requester, "ActuationProblem", error)
         status = status_json(outcome.errors)
         try:
             await p.update(requester, lambda pod: set_annotation(pod, keys.STATUS_ANNOTATION, status), "status")

@@ -10,8 +10,6 @@ awake. Only a provider that is really lost (its node gone, its Pod failed, its c
 deleted (DISCARDING): never for a NotReady spell or a past restart, which would throw warm sleepers away.
 """
 
-import logging
-
 from api import keys
 from api.launcher import InstanceState, InstanceStatus
 from controller import pods
@@ -24,8 +22,6 @@ from controller.dualpods.sleepers import note_budget, sleepers
 from controller.dualpods.snapshot import UNBIND_PATIENCE_S
 from controller.dualpods.writer import set_annotation, set_finalizer, set_label
 from controller.http import HttpError
-
-log = logging.getLogger(__name__)
 
 INSTANCE_ANNOTATIONS = (
     keys.INSTANCE_ID_ANNOTATION,
@@ -90,8 +86,7 @@ async def release(p: Pass) -> float | None:
 
 async def _abandon(p: Pass, why: str) -> None:
     message = f"unbinding without putting instance {p.s.wanted} away: {why} within {UNBIND_PATIENCE_S:.0f} s"
-    log.warning("launcher %s: %s", pods.name(p.provider), message)
-    await p.event(p.provider, "Warning", "UnbindUnreachable", message)
+    await p.warn(p.provider, "UnbindUnreachable", message)
 
 
 async def _unbind(p: Pass) -> None:
@@ -123,7 +118,7 @@ async def _put_away(p: Pass, pod_ip: str, state: InstanceState) -> None:
             await instance_sleep.sleep(p, p.provider, state, isc_name, pods.name(p.provider))
         except HttpError as err:
             # Hung (no answer in time), failing, or refusing: deleted, which kills it, rather than waited on.
-            log.warning("instance %s did not sleep (%s); deleting it", state.instance_id, err)
+            await p.warn(p.provider, "CannotSleep", f"instance {state.instance_id} did not sleep ({err}); deleting it")
             await launchers.delete_instance(pod_ip, state.instance_id, isc_name)
 
 

@@ -61,7 +61,7 @@ async def replace_failed_wake(p: Pass) -> float | None:
     await p.update(requester, lambda pod: _unserved(pod, why), "its instance failed its post-wake check")
     if first:
         p.world.metrics.wake_check_failures.labels(p.world.namespace, s.isc_name).inc()
-        await p.event(requester, "Warning", "WakeCheckFailed", why)
+        await p.warn(requester, "WakeCheckFailed", why)
     await p.clients.launchers.delete_instance(launcher_ip(p), s.wanted, s.isc_name, pods.name(requester))
     raise RequesterProblem(why, retry=False)  # what the status shows until the next pass
 
@@ -138,14 +138,15 @@ async def wake(p: Pass) -> float | None:
     except HttpError as err:
         if error_reason(err) is not ErrorReason.WAKE_CHECK_FAILED:
             raise
-        log.warning("instance %s on launcher %s failed its post-wake check", s.wanted, pods.name(launcher))
+        # Not a warning here: the next pass (WAKE_FAILED) reports it, with its Event.
+        log.info("instance %s on launcher %s failed its post-wake check", s.wanted, pods.name(launcher))
     return None  # its AWAKE event, the view's record of the wake or, failing its check, STOPPED brings us back
 
 
 async def misrouted(p: Pass) -> float | None:
     """The routing metadata committed at the bind no longer fits the launcher: a fresh requester rebinds."""
     message = "; ".join(outdated_routing(p.provider))
-    await p.event(p.requester, "Warning", "OutdatedRoutingMetadata", message)
+    await p.warn(p.requester, "OutdatedRoutingMetadata", message)
     await p.delete(p.requester, f"outdated routing metadata: {message}")
     return None
 
@@ -179,7 +180,7 @@ async def _sync_lora(p: Pass, port: int, state: InstanceState) -> None:
         for adapter in sorted(wanted.keys() - loaded):
             await servers.load_lora(ip, port, adapter, wanted[adapter], name)
     except HttpError as err:
-        await p.event(p.requester, "Warning", "LoraAdapter", str(err))
+        await p.warn(p.requester, "LoraAdapter", str(err))
 
 
 def _serving_metadata(launcher: pods.Pod, routing: RoutingMetadata) -> None:
