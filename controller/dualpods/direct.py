@@ -17,8 +17,8 @@ from api import keys
 from controller import pods
 from controller.dualpods.gpu_map import GpuMapError, gpu_indices
 from controller.dualpods.nominal import NominalError, nominal_provider, server_port
+from controller.dualpods.outcomes import DONE, Problem, StepResult
 from controller.dualpods.passes import Pass
-from controller.dualpods.status import RequesterProblem
 from controller.dualpods.writer import set_binding, set_label
 from controller.http import HttpError
 from controller.kube import refusal
@@ -32,7 +32,7 @@ GPU: Final = "gpu"  # pod index: "<node> <index>" -> direct providers that may u
 # ----- a requester without a provider
 
 
-async def acquire(p: Pass) -> float | None:
+async def acquire(p: Pass) -> StepResult:
     """Bind a sleeping copy of the requester's nominal provider; or make room for a new one and create it,
     bound from birth. Each is one write whose event brings the next pass."""
     requester, cache = p.requester, p.world.caches
@@ -41,12 +41,12 @@ async def acquire(p: Pass) -> float | None:
     try:
         indices = gpu_indices(gpu_map, node, gpus)
     except GpuMapError as err:  # the ConfigMap's next change brings every direct requester back
-        raise RequesterProblem(*err.errors, retry=False) from None
+        return Problem(tuple(err.errors), retry=False)
     try:
         nominal = nominal_provider(requester, node, indices, gpus)
     except NominalError as err:  # only a change to the requester's patch can help
         message = f"failed to construct the nominal server-providing Pod: {err}"
-        raise RequesterProblem(message, retry=False) from None
+        return Problem.of(message, retry=False)
     uid = pods.uid(requester)
     copies = [pod for pod in cache.pods.by_index(NOMINAL, nominal.hash) if not pods.is_deleting(pod)]
     sleeper = next((pod for pod in copies if pods.binding(pod) is None and not pods.is_failed(pod)), None)
@@ -54,11 +54,11 @@ async def acquire(p: Pass) -> float | None:
         p.memory.paths.setdefault(uid, "hot")
         log.info("binding requester %s to sleeping provider %s", pods.name(requester), pods.name(sleeper))
         await p.update(sleeper, lambda pod: set_binding(pod, requester), "bind")
-        return None
+        return DONE
     if any(_serves_a_departing_requester(p, pod) for pod in copies):
-        return None  # it is about to sleep and be unbound; that change brings us back to reuse it
+        return DONE  # it is about to sleep and be unbound; that change brings us back to reuse it
     if await _make_room(p, node, indices):
-        return None  # the deletions' events bring us back
+        return DONE  # the deletions' events bring us back
     p.memory.paths[uid] = "cold"
     set_binding(nominal.pod, requester)
     try:
@@ -67,12 +67,12 @@ async def acquire(p: Pass) -> float | None:
         reason, message = refusal(err)
         if err.status in (400, 422):  # invalid, or not even a Pod: only a new patch can help
             what = message if reason == "Invalid" or err.status == 422 else f"Pod is refused: {message}"
-            raise RequesterProblem(f"the nominal server-providing {what}", retry=False) from None
-        raise RequesterProblem(f"failed to create server-providing Pod: {message}") from None
+            return Problem.of(f"the nominal server-providing {what}", retry=False)
+        return Problem.of(f"failed to create server-providing Pod: {message}")
     _note(p, created, asleep=False)
     log.info("created provider %s bound to requester %s on GPUs %s of node %s", pods.name(created),
              pods.name(requester), ",".join(indices), node)  # fmt: skip
-    return None
+    return DONE
 
 
 async def _make_room(p: Pass, node: str, indices: list[str]) -> bool:
@@ -100,7 +100,7 @@ async def _make_room(p: Pass, node: str, indices: list[str]) -> bool:
 # ----- a bound provider
 
 
-async def actuate(p: Pass) -> float | None:
+async def actuate(p: Pass) -> StepResult:
     """Make the bound provider serve, then relay its readiness (its own readiness probe's): a wake call,
     then the sleeping label's write or the relay."""
     provider = p.provider
@@ -109,6 +109,8 @@ async def actuate(p: Pass) -> float | None:
         p.set_duality(provider, 1)
         return await p.relay(False)  # starting or restarting: its readiness brings us back
     port = server_port_of(provider)
+    if isinstance(port, Problem):
+        return port
     requester = _requester_name(provider)
     asleep = _asleep(p, provider)
     if asleep is None:  # not known since this controller started (or the container restarted): ask once
@@ -119,12 +121,12 @@ async def actuate(p: Pass) -> float | None:
         _note(p, provider, asleep=False)
     if pods.labels(provider).get(keys.SLEEPING_LABEL) != "false":
         await p.update(provider, lambda pod: set_label(pod, keys.SLEEPING_LABEL, "false"), "awake")
-        return None
+        return DONE
     p.set_duality(provider, 1)
     return await p.relay(True, target=(pod_ip, port))
 
 
-async def put_to_sleep(p: Pass, provider: pods.Pod) -> bool:
+async def put_to_sleep(p: Pass, provider: pods.Pod) -> bool | Problem:
     """Before an unbind: the provider sleeps, so that no unbound provider holds its GPUs awake. False if it
     could not be put to sleep (not serving, hung, or refusing) and was deleted instead."""
     pod_ip = pods.pod_ip(provider)
@@ -133,8 +135,11 @@ async def put_to_sleep(p: Pass, provider: pods.Pod) -> bool:
         return False
     if _asleep(p, provider) is True:
         return True
+    port = server_port_of(provider)
+    if isinstance(port, Problem):
+        return port
     try:
-        await p.clients.servers.sleep(pod_ip, server_port_of(provider), _requester_name(provider))
+        await p.clients.servers.sleep(pod_ip, port, _requester_name(provider))
     except HttpError as err:
         refused = err.reply is not None and err.reply.status < 500
         if not (refused or err.timed_out or p.s.patience_over):
@@ -155,12 +160,12 @@ def _serves_a_departing_requester(p: Pass, provider: pods.Pod) -> bool:
     return requester is None or pods.is_deleting(requester) or pods.uid(requester) != binding.requester_uid
 
 
-def server_port_of(provider: pods.Pod) -> int:
+def server_port_of(provider: pods.Pod) -> int | Problem:
     """The port its model server listens on."""
     try:
         return server_port(provider)
     except NominalError as err:  # not a Pod this controller made
-        raise RequesterProblem(f"provider {pods.name(provider)}: {err}") from None
+        return Problem.of(f"provider {pods.name(provider)}: {err}")
 
 
 def _asleep(p: Pass, provider: pods.Pod) -> bool | None:

@@ -19,10 +19,20 @@ class Memory:
     # container starts awake, so the knowledge holds only for the same count.
     asleep: dict[str, tuple[int, bool]] = field(default_factory=dict)
     phases: dict[str, str] = field(default_factory=dict)  # requester name -> the phase its last pass ran
+    # requester UID -> (phase, since when (monotonic) its passes wait or fail in it, failed passes): a
+    # restart starts a phase's budget afresh (reconcile.py)
+    troubles: dict[str, tuple[str, float, int]] = field(default_factory=dict)
 
     def keep_only(self, uids: set[str]) -> None:
         """Forget the Pods not among `uids` (FMA drops an inference server's state once both Pods are gone)."""
-        tables: list[dict[str, Any]] = [self.paths, self.victims, self.relayed, self.proxied, self.asleep]
+        tables: list[dict[str, Any]] = [
+            self.paths,
+            self.victims,
+            self.relayed,
+            self.proxied,
+            self.asleep,
+            self.troubles,
+        ]
         for table in tables:
             for uid in [u for u in table if u not in uids]:
                 del table[uid]

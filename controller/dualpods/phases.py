@@ -20,6 +20,7 @@ from enum import StrEnum
 from api import keys
 from controller import pods
 from controller.dualpods import binding, direct, release, requester_steps, serving
+from controller.dualpods.outcomes import Budget, StepResult
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import outdated_routing
 from controller.dualpods.snapshot import Mode, Snapshot
@@ -55,7 +56,12 @@ class Phase(StrEnum):
     SERVING = "serving"  # the instance serves: endpoint metadata, LoRA adapters, readiness
 
 
-Step = Callable[[Pass], Awaitable[float | None]]
+# A launcher Pod starts in seconds (its image is local, its process imports no model): one that is not
+# reachable for a minute does not answer.
+LAUNCHER_START_BUDGET = Budget(seconds=60.0)
+DEFAULT_BUDGET = Budget()
+
+Step = Callable[[Pass], Awaitable[StepResult]]
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ class Row:
     # Whether a bound instance serves in this phase: False, it does not (yet), so the requester is told it is
     # not Ready after the step; True, the step relays readiness itself; None, no bound instance to speak of.
     serves: bool | None = None
+    budget: Budget = DEFAULT_BUDGET  # how long a wait or a transient failure stands before the user is told
 
 
 def _releasing(s: Snapshot) -> bool:
@@ -161,8 +168,9 @@ ROWS: tuple[Row, ...] = (
          Phase.SERVING)),
     Row(Phase.DIRECT_SERVING, "bound to a direct provider", lambda s: s.direct_provider, direct.actuate,
         (Phase.RELEASING,), serves=True),
-    Row(Phase.LAUNCHER_STARTING, "the launcher is not reachable", lambda s: not s.reachable, requester_steps.nothing,
-        (Phase.SETTLING, Phase.CREATING, Phase.LOADING, Phase.ASLEEP, Phase.SERVING, Phase.LOST), serves=False),
+    Row(Phase.LAUNCHER_STARTING, "the launcher is not reachable", lambda s: not s.reachable, serving.await_launcher,
+        (Phase.SETTLING, Phase.CREATING, Phase.LOADING, Phase.ASLEEP, Phase.SERVING, Phase.LOST), serves=False,
+        budget=LAUNCHER_START_BUDGET),
     Row(Phase.RECREATING, "the instance stopped before it served", lambda s: s.stopped and not s.served,
         serving.recreate, (Phase.CREATING,), serves=False),
     Row(Phase.CREATING, "the instance is absent", lambda s: s.reachable and s.instance is None, serving.create,

@@ -16,6 +16,7 @@ already shows: written only when it differs, an Event only for an error not show
 
 import itertools
 import logging
+import time
 from datetime import UTC, datetime
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -28,12 +29,12 @@ from controller import pods
 from controller.dualpods.identity import VLLM, instance_id
 from controller.dualpods.isc_status import isc_status, observe_isc
 from controller.dualpods.memory import Memory
+from controller.dualpods.outcomes import Problem, Wait, sooner
 from controller.dualpods.passes import Pass, World
-from controller.dualpods.phases import ROW, Phase, classify
+from controller.dualpods.phases import ROW, Phase, Row, classify
 from controller.dualpods.requester_client import RequesterError
 from controller.dualpods.snapshot import observe, parse
-from controller.dualpods.status import Outcome, RequesterProblem, new_errors, reported_errors, status_json
-from controller.dualpods.writer import set_annotation
+from controller.dualpods.status import Outcome, RequesterProblem, Result, new_errors
 from controller.kube import refusal
 
 log = logging.getLogger(__name__)
@@ -58,10 +59,11 @@ class Reconciler:
         w = self.world
         with log_context(**{REQUESTER_FIELD: name, PASS_FIELD: str(next(self._pass_ids))}):
             p = Pass(w, observe(w.namespace, name, w.caches, w.views))
-            phase = classify(p.s)
-            with log_context(**{PHASE_FIELD: phase.value}):
-                self._note_phase(name, phase)
-                outcome = await self._act(p, phase)
+            row = ROW[classify(p.s)]
+            with log_context(**{PHASE_FIELD: row.phase.value}):
+                self._note_phase(name, row.phase)
+                outcome = self._within_budget(p, row, await self._act(p, row))
+                w.metrics.passes.labels(row.phase.value, outcome.result.value).inc()
                 if outcome.changed:
                     log.debug("changed: %s", "; ".join(outcome.changed))
                 await self._report(p, outcome)
@@ -78,44 +80,78 @@ class Reconciler:
         log.info("requester %s: %s → %s", name, before or "(new)", phase.value)
         self.memory.phases[name] = phase.value
 
-    async def _act(self, p: Pass, phase: Phase) -> Outcome:
+    async def _act(self, p: Pass, row: Row) -> Outcome:
+        """Run the phase's step; its result, or an exception (the unexpected), as the pass's outcome."""
         try:
-            again = await ROW[phase].step(p)
-            if ROW[phase].serves is False and p.s.requester is not None and not p.written:
-                again = _sooner(again, await p.relay(False))  # its instance does not serve: not Ready
-        except RequesterProblem as problem:
-            return Outcome(problem.errors, failure=problem if problem.retry else None, changed=p.changed)
+            result = await row.step(p)
+            untold = p.s.requester is not None and not p.written and not p.wants
+            if row.serves is False and untold and not isinstance(result, Problem):
+                result = sooner(result, await p.relay(False))  # its instance does not serve: not Ready
         except RequesterError as problem:
-            return Outcome([str(problem)], failure=problem, changed=p.changed)
+            return Outcome([str(problem)], failure=problem, changed=p.changed, result=Result.PROBLEM)
         except ApiException as err:
             if err.status in (404, 409) or err.status < 400 or err.status >= 500:
-                return Outcome(None, failure=err, changed=p.changed)  # gone, raced or failing: try again
+                return Outcome(None, failure=err, changed=p.changed, result=Result.ERROR)  # gone, raced, failing
             # The API server refused a write made for this requester: only a change can help, but it is
             # retried with back-off (the change may be to something this controller does not watch).
             _, message = refusal(err)
             error = f"the API server refused a write for this requester ({err.status}): {message}"
-            return Outcome([error], failure=RequesterProblem(error), changed=p.changed)
+            return Outcome([error], failure=RequesterProblem(error), changed=p.changed, result=Result.PROBLEM)
         except Exception as err:  # a launcher or model server that did not answer, a conflict: try again
-            return Outcome(None, failure=err, changed=p.changed)
+            return Outcome(None, failure=err, changed=p.changed, result=Result.ERROR)
+        if isinstance(result, Problem):
+            failure = RequesterProblem(*result.errors) if result.retry else None
+            return Outcome(list(result.errors), failure=failure, changed=p.changed, result=Result.PROBLEM)
         # A pass about a binding left by an earlier requester of the name says nothing about this one.
-        return Outcome(None if p.s.stale else [], again_after=again, changed=p.changed)
+        errors: list[str] | None = None if p.s.stale else []
+        if isinstance(result, Wait):
+            return Outcome(errors, again_after=result.after_s, changed=p.changed, result=Result.WAIT, why=result.why)
+        return Outcome(errors, changed=p.changed)
+
+    def _within_budget(self, p: Pass, row: Row, outcome: Outcome) -> Outcome:
+        """A wait or a transient failure that has stood past its phase's budget becomes the requester's status
+        error (and so an Event). Since when it stands is kept in memory, per requester UID: a restarted
+        controller starts the budget afresh, which only delays the report. A wait is looked at again when its
+        budget runs out."""
+        requester = p.s.requester
+        if requester is None or p.s.stale:
+            return outcome
+        uid = pods.uid(requester)
+        if outcome.result not in (Result.WAIT, Result.ERROR):
+            self.memory.troubles.pop(uid, None)
+            return outcome
+        now, phase = time.monotonic(), row.phase.value
+        known = self.memory.troubles.get(uid)
+        _, since, failures = known if known is not None and known[0] == phase else (phase, now, 0)
+        failed = outcome.result is Result.ERROR
+        failures += failed
+        self.memory.troubles[uid] = (phase, since, failures)
+        left = since + row.budget.seconds - now
+        if left > 0 or (failed and failures < row.budget.retries):
+            if not failed:
+                outcome.again_after = min(outcome.again_after or left, max(left, 0.0))
+            return outcome
+        what = outcome.why if not failed else f"{phase}: {outcome.failure}"
+        outcome.errors = [f"{what} (for more than {row.budget.seconds:.0f} s)"]
+        return outcome
 
     async def _report(self, p: Pass, outcome: Outcome) -> None:
-        """Bring the requester's status annotation (and Events) in line with the outcome, if the pass
-        did not write the requester itself (that write carried the status, see _settle)."""
+        """Write the requester the pass wants — the metadata its steps asked for, its status showing the outcome's
+        errors — in one write (unless a step wrote it already, or deleted it); an Event for each error the
+        status does not show yet."""
         requester = p.s.requester
-        if outcome.errors is None or requester is None or pods.is_deleting(requester) or p.written & {p.s.name}:
+        if requester is None or p.written & {p.s.name}:
             return
-        if reported_errors(requester) == outcome.errors:
+        errors = None if pods.is_deleting(requester) else outcome.errors
+        if errors is None and not p.wants:
             return
-        for error in new_errors(requester, outcome.errors):
+        for error in new_errors(requester, errors or []):
             await p.warn(requester, "ActuationProblem", error)
-        status = status_json(outcome.errors)
         try:
-            await p.update(requester, lambda pod: set_annotation(pod, keys.STATUS_ANNOTATION, status), "status")
+            await p.write_requester(errors)
         except ApiException as err:
-            if err.status not in (404, 409):  # gone, or changed meanwhile: the next pass reports
-                raise
+            if p.wants or err.status not in (404, 409):  # a status alone: gone, or changed meanwhile; the next
+                raise  # pass reports
 
     # ----- an InferenceServerConfig's status
 
@@ -151,7 +187,3 @@ class Reconciler:
                              pods.name(launcher))  # fmt: skip
                     await w.clients.launchers.delete_instance(pod_ip, state.instance_id, isc_name)
         return None
-
-
-def _sooner(a: float | None, b: float | None) -> float | None:
-    return min((x for x in (a, b) if x is not None), default=None)

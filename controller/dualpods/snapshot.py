@@ -217,19 +217,21 @@ class Snapshot:
         return settled(self.requester, self) != self.requester
 
 
-def settled(requester: pods.Pod, s: Snapshot, status: str | None = None) -> pods.Pod:
+def own_metadata(pod: pods.Pod) -> pods.Pod:
+    """A copy of `pod` whose metadata may be changed (the rest is shared: only metadata changes)."""
+    return {**pod, "metadata": copy.deepcopy(pod["metadata"])}
+
+
+def settled(requester: pods.Pod, s: Snapshot) -> pods.Pod:
     """A copy of `requester` with the metadata its binding gives it: its finalizer while the provider's
-    container runs, the dual label, the instance label once the instance runs, the GPUs, and `status`
-    (the pass's status annotation) when given."""
+    container runs, the dual label, the instance label once the instance runs, the GPUs."""
     assert s.provider is not None
-    pod = {**requester, "metadata": copy.deepcopy(requester["metadata"])}  # only metadata changes
+    pod = own_metadata(requester)
     set_finalizer(pod, keys.REQUESTER_FINALIZER, pods.container_running(s.provider))
     set_label(pod, keys.DUAL_LABEL, pods.name(s.provider))
     if not s.direct_provider and s.instance is not None and s.instance.status is InstanceStatus.RUNNING:
         set_label(pod, keys.INSTANCE_LABEL, s.wanted)
     set_annotation(pod, keys.ACCELERATORS_ANNOTATION, ",".join(s.gpus or []))
-    if status is not None:
-        set_annotation(pod, keys.STATUS_ANNOTATION, status)
     return pod
 
 
