@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from controller import pods
+from controller.dualpods.outcomes import DONE, Wait, sooner
 from controller.dualpods.phases import LAUNCHER_START_BUDGET, ROW, Phase
 from controller.http import HttpError
 from tests.test_dualpods_fakes import LAUNCHER, REQ, Harness, harness, isc_obj, lc_obj, node_obj, status_errors
@@ -72,3 +73,12 @@ async def test_a_transient_failure_is_retried_and_reported_only_past_its_budget(
     h.launchers.refusal = None
     await h.reconcile()  # the launcher answers again: the error is gone from the status
     assert status_errors(h.pod(REQ)) is None
+
+
+def test_a_step_and_a_relay_wait_for_the_sooner_time_for_the_steps_reason() -> None:
+    step, relay = Wait(None, "launcher l does not answer"), Wait(10.0, "requester r does not show it is not ready")
+    assert sooner(step, relay) == Wait(10.0, "launcher l does not answer")
+    assert sooner(step, DONE) == step
+    assert sooner(DONE, relay) == relay
+    assert sooner(DONE, DONE) == DONE
+    assert sooner(Wait(3.0, "a"), Wait(5.0, "b")) == Wait(3.0, "a")

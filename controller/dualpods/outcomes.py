@@ -42,12 +42,13 @@ DONE = Done()
 
 
 def sooner(a: Done | Wait, b: Done | Wait) -> Done | Wait:
-    """The result of two parts of a step: the sooner of their waits (Done when neither waits)."""
-    waits = [r for r in (a, b) if isinstance(r, Wait)]
-    if not waits:
-        return DONE
-    timed = [w for w in waits if w.after_s is not None]
-    return min(timed, key=lambda w: w.after_s or 0.0) if timed else waits[0]
+    """The result of a step `a` followed by a part `b`: the sooner of their waits, for the reason of the first
+    that waits (Done when neither does)."""
+    if not isinstance(a, Wait):
+        return b
+    if not isinstance(b, Wait) or b.after_s is None:
+        return a
+    return Wait(b.after_s if a.after_s is None else min(a.after_s, b.after_s), a.why)
 
 
 @dataclass(frozen=True)

@@ -2,16 +2,19 @@
 
 Each pass is observe → classify → act. `observe` freezes what the caches and the launcher views hold
 about the requester (snapshot.py); the pure `classify` names its phase (phases.py); the phase's one step
-does the work and the pass ends in an Outcome (status.py): the errors it met, when to look again, what
-it changed. A step makes one decisive change (a write, a launcher call) and returns; the watch event that
-change causes brings the next pass. The few steps that must do more say so in their docstrings; each of
-their parts is idempotent. Every durable fact lives in API objects — the binding in the provider's
+does the work and returns Done, Wait or Problem (outcomes.py), and the pass ends in an Outcome (status.py):
+the errors it met, when to look again, what it changed. A wait or a transient failure that stands past its
+phase's budget becomes an error too. Every line a pass logs carries the requester, the phase and the pass's
+ID (api/log_format.log_context). A step makes one decisive change (a write, a launcher call) and returns;
+the watch event that change causes brings the next pass. The few steps that must do more say so in their
+docstrings; each of their parts is idempotent. Every durable fact lives in API objects — the binding in the provider's
 `requester` annotation, the instance in the launcher's annotations, the GPUs in the requester's
 `accelerators` annotation, what the user was told in its status annotation — so a restarted controller
 carries on where it stopped, and reports nothing twice.
 
 The status annotation and its Events are computed from the outcome and compared with what the requester
-already shows: written only when it differs, an Event only for an error not shown yet.
+already shows: written only when it differs, an Event only for an error not shown yet; the requester's
+metadata the steps asked for goes in the same write (status.desired_requester).
 """
 
 import itertools
