@@ -43,18 +43,24 @@ _AGE: Final = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTim
 # Readiness and the error message (the Stalled condition's, i.e. `errors` joined) of every kind.
 _READY: Final = {"name": "Ready", "type": "string", "jsonPath": f'.status.conditions[?(@.type=="{READY}")].status'}
 _ERROR: Final = {"name": "Error", "type": "string", "jsonPath": f'.status.conditions[?(@.type=="{STALLED}")].message'}
+_INSTANCES: Final = (
+    {"name": "Serving", "type": "integer", "jsonPath": ".status.servingInstances"},
+    {"name": "Sleeping", "type": "integer", "jsonPath": ".status.sleepingInstances"},
+)
 PRINTER_COLUMNS: Final[dict[type[CustomResource], list[dict[str, Any]]]] = {
     InferenceServerConfig: [
         {"name": "Launcher Config", "type": "string", "jsonPath": ".spec.launcherConfigName"},
         {"name": "Port", "type": "integer", "jsonPath": ".spec.modelServerConfig.port"},
         _READY,
         {"name": "Requesters", "type": "integer", "jsonPath": ".status.servedRequesters"},
+        *_INSTANCES,
         _ERROR,
         _AGE,
     ],
     LauncherConfig: [
         {"name": "Max Instances", "type": "integer", "jsonPath": ".spec.maxInstances"},
         _READY,
+        *_INSTANCES,
         _ERROR,
         {"name": "Host Budget", "type": "string", "jsonPath": ".spec.sleeperBudget.hostMemoryBytes", "priority": 1},
         {"name": "GPU Budget", "type": "string", "jsonPath": ".spec.sleeperBudget.gpuMemoryBytes", "priority": 1},

@@ -239,7 +239,18 @@ class InferenceServerConfigSpec(KubeModel):
     /v1/unload_lora_adapter), without restarting it. Adapters are not part of an instance's identity."""
 
 
-class InferenceServerConfigStatus(Status):
+class InstanceCountingStatus(Status):
+    """A status that counts launcher instances, as the launchers' summaries show them."""
+
+    serving_instances: Annotated[Int32, Field(ge=0)] = 0
+    """dualpods extension: how many launcher instances of this config are awake and ready, as the launcher Pods'
+    `dual-pods.llm-d.ai/instances` summaries show them."""
+    sleeping_instances: Annotated[Int32, Field(ge=0)] = 0
+    """dualpods extension: how many launcher instances of this config are asleep, ready to be woken (a hot
+    start), as the launcher Pods' `dual-pods.llm-d.ai/instances` summaries show them."""
+
+
+class InferenceServerConfigStatus(InstanceCountingStatus):
     """What the dual-pods controller observed of this InferenceServerConfig."""
 
     served_requesters: Annotated[Int32, Field(ge=0)] = 0
@@ -314,6 +325,11 @@ class LauncherConfigSpec(KubeModel):
     an instance is created; FMA's controllers ignore it."""
 
 
+class LauncherConfigStatus(InstanceCountingStatus):
+    """What the launcher populator observed of this LauncherConfig: its template's problems, and the instances
+    on the launchers made from it."""
+
+
 class LauncherConfig(CustomResource):
     """LauncherConfig is the Schema for the LauncherConfigs API. It represents the configuration to manage
     the nominal server-providing pod definition."""
@@ -321,6 +337,7 @@ class LauncherConfig(CustomResource):
     RESOURCE: ClassVar[Resource] = Resource("LauncherConfig", "launcherconfigs", "lcfg")
 
     spec: LauncherConfigSpec
+    status: LauncherConfigStatus = Field(default_factory=LauncherConfigStatus)
 
 
 # --- LauncherPopulationPolicy ----------------------------------------------------------------------

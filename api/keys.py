@@ -33,6 +33,10 @@ NODE_NAME_LABEL: Final = PREFIX + "node-name"
 LAUNCHER_TEMPLATE_HASH_ANNOTATION: Final = PREFIX + "launcher-populator-template-hash"
 LAUNCHER_CONFIG_HASH_ANNOTATION: Final = PREFIX + "launcher-config-hash"
 LAUNCHER_STUCK_LABEL: Final = PREFIX + "launcher-stuck"
+# dualpods: on a launcher holding sleepers that a drain must not evict yet (the chart's launcher
+# PodDisruptionBudget selects it), and when a drain of its Node was first seen (controller/dualpods/drains.py).
+LAUNCHER_WARM_LABEL: Final = PREFIX + "warm"
+DRAIN_STARTED_ANNOTATION: Final = PREFIX + "drain-started"
 COMPONENT_LABEL: Final = "app.kubernetes.io/component"
 HOSTNAME_LABEL: Final = "kubernetes.io/hostname"
 GPU_RESOURCE: Final = "nvidia.com/gpu"

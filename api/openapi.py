@@ -14,7 +14,7 @@ Schema by pydantic; their named models land in `components.schemas`.
 
 import html
 import json
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, TypeVar
 
@@ -195,14 +195,17 @@ def build_document(
     return {"openapi": OPENAPI_VERSION, "info": info, "paths": paths, "components": components}
 
 
-def app_operations(app: web.Application) -> list[tuple[str, str, Operation]]:
-    """Every route of `app` with its Operation; raises LookupError naming a route that has none."""
+def app_operations(
+    app: web.Application, operations: Mapping[Handler, Operation] | None = None
+) -> list[tuple[str, str, Operation]]:
+    """Every route of `app` with its Operation (from `operations`, else `documented`); raises LookupError naming a
+    route that has none."""
     found = []
     for route in app.router.routes():
         resource = route.resource
         if route.method == "HEAD" or resource is None or resource.canonical in _UNDOCUMENTED:
             continue
-        operation = _OPERATIONS.get(route.handler)
+        operation = (operations or {}).get(route.handler) or _OPERATIONS.get(route.handler)
         if operation is None:
             raise LookupError(f"{route.method} {resource.canonical} has no Operation; decorate its handler")
         found.append((route.method, resource.canonical, operation))
@@ -210,16 +213,22 @@ def app_operations(app: web.Application) -> list[tuple[str, str, Operation]]:
 
 
 def serve_openapi(
-    app: web.Application, title: str, version: str, description: str = "", bearer_description: str | None = None
+    app: web.Application,
+    title: str,
+    version: str,
+    description: str = "",
+    bearer_description: str | None = None,
+    operations: Mapping[Handler, Operation] | None = None,
 ) -> None:
     """Add `GET /openapi.json` and `GET /docs` to `app`, describing every other route of it (see
-    `build_document` for `bearer_description`)."""
+    `build_document` for `bearer_description`). `operations` documents handlers that several servers share but
+    describe each their own way (vLLM's inference routes: each runtime takes its own bodies)."""
     built: dict[str, Any] = {}
 
     def document() -> dict[str, Any]:
         if not built:
-            operations = app_operations(app)
-            built.update(build_document(title, version, operations, description, bearer_description))
+            listed = app_operations(app, operations)
+            built.update(build_document(title, version, listed, description, bearer_description))
         return built
 
     async def openapi_json(request: web.Request) -> web.Response:

@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from api import log_format, version
 from api.token_file import TokenFile
+from controller.dualpods.drains import DEFAULT_TIMEOUT_S
 from controller.kube import DEFAULT_BURST, DEFAULT_QPS, ApiLimits, api_client
 from controller.launcher_token import ensure_launcher_token
 from controller.leader import LeaderElection, LostLeadership
@@ -70,6 +71,7 @@ def build_dual_pods(
         launcher_token_secret=args.launcher_token_secret,
         sleeper_limit=args.sleeper_limit,
         requester_tokens=requester_tokens(api, args),
+        drain_rewarm_timeout_s=args.drain_rewarm_timeout,
     )
     return functools.partial(run_dual_pods, api, args.namespace, options, registry)
 
@@ -155,6 +157,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     dual_pods.add_argument(
         "--sleeper-limit", type=int, default=1, help="direct providers that may sleep on one GPU (FMA's default: 1)"
+    )
+    dual_pods.add_argument(
+        "--drain-rewarm-timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help="seconds a launcher on a cordoned node is kept from eviction (by the warm label its "
+        "PodDisruptionBudget selects) while its sleepers are copied to other nodes (default %(default)g)",
     )
     populator.add_argument(
         "--expectation-timeout",

@@ -19,6 +19,10 @@ def name(pod: Pod) -> str:
     return str(meta(pod)["name"])
 
 
+def namespace(pod: Pod) -> str:
+    return str(meta(pod).get("namespace") or "")
+
+
 def uid(pod: Pod) -> str:
     return str(meta(pod)["uid"])
 

@@ -3,6 +3,7 @@ of our kinds that tests apply: FMA's e2e objects (e2e/fixture_manifests/) and th
 from (config/examples/)."""
 
 import asyncio
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -43,15 +44,18 @@ async def kubectl_refused(cluster: LoopbackCluster, *args: str, stdin: str = "")
 
 
 async def run_kubectl(cluster: LoopbackCluster, *args: str, stdin: str = "") -> tuple[int, str, str]:
-    """kubectl as the cluster's admin: its exit code, standard output and standard error."""
+    """kubectl as the cluster's admin: its exit code, standard output and standard error. The kubeconfig is
+    in KUBECONFIG (kubectl refuses flags before a plugin's name), and plugins are looked up where the venv
+    installed them (`kubectl dualpods`), as in a shell with the venv active."""
+    kubectl = venv_tool("kubectl")
+    path = os.pathsep.join((str(kubectl.parent), os.environ.get("PATH", "")))
     process = await asyncio.create_subprocess_exec(
-        str(venv_tool("kubectl")),
-        "--kubeconfig",
-        str(cluster.kubeconfig),
+        str(kubectl),
         *args,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "PATH": path, "KUBECONFIG": str(cluster.kubeconfig)},
     )
     out, err = await process.communicate(stdin.encode())
     return int(process.returncode or 0), out.decode(), err.decode()

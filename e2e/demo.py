@@ -10,6 +10,7 @@ containers, instead of from this checkout as local processes.
 
 import argparse
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from api import keys
 from e2e.actuation import Actuation, actuate, release
 from e2e.cluster.cluster import LoopbackCluster
+from e2e.crds import kubectl
 from e2e.dualpods_env import ENFORCE, PROCESSES, RESTRICTED_NAMESPACE, WARN, DualPodsEnv, Images, built_images
 from e2e.kubelet import oci
 from e2e.tiny_model import ensure_tiny_model
@@ -105,6 +107,19 @@ async def swap(env: DualPodsEnv, from_: str, to: str, what: str, timings: list[t
     await step(env, what, to, timings)
 
 
+async def hot_where(cluster: LoopbackCluster, namespace: str) -> str:
+    """The plugin's table once it shows the last swap (the controller writes the summaries as instances change)."""
+    status = ("dualpods", "status", "-n", namespace)
+
+    async def shown() -> bool:
+        fleet = json.loads(await kubectl(cluster, *status, "-o", "json"))
+        state = {model["model"]: (bool(model["serving"]), bool(model["asleep"])) for model in fleet["models"]}
+        return state == {"model-a": (False, True), "model-b": (True, False)}
+
+    await wait_for(shown, what="kubectl dualpods status to show model-b serving and model-a asleep", within=30)
+    return await kubectl(cluster, *status)
+
+
 async def run(state_dir: Path, namespace: str, images: Images) -> None:
     cluster = LoopbackCluster(state_dir)
     if not cluster.is_up():
@@ -146,6 +161,7 @@ async def run(state_dir: Path, namespace: str, images: Images) -> None:
         await swap(env, "model-a", "model-b", "warm: model-b scaled to 1 — same launcher, new instance", timings)
         await swap(env, "model-b", "model-a", "hot: model-a scaled to 1 — its sleeping instance is woken", timings)
         await swap(env, "model-a", "model-b", "hot: model-b scaled to 1 — its sleeping instance is woken", timings)
+        say(f"\nwhat is hot where (kubectl dualpods status):\n{await hot_where(cluster, namespace)}")
 
     say("\nsummary (requester container start -> told ready / -> Pod Ready, which adds the probe period)")
     for what, actuation in timings:
@@ -156,6 +172,7 @@ async def run(state_dir: Path, namespace: str, images: Images) -> None:
 the cluster is still up. Look around:
   {kubectl} get pods -L {keys.DUAL_LABEL},{keys.SLEEPING_LABEL}
   {kubectl} get isc,lcfg,lpp
+  PATH=.venv/bin:$PATH KUBECONFIG={cluster.kubeconfig} kubectl dualpods status -n {namespace}   # what is hot where
   {kubectl} scale rs model-a --replicas=1      # and watch it become Ready
 tear it down with: make cluster-down""")
 

@@ -6,6 +6,7 @@ tiny models built offline. (Case 4, the admission policies, needs a 1.30+ API se
 expressions are tested directly elsewhere.)
 """
 
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,7 @@ from api import keys
 from api.crds import GROUP, VERSION, LauncherPopulationPolicy
 from controller import pods
 from e2e.cluster.cluster import LoopbackCluster
+from e2e.crds import kubectl
 from e2e.dualpods_env import DualPodsEnv, Obj, installed
 from e2e.fixtures import fresh_namespace
 from e2e.tiny_model import ensure_tiny_model
@@ -222,6 +224,55 @@ async def test_08_switch_instances(scenario: Scenario) -> None:
     assert listing["total_instances"] == 2
     awake = [i for i in listing["instances"] if not i["sleeping"]]
     assert [i["annotations"]["isc-name"] for i in awake] == ["isc"]
+    await _status_shows(scenario, serving="isc", asleep="isc2")
+
+
+async def _status_shows(scenario: Scenario, *, serving: str, asleep: str) -> None:
+    """`kubectl dualpods status` (the plugin the wheel installs) shows where each model serves and sleeps."""
+    cluster, namespace = scenario.env.cluster, scenario.env.namespace
+    where = [f"{scenario.node}/{scenario.first_launcher}[{scenario.first_gpu}]"]
+
+    async def shown() -> dict[str, Any]:
+        fleet = json.loads(await kubectl(cluster, "dualpods", "status", "-n", namespace, "-o", "json"))
+        models = {m["model"]: m for m in fleet["models"]}
+        placed = {
+            state: [f"{w['node']}/{w['launcher']}[{','.join(w['instance']['gpus'])}]" for w in models[model][state]]
+            for model, state in ((serving, "serving"), (asleep, "asleep"))
+            if model in models
+        }
+        return fleet if placed == {"serving": where, "asleep": where} else {}
+
+    fleet = await wait_for(shown, what="kubectl dualpods status to show the swap", within=30)
+    (gpu,) = [
+        g for n in fleet["nodes"] if n["name"] == scenario.node for g in n["gpus"] if g["uuid"] == scenario.first_gpu
+    ]
+    assert [(w["instance"]["model"], w["instance"]["state"]) for w in gpu["instances"]] == [
+        (serving, "serving"),
+        (asleep, "asleep"),
+    ]
+    table = await kubectl(cluster, "dualpods", "status", "-n", namespace)
+    assert any({"serving", serving, scenario.first_launcher} <= set(line.split()) for line in table.splitlines()), table
+    await _statuses_count(scenario, fleet)
+
+
+async def _statuses_count(scenario: Scenario, fleet: dict[str, Any]) -> None:
+    """The ISCs' and the LauncherConfig's statuses count the instances the launchers' summaries show."""
+    cluster, namespace = scenario.env.cluster, scenario.env.namespace
+    placed = {m["model"]: (len(m["serving"]), len(m["asleep"])) for m in fleet["models"]}  # model = ISC name here
+    total = tuple(map(sum, zip(*placed.values(), strict=True)))
+
+    async def counted() -> dict[str, tuple[int, int]]:
+        shown = {}
+        for kind in ("isc", "lcfg"):
+            for obj in json.loads(await kubectl(cluster, "get", kind, "-n", namespace, "-o", "json"))["items"]:
+                status = obj.get("status") or {}
+                shown[obj["metadata"]["name"]] = (status.get("servingInstances", 0), status.get("sleepingInstances", 0))
+        wanted = {**{isc: placed.get(isc, (0, 0)) for isc in ("isc", "isc2", "isc3")}, "lc": total}
+        return shown if shown == wanted else {}
+
+    await wait_for(counted, what="the ISCs and the LauncherConfig to count their instances", within=30)
+    header = (await kubectl(cluster, "get", "isc,lcfg", "-n", namespace)).splitlines()[0].split()
+    assert {"SERVING", "SLEEPING"} <= set(header), header
 
 
 async def test_09_instance_cap(scenario: Scenario) -> None:

@@ -375,7 +375,7 @@ class StandInRuntime(KnownArgsRuntime):
 
     name = "stand-in"
     markers = (phases.marker(phases.LISTENING, r"^serving .* on http://"),)
-    zygote_modules = ("standin.app", "standin.engine")
+    zygote_modules = ("api.vllm_surface.app", "standin.engine")
 
     def preload(self) -> None:
         import standin  # noqa: F401

@@ -11,12 +11,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api import version
 from api.openai_errors import ErrorBody
 from api.openapi import TEXT, Content, Operation, Reply, build_document
 
 from .proxy import GUARDED_PATHS, INFERENCE_PATHS, MONITORING_PATHS, OVERLOADED_RETRY_AFTER_S, UNAVAILABLE_RETRY_AFTER_S
 
-VERSION = "0.1.0"
+VERSION = version.release()
 ERROR = Content(ErrorBody)
 FORWARDED = Reply("the model server's answer, streamed as it comes (any status the server gives)")
 UNAVAILABLE = Reply(

@@ -18,6 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 
 from api import requester as contract
+from api import version
 from api.keys import DEFAULT_ADMIN_PORT
 from api.openapi import TEXT, Content, Operation, Reply, documented, operation_of, serve_openapi
 from api.requester import SpiError, SpiErrorReason
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 METRICS_PATH = "/metrics"
 DEFAULT_PORT = DEFAULT_ADMIN_PORT
 NO_GPUS = "no GPUs found"
-VERSION = "0.1.0"
+VERSION = version.release()
 
 GPUS = web.AppKey("gpus", GpuSource)
 READINESS = web.AppKey("readiness", Readiness)

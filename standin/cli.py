@@ -13,11 +13,11 @@ import ipaddress
 import logging
 import os
 import shlex
-import signal
 
-from aiohttp import web
+from aiohttp.log import access_logger
 
-from standin.app import create_app
+from api.vllm_surface.app import create_app
+from api.vllm_surface.cli import positive_int, seconds, serve, serve_parser, stop_on_signals
 from standin.engine import Engine
 from standin.engine_core import EngineCore
 
@@ -38,39 +38,25 @@ def _loopback_host(host: str) -> str:
     return host
 
 
-def _seconds(value: str) -> float:
-    seconds = float(value)
-    if seconds < 0:
-        raise argparse.ArgumentTypeError(f"a delay cannot be negative: {value}")
-    return seconds
-
-
-def _wake_count(value: str) -> int:
-    count = int(value)
-    if count < 1:
-        raise argparse.ArgumentTypeError(f"a wake count starts at 1, not {value}")
-    return count
-
-
 def build_parser() -> argparse.ArgumentParser:
     """vLLM's client-visible serve flags plus the stand-in's delays; see `main` for the rest."""
-    parser = argparse.ArgumentParser(
-        prog="python -m standin",
-        description="A test double with vLLM's HTTP surface; unknown vLLM flags are ignored.",
-        allow_abbrev=False,  # a vLLM flag must never be taken for an abbreviation of ours
+    parser = serve_parser(
+        "python -m standin",
+        "A test double with vLLM's HTTP surface; unknown vLLM flags are ignored.",
+        model="standin-model",
+        model_help="model path or name (only reported)",
+        max_model_len=int,
+        max_model_len_default=2048,
+        max_model_len_help="reported in /v1/models",
+        host=_loopback_host,
     )
-    parser.add_argument("--model", default="standin-model", help="model path or name (only reported)")
-    parser.add_argument("--served-model-name", nargs="+", help="names clients use (default: --model)")
-    parser.add_argument("--host", type=_loopback_host, default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--max-model-len", type=int, default=2048, help="reported in /v1/models")
     delays = parser.add_argument_group("delays (seconds)")
-    delays.add_argument("--startup-delay", type=_seconds, default=0.0, help="before listening at all")
-    delays.add_argument("--sleep-delay", type=_seconds, default=0.0, help="of each POST /sleep")
-    delays.add_argument("--wake-delay", type=_seconds, default=0.0, help="of each POST /wake_up")
-    delays.add_argument("--request-delay", type=_seconds, default=0.0, help="of each inference request")
+    delays.add_argument("--startup-delay", type=seconds, default=0.0, help="before listening at all")
+    delays.add_argument("--sleep-delay", type=seconds, default=0.0, help="of each POST /sleep")
+    delays.add_argument("--wake-delay", type=seconds, default=0.0, help="of each POST /wake_up")
+    delays.add_argument("--request-delay", type=seconds, default=0.0, help="of each inference request")
     delays.add_argument(
-        "--shutdown-delay", type=_seconds, default=0.0, help="from SIGTERM to exiting (a server slow to stop)"
+        "--shutdown-delay", type=seconds, default=0.0, help="from SIGTERM to exiting (a server slow to stop)"
     )
     parser.add_argument(
         "--engine-process",
@@ -81,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--corrupt-after-wake",
-        type=_wake_count,
+        type=positive_int,
         default=None,
         metavar="N",
         help="answer other tokens from the N-th wake on (a model a sleep/wake cycle corrupted; N >= 1)",
@@ -98,10 +84,7 @@ async def _serve(args: argparse.Namespace, core: EngineCore | None) -> None:
 
 
 async def _listen(args: argparse.Namespace, core: EngineCore | None) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     # vLLM opens its port only once the engine is up; until then a client sees "connection refused".
     if args.startup_delay:
         log.info("listening in %.1f s (--startup-delay)", args.startup_delay)
@@ -122,16 +105,16 @@ async def _listen(args: argparse.Namespace, core: EngineCore | None) -> None:
         corrupt_after_wake=args.corrupt_after_wake,
         core=core,
     )
-    runner = web.AppRunner(create_app(engine), shutdown_timeout=SHUTDOWN_GRACE_S)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, args.host, args.port).start()
-        log.info("serving %s on http://%s:%d", ", ".join(engine.served_names), args.host, args.port)
-        await stop.wait()
-        log.info("shutting down")
-        await asyncio.sleep(args.shutdown_delay)
-    finally:
-        await runner.cleanup()
+    await serve(
+        create_app(engine),
+        args,
+        engine.served_names,
+        stop,
+        log,
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+        access_log=access_logger,
+        on_stop=lambda: asyncio.sleep(args.shutdown_delay),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

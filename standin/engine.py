@@ -1,4 +1,4 @@
-"""The stand-in's model state: the names it serves, sleep/wake, held requests and vLLM's gauges.
+"""The stand-in's engine behind vLLM's surface: the names it serves, sleep/wake, held requests and vLLM's gauges.
 
 Real vLLM pauses its scheduler while asleep: requests that arrive are neither rejected nor served
 until `/wake_up`. The engine reproduces that with a gate that inference requests pass through, and
@@ -10,67 +10,50 @@ inference request makes a round trip through it, and fails once that process is 
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Collection
 from contextlib import asynccontextmanager
+from dataclasses import KW_ONLY, dataclass, field
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 
+from api.vllm_surface.bodies import ModelCard, SleepMode
+from api.vllm_surface.gauges import export_engine_gauges
 from standin.engine_core import EngineCore
+from standin.openai_bodies import Job
 
-SLEEP_STATES = {"awake": None, "weights_offloaded": 1, "discard_all": 2}
+
+def _open_gate() -> asyncio.Event:
+    gate = asyncio.Event()
+    gate.set()
+    return gate
 
 
+@dataclass(eq=False)
 class Engine:
-    """Serves canned answers for `served_names`, with configurable sleep, wake and request delays."""
+    """Serves canned answers for `served_names`, with configurable sleep, wake and request delays (an
+    `api.vllm_surface.engine.Engine`)."""
 
-    def __init__(
-        self,
-        served_names: list[str],
-        root: str,
-        max_model_len: int,
-        *,
-        sleep_delay: float = 0.0,
-        wake_delay: float = 0.0,
-        request_delay: float = 0.0,
-        corrupt_after_wake: int | None = None,
-        core: EngineCore | None = None,
-    ) -> None:
-        self.served_names = served_names
-        self.root = root
-        self.max_model_len = max_model_len
-        self._sleep_delay = sleep_delay
-        self._wake_delay = wake_delay
-        self._request_delay = request_delay
-        self._corrupt_after_wake = corrupt_after_wake
-        self._core = core
-        self.wakes = 0
-        self._level: int | None = None  # the sleep level, None while awake
-        self._awake = asyncio.Event()
-        self._awake.set()
-        self._transition = asyncio.Lock()  # one sleep or wake at a time, as in vLLM's engine core
-        self.running = 0
-        self.waiting = 0
-        self.registry = CollectorRegistry()
-        self._export_gauges()
+    served_names: list[str]
+    root: str
+    max_model_len: int
+    _: KW_ONLY
+    sleep_delay: float = 0.0
+    wake_delay: float = 0.0
+    request_delay: float = 0.0
+    corrupt_after_wake: int | None = None
+    core: EngineCore | None = None
+    wakes: int = field(default=0, init=False)
+    running: int = field(default=0, init=False)
+    waiting: int = field(default=0, init=False)
+    _level: int | None = field(default=None, init=False)  # the sleep level, None while awake
+    _awake: asyncio.Event = field(default_factory=_open_gate, init=False)  # the gate requests pass through
+    _transition: asyncio.Lock = field(default_factory=asyncio.Lock, init=False)  # one sleep or wake at a time
+    metrics_registry: CollectorRegistry = field(default_factory=CollectorRegistry, init=False)
 
-    def _export_gauges(self) -> None:
-        labels = {"model_name": self.served_names[0], "engine": "0"}
-        for name, doc, read in (
-            ("vllm:num_requests_running", "Requests being answered.", lambda: self.running),
-            ("vllm:num_requests_waiting", "Requests held, e.g. while asleep.", lambda: self.waiting),
-        ):
-            Gauge(name, doc, list(labels), registry=self.registry).labels(**labels).set_function(read)
-        sleep_state = Gauge(
-            "vllm:engine_sleep_state",
-            "awake = 1 when awake; weights_offloaded = 1 at sleep level 1; discard_all = 1 at level 2.",
-            [*labels, "sleep_state"],
-            registry=self.registry,
+    def __post_init__(self) -> None:
+        export_engine_gauges(
+            self.metrics_registry, self.served_names[0], lambda: self.running, lambda: self.waiting, lambda: self._level
         )
-        for state, level in SLEEP_STATES.items():
-            sleep_state.labels(**labels, sleep_state=state).set_function(self._at_level(level))
-
-    def _at_level(self, level: int | None) -> Callable[[], float]:
-        return lambda: float(self._level == level)
 
     @property
     def is_sleeping(self) -> bool:
@@ -79,26 +62,41 @@ class Engine:
     @property
     def corruption(self) -> int:
         """How far off its answers are: 0 until the `corrupt_after_wake`-th wake, 1 from then on."""
-        return int(self._corrupt_after_wake is not None and self.wakes >= self._corrupt_after_wake)
+        return int(self.corrupt_after_wake is not None and self.wakes >= self.corrupt_after_wake)
 
-    async def sleep(self, level: int) -> None:
+    def models(self) -> list[ModelCard]:
+        return [
+            ModelCard(id=name, owned_by="vllm", root=self.root, max_model_len=self.max_model_len)
+            for name in self.served_names
+        ]
+
+    @asynccontextmanager
+    async def answer(self, body: object, chat: bool) -> AsyncIterator[Job]:
+        """The canned answer to a valid request, once admitted (see `admit`)."""
+        job = Job.parse(body, chat, self.served_names, self.corruption)
+        async with self.admit():
+            yield job
+
+    async def sleep(self, level: int, mode: SleepMode) -> None:
         """Stop admitting requests now; after the sleep delay, report sleeping at `level`.
 
-        Requests already running finish (vLLM's `mode=wait`); the stand-in never aborts them.
+        Requests already running finish whatever `mode` asks (vLLM's `mode=wait`); the stand-in never aborts them.
         """
         async with self._transition:
             self._awake.clear()
-            await asyncio.sleep(self._sleep_delay)
+            await asyncio.sleep(self.sleep_delay)
             self._level = level
 
-    async def wake_up(self) -> None:
-        """After the wake delay, report awake and release every held request."""
+    async def wake_up(self, tags: Collection[str] | None) -> bool:
+        """After the wake delay, report awake and release every held request: vLLM can wake only some parts
+        (`tags`); the stand-in always wakes fully."""
         async with self._transition:
-            await asyncio.sleep(self._wake_delay)
+            await asyncio.sleep(self.wake_delay)
             if self._level is not None:
                 self.wakes += 1
             self._level = None
             self._awake.set()
+            return True
 
     @asynccontextmanager
     async def admit(self) -> AsyncIterator[None]:
@@ -111,9 +109,9 @@ class Engine:
             self.waiting -= 1
         self.running += 1
         try:
-            await asyncio.sleep(self._request_delay)
-            if self._core is not None:
-                await self._core.step()
+            await asyncio.sleep(self.request_delay)
+            if self.core is not None:
+                await self.core.step()
             yield
         finally:
             self.running -= 1

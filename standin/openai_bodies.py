@@ -13,7 +13,7 @@ other tokens, as a model whose weights came back wrong from a wake would.
 import time
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +77,8 @@ def _positive_int(body: dict[str, Any], *names: str, default: int) -> int:
 
 @dataclass(frozen=True)
 class Job:
-    """One parsed inference request: what to answer, how many choices, and how to deliver it."""
+    """One parsed inference request: what to answer, how many choices, and how to deliver it (an
+    `api.vllm_surface.engine.Answer`)."""
 
     chat: bool
     model: str
@@ -170,7 +171,7 @@ class Job:
             "top_logprobs": [dict(list(t.items())[: self.logprobs]) for t in top] if self.logprobs else None,
         }
 
-    def response(self) -> dict[str, Any]:
+    async def whole(self) -> dict[str, Any]:
         """The whole answer, as a non-streaming request gets it."""
         text = "".join(canned_pieces(self.max_tokens, self.shift))
         payload: dict[str, Any] = {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
@@ -185,7 +186,7 @@ class Job:
             choices.append(choice)
         return {**self._envelope(chunk=False), "choices": choices, "usage": self._usage()}
 
-    def chunks(self) -> Iterator[dict[str, Any]]:
+    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
         """The answer as SSE `data:` objects, in vLLM's order (without the final `[DONE]`)."""
         pieces = canned_pieces(self.max_tokens, self.shift)
         if self.chat:

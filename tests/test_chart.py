@@ -12,6 +12,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from api import keys
+from api.version import release
 from e2e.chart import CHART
 from scripts.helm_chart import REPO, helm, render_chart, run_helm
 from tests.pod_security import restricted_violations
@@ -243,7 +245,7 @@ def test_the_standard_knobs_reach_both_controllers() -> None:
         assert workload["metadata"]["labels"]["app.kubernetes.io/name"] == "swapper"
         template = workload["spec"]["template"]
         pod = template["spec"]
-        assert container(workload)["image"] == "registry.example.com/dualpods/controller:0.1.0"
+        assert container(workload)["image"] == f"registry.example.com/dualpods/controller:{release()}"
         assert pod["imagePullSecrets"] == [{"name": "pull"}]
         assert pod["nodeSelector"] == {"pool": "system"}
         assert pod["tolerations"] == [{"key": "dedicated", "operator": "Exists"}]
@@ -263,15 +265,42 @@ def test_the_standard_knobs_reach_both_controllers() -> None:
     assert container(test_pod)["image"] == "registry.example.com/python:3.12-slim"
 
 
+def test_the_chart_the_app_and_the_wheel_are_one_release() -> None:
+    """One number for the wheel, the images built from it (the chart's default tag is its appVersion), the chart and
+    its CRD subchart; the CHANGELOG has a section for it."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    crds = yaml.safe_load((CHART / "charts" / "crds" / "Chart.yaml").read_text())
+    (dependency,) = chart["dependencies"]
+    assert {chart["version"], chart["appVersion"], crds["version"], crds["appVersion"], dependency["version"]} == {
+        release()
+    }
+    assert f"\n## {release()} " in (REPO / "CHANGELOG.md").read_text()
+
+
 def test_a_digest_pins_the_image() -> None:
     digest = "sha256:" + "ab" * 32
     image = container(deployment(render(f"image.digest={digest}"), "rel-dual-pods-controller"))["image"]
     assert image == f"dualpods/controller@{digest}"
 
 
+def test_warm_launchers_get_a_disruption_budget_that_a_drain_waits_on() -> None:
+    """Launchers the dual-pods controller labels warm (they hold sleepers) cannot be evicted; the controller removes
+    the label once a drain's copies are asleep elsewhere, or after --drain-rewarm-timeout."""
+    docs = render()
+    (budget,) = [b for b in by_kind(docs, "PodDisruptionBudget") if b["metadata"]["name"] == "rel-warm-launchers"]
+    assert budget["spec"]["maxUnavailable"] == 0
+    launcher_labels = {keys.COMPONENT_LABEL: keys.LAUNCHER_COMPONENT, keys.LAUNCHER_WARM_LABEL: "true"}
+    assert budget["spec"]["selector"] == {"matchLabels": launcher_labels}
+    assert "--drain-rewarm-timeout=600" in container(deployment(docs, "rel-dual-pods-controller"))["args"]
+    off = render("launcherDisruptionBudget.enabled=false", "dualPodsController.drainRewarmTimeout=30")
+    assert not by_kind(off, "PodDisruptionBudget")
+    assert "--drain-rewarm-timeout=30" in container(deployment(off, "rel-dual-pods-controller"))["args"]
+
+
 def test_several_replicas_get_a_disruption_budget_and_spread_over_nodes() -> None:
     docs = render("dualPodsController.replicas=2", "launcherPopulator.replicas=3")
     budgets = {b["metadata"]["name"]: b for b in by_kind(docs, "PodDisruptionBudget")}
+    del budgets["rel-warm-launchers"]
     assert set(budgets) == {"rel-dual-pods-controller", "rel-launcher-populator"}
     for name, budget in budgets.items():
         assert budget["apiVersion"] == "policy/v1"
@@ -282,7 +311,7 @@ def test_several_replicas_get_a_disruption_budget_and_spread_over_nodes() -> Non
         assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
         assert term["podAffinityTerm"]["labelSelector"] == deployment(docs, name)["spec"]["selector"]
     single = render()
-    assert not by_kind(single, "PodDisruptionBudget")
+    assert [b["metadata"]["name"] for b in by_kind(single, "PodDisruptionBudget")] == ["rel-warm-launchers"]
     assert "affinity" not in deployment(single, "rel-dual-pods-controller")["spec"]["template"]["spec"]
 
 

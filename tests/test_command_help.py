@@ -11,6 +11,7 @@ import pytest
 
 from api.version import release
 from controller.__main__ import parse_args as controller_args
+from controller.kubectl_plugin import parse_args as kubectl_plugin_args
 from launcher.__main__ import parse_args as launcher_args
 from requester.__main__ import parse_args as requester_args
 
@@ -33,7 +34,9 @@ def parsers_of(parse_args: Callable[..., Any]) -> list[argparse.ArgumentParser]:
 
 
 @pytest.mark.parametrize(
-    "parse_args", [launcher_args, controller_args, requester_args], ids=["launcher", "controller", "requester"]
+    "parse_args",
+    [launcher_args, controller_args, requester_args, kubectl_plugin_args],
+    ids=["launcher", "controller", "requester", "kubectl-dualpods"],
 )
 def test_every_flag_has_help(parse_args: Callable[..., Any]) -> None:
     silent = [
@@ -46,7 +49,9 @@ def test_every_flag_has_help(parse_args: Callable[..., Any]) -> None:
 
 
 @pytest.mark.parametrize(
-    "parse_args", [launcher_args, controller_args, requester_args], ids=["launcher", "controller", "requester"]
+    "parse_args",
+    [launcher_args, controller_args, requester_args, kubectl_plugin_args],
+    ids=["launcher", "controller", "requester", "kubectl-dualpods"],
 )
 def test_every_command_says_its_release(parse_args: Callable[..., Any], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as done:

@@ -17,11 +17,13 @@ from tests.test_dualpods_fakes import (
     LC,
     bound,
     harness,
+    inst,
     isc_obj,
     launcher_obj,
     lc_obj,
     requester_obj,
     settled,
+    summarized,
 )
 from tests.test_populator_fakes import launcher
 
@@ -75,9 +77,9 @@ def test_an_unreadable_status_counts_as_none() -> None:
 
 def test_a_launcher_config_is_valid_or_stalled_on_its_template_error() -> None:
     config = {"metadata": {"name": "lc", "generation": 4}}
-    valid = config_status(config, None, T0)
+    valid = config_status(config, None, [], T0)
     assert conditions(valid)["Ready"][:2] == ("True", "Valid")
-    broken = config_status(config, "LauncherConfig lc: no container named 'inference-server'", T0)
+    broken = config_status(config, "LauncherConfig lc: no container named 'inference-server'", [], T0)
     assert conditions(broken)["Stalled"][:2] == ("True", "TemplateError")
     assert broken.errors == ["LauncherConfig lc: no container named 'inference-server'"]
 
@@ -143,6 +145,16 @@ async def test_an_isc_is_ready_once_a_requester_of_it_is_served() -> None:
     deleting = settled(requester_obj(ready=True, deleting=True))
     assert (s := isc_status(await isc_snapshot(isc_obj(), lc_obj(), deleting), None, T0)) is not None
     assert s.served_requesters == 0, "a requester on its way out is served no more"
+
+
+async def test_an_isc_and_its_launcher_config_count_their_instances_serving_and_asleep() -> None:
+    one = summarized(launcher_obj("l1"), inst("a", sleeping=False), inst("b", isc="other", sleeping=True))
+    two = summarized(launcher_obj("l2"), inst("c", sleeping=True), inst("d", ready=False, sleeping=False))
+    status = isc_status(await isc_snapshot(isc_obj(), lc_obj(), one, two, launcher_obj("l3")), None, T0)
+    assert status is not None
+    assert (status.serving_instances, status.sleeping_instances) == (1, 1)
+    config = config_status({"metadata": {"name": "lc", "generation": 1}}, None, [one, two], T0)
+    assert (config.serving_instances, config.sleeping_instances) == (1, 2)
 
 
 async def test_an_isc_shows_what_stops_its_requesters() -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
-from api import keys
+from api import keys, launcher_summary
 from api.crds import API_VERSION, CustomResource, InferenceServerConfig, LauncherConfig, Status
 from api.launcher import (
     AllInstancesState,
@@ -298,6 +298,13 @@ def inst(
         else None,
         process=process,
     )
+
+
+def summarized(pod: Obj, *instances: InstanceState) -> Obj:
+    """`pod` (a launcher) carrying the dual-pods controller's summary of `instances`."""
+    summary = launcher_summary.summarize(instances, None, datetime(2026, 12, 2, 6, 0, tzinfo=UTC))
+    pod["metadata"].setdefault("annotations", {})[launcher_summary.ANNOTATION] = summary.annotation()
+    return pod
 
 
 WANTED = wanted_id()

@@ -26,6 +26,7 @@ import pytest
 from aiohttp import web
 from openai.types.chat import ChatCompletionMessageParam
 
+from api.vllm_surface.app import create_app
 from e2e.cluster.ports import free_port
 from e2e.launcher_process import REPO, offline_environment
 from e2e.requester_process import RequesterProcess, distinct_free_ports
@@ -40,7 +41,6 @@ from requester.readiness import Readiness
 from requester.server import start_listeners, stop_listeners
 from requester.spi_auth import OpenSpi
 from requester.visible_devices import parse
-from standin.app import create_app
 from standin.engine import Engine
 
 HOST = "127.0.0.1"

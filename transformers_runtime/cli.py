@@ -10,14 +10,12 @@ import asyncio
 import logging
 import os
 import shlex
-import signal
 import warnings
 from pathlib import Path
 
-from aiohttp import web
-
 from api import log_format
 from api.openai_errors import ApiError
+from api.vllm_surface.cli import positive_int, seconds, serve, serve_parser, stop_on_signals
 
 from .app import ServerState, create_app
 from .engine import Engine, ModelContext
@@ -35,36 +33,20 @@ def _max_model_len(value: str) -> int | None:
     """vLLM accepts `auto` (and -1) for "the model's own maximum"."""
     if value in ("auto", "-1"):
         return None
-    return _positive_int(value)
-
-
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return number
-
-
-def _seconds(value: str) -> float:
-    seconds = float(value)
-    if seconds < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return seconds
+    return positive_int(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m transformers_runtime",
-        description="An OpenAI-compatible server on transformers with vLLM's sleep/wake and LoRA endpoints. "
+    parser = serve_parser(
+        "python -m transformers_runtime",
+        "An OpenAI-compatible server on transformers with vLLM's sleep/wake and LoRA endpoints. "
         "Unknown vLLM flags are accepted and ignored.",
-        allow_abbrev=False,  # a vLLM flag must never be taken for an abbreviation of one of ours
-    )
-    parser.add_argument("--model", required=True, help="local model directory (nothing is downloaded)")
-    parser.add_argument("--served-model-name", nargs="+", help="names clients use (default: --model)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument(
-        "--max-model-len", type=_max_model_len, default=None, help="context length; auto: the model's (default)"
+        model=None,
+        model_help="local model directory (nothing is downloaded)",
+        max_model_len=_max_model_len,
+        max_model_len_default=None,
+        max_model_len_help="context length; auto: the model's (default)",
+        host_help="address to listen on (default: 127.0.0.1)",
     )
     parser.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto", help="auto: checkpoint's on GPU, fp32 on CPU")
     parser.add_argument("--device", choices=DEVICE_CHOICES, default="auto", help="auto: cuda when torch sees one")
@@ -79,19 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=PATH",
         help='adapters loaded at start: name=path or JSON {"name", "path", "base_model_name"} (implies --enable-lora)',
     )
-    lora.add_argument("--max-loras", type=_positive_int, default=4, help="adapters attached at once (LRU beyond)")
+    lora.add_argument("--max-loras", type=positive_int, default=4, help="adapters attached at once (LRU beyond)")
     serving = parser.add_argument_group("admission")
     serving.add_argument(
         "--max-num-seqs",
-        type=_positive_int,
+        type=positive_int,
         default=256,
         help="sequences decoded together in one batch (the largest n, too)",
     )
     serving.add_argument(
-        "--max-waiting-requests", type=_positive_int, default=256, help="queued or held requests before 429"
+        "--max-waiting-requests", type=positive_int, default=256, help="queued or held requests before 429"
     )
     serving.add_argument(
-        "--sleep-wait-timeout", type=_seconds, default=300.0, help="seconds a request waits for a wake before 503"
+        "--sleep-wait-timeout", type=seconds, default=300.0, help="seconds a request waits for a wake before 503"
     )
     log_format.add_argument(parser)
     return parser
@@ -118,10 +100,7 @@ def _load(args: argparse.Namespace, slots: AdapterSlots) -> tuple[Checkpoint, Te
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     served_names: list[str] = args.served_model_name or [args.model]
     registry = AdapterRegistry(served_names)
     for adapter in args.lora_modules:
@@ -155,16 +134,17 @@ async def _serve(args: argparse.Namespace) -> None:
         max_num_seqs=args.max_num_seqs,
     )
     engine.start()
-    runner = web.AppRunner(create_app(state), shutdown_timeout=SHUTDOWN_GRACE_S, access_log=None)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, args.host, args.port).start()
-        log.info("serving %s on http://%s:%d", ", ".join(served_names), args.host, args.port)
-        await stop.wait()
-        log.info("shutting down")
-    finally:
-        await engine.close()
-        await runner.cleanup()
+    # Every request in flight is aborted first: a stream cut by SIGTERM ends with "abort" within a token.
+    await serve(
+        create_app(state),
+        args,
+        served_names,
+        stop,
+        log,
+        shutdown_timeout=SHUTDOWN_GRACE_S,
+        access_log=None,
+        on_stop=engine.close,
+    )
 
 
 def _quiet_libraries() -> None:

@@ -24,9 +24,10 @@ from collections.abc import AsyncIterator, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Generic, Literal, TypeVar
+from typing import Generic, TypeVar
 
 from api.openai_errors import ApiError
+from api.vllm_surface.bodies import SleepMode
 
 from .batch import Batch, Prompt
 from .generation import Delta
@@ -38,7 +39,6 @@ from .text import TextCodec
 
 log = logging.getLogger("transformers_runtime")
 T = TypeVar("T")
-SleepMode = Literal["abort", "wait"]
 RETRY_AFTER_S = 1
 CLOSE_GRACE_S = 1.0
 

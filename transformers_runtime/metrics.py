@@ -9,10 +9,10 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from api.vllm_surface.gauges import export_engine_gauges
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 TRANSITION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-# vLLM's `vllm:engine_sleep_state` series and the sleep level each stands for (None: awake).
-SLEEP_STATES = {"awake": None, "weights_offloaded": 1, "discard_all": 2}
 
 
 class Metrics:
@@ -46,10 +46,6 @@ class Metrics:
         family = Counter(name, documentation, list(self._labels), registry=self.registry)
         return family.labels(**self._labels)
 
-    def _gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
-        family = Gauge(name, documentation, list(self._labels), registry=self.registry)
-        family.labels(**self._labels).set_function(read)
-
     def watch(
         self,
         running: Callable[[], int],
@@ -59,16 +55,7 @@ class Metrics:
         load_seconds: Callable[[], float],
     ) -> None:
         """Gauges read at scrape time from the engine's state."""
-        self._gauge("vllm:num_requests_running", "Requests on the model thread.", running)
-        self._gauge("vllm:num_requests_waiting", "Requests queued or held while asleep.", waiting)
-        sleep_state = Gauge(
-            "vllm:engine_sleep_state",
-            "awake = 1 when awake; weights_offloaded = 1 at sleep level 1; discard_all = 1 at sleep level 2.",
-            [*self._labels, "sleep_state"],
-            registry=self.registry,
-        )
-        for state, level in SLEEP_STATES.items():
-            sleep_state.labels(**self._labels, sleep_state=state).set_function(_equals(sleep_level, level))
+        export_engine_gauges(self.registry, self._labels["model_name"], running, waiting, sleep_level)
         level_gauge = Gauge(
             "dualpods_runtime_sleep_level",
             "The sleep level (0, 1 or 2); -1 while awake.",
@@ -83,7 +70,3 @@ class Metrics:
             "Time the last load of the weights from disk took (at start, and on a wake from level 2).",
             registry=self.registry,
         ).set_function(load_seconds)
-
-
-def _equals(read: Callable[[], int | None], value: int | None) -> Callable[[], float]:
-    return lambda: float(read() == value)

@@ -1,4 +1,5 @@
-"""OpenAI request and response bodies (the subset vLLM's server accepts that this runtime implements).
+"""OpenAI request and response bodies (the subset vLLM's server accepts that this runtime implements); the
+bodies of the routes around inference are the surface's (`api.vllm_surface.bodies`).
 
 Requests ignore unknown fields, as vLLM does, but take JSON types strictly (a number is not a string).
 Every field of OpenAI's and vLLM's bodies that changes the answer is declared: what this runtime
@@ -13,9 +14,10 @@ import time
 import uuid
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, Field
 
 from api.openai_errors import ApiError
+from api.vllm_surface.bodies import StrictBody
 
 from .generation import FinishReason
 from .sampling import SamplingParams
@@ -47,21 +49,13 @@ LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf, which JSON cannot carry
 GREEDY_EPSILON = 1e-5  # vLLM's: a temperature below it means greedy decoding
 # What torch.Generator.manual_seed takes; a seed beyond it would fail in the model thread.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
-MAX_PATH_CHARS = 4096  # PATH_MAX: a longer LoRA path cannot name a file
-MAX_NAME_CHARS = 256
 
 
-class _Body(BaseModel):
-    # Strict types: `"n": "2"` or `"top_p": true` is a 400 here (vLLM's lax pydantic would take them), so a
-    # body means what its JSON says, and the OpenAPI document is exactly what is accepted.
-    model_config = ConfigDict(extra="ignore", strict=True)
-
-
-class StreamOptions(_Body):
+class StreamOptions(StrictBody):
     include_usage: bool = False
 
 
-class _GenerationRequest(_Body):
+class _GenerationRequest(StrictBody):
     """What completions and chat completions share: the model, sampling and delivery."""
 
     model: str | None = None
@@ -236,12 +230,12 @@ class CompletionRequest(_GenerationRequest):
         return None if self.logprobs is None else self._logprobs_count(self.logprobs, "logprobs")
 
 
-class ContentPart(_Body):
+class ContentPart(StrictBody):
     type: str
     text: str | None = None
 
 
-class ChatMessage(_Body):
+class ChatMessage(StrictBody):
     role: str
     content: str | list[ContentPart] | None = None
 
@@ -408,63 +402,3 @@ def completion_id() -> str:
 
 def chat_completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex}"
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=_created)
-    owned_by: str = "dualpods"
-    root: str
-    parent: str | None = None
-    max_model_len: int | None = None
-    permission: list[Any] = Field(default_factory=list)
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
-
-
-def _no_nul(value: str) -> str:
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters")
-    return value
-
-
-LoraName = Annotated[str, Field(max_length=MAX_NAME_CHARS), AfterValidator(_no_nul)]
-
-
-class LoadLoraAdapterRequest(_Body):
-    lora_name: LoraName = ""
-    lora_path: Annotated[str, Field(max_length=MAX_PATH_CHARS), AfterValidator(_no_nul)] = ""
-
-
-class UnloadLoraAdapterRequest(_Body):
-    lora_name: LoraName = ""
-
-
-# Sleep and wake (vLLM's dev-mode routes) --------------------------------------------------------
-
-
-class SleepQuery(BaseModel):
-    level: Literal["0", "1", "2"] = Field(default="1", description="1: weights to CPU; 2: dropped; 0: KV cache only")
-    mode: Literal["abort", "wait"] = Field(default="abort", description="what happens to requests in flight")
-
-
-class WakeQuery(BaseModel):
-    tags: list[Literal["weights", "kv_cache"]] | None = Field(default=None, description="what to wake (default: all)")
-
-
-class SleepReply(BaseModel):
-    status: Literal["sleeping"] = "sleeping"
-    level: int
-
-
-class WakeReply(BaseModel):
-    status: Literal["awake", "sleeping"]
-    tags: list[str] | None
-
-
-class IsSleepingReply(BaseModel):
-    is_sleeping: bool

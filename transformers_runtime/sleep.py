@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
+from api.vllm_surface.bodies import SLEEP_LEVELS, WAKE_TAGS
+
 from .model import ModelHolder
 
 log = logging.getLogger("transformers_runtime")
 
-LEVELS = (0, 1, 2)
-TAGS = frozenset({"weights", "kv_cache"})  # vLLM's; the KV cache lives per request here, so it has nothing to wake
 ALIGNMENT = 512  # bytes between packed tensors: any dtype can be viewed at such an offset
 
 
@@ -169,8 +169,8 @@ class SleepManager:
 
     def sleep(self, level: int) -> None:
         """Sleep at `level`, or deepen the current sleep to it; a shallower level changes nothing."""
-        if level not in LEVELS:
-            raise ValueError(f"level must be one of {LEVELS}, got {level}")
+        if level not in SLEEP_LEVELS:
+            raise ValueError(f"level must be one of {SLEEP_LEVELS}, got {level}")
         started = time.perf_counter()
         if level == 1 and self._host is None and self.holder.loaded:
             self._host = HostCopy.take(self.holder.module)
@@ -178,7 +178,7 @@ class SleepManager:
         elif level == 2:
             self._discard()
         self.level = level if self.level is None else max(self.level, level)
-        self._asleep_tags = set(TAGS)
+        self._asleep_tags = set(WAKE_TAGS)  # the KV cache lives per request here, so it has nothing to wake
         log.info("asleep at level %d after %.3f s", self.level, time.perf_counter() - started)
 
     def _discard(self) -> None:
@@ -197,9 +197,9 @@ class SleepManager:
         """
         if self.level is None:
             return True
-        waking = TAGS if tags is None else frozenset(tags)
-        if unknown := waking - TAGS:
-            raise ValueError(f"unknown tags {sorted(unknown)}; vLLM's are {sorted(TAGS)}")
+        waking = WAKE_TAGS if tags is None else frozenset(tags)
+        if unknown := waking - WAKE_TAGS:
+            raise ValueError(f"unknown tags {sorted(unknown)}; vLLM's are {sorted(WAKE_TAGS)}")
         started = time.perf_counter()
         if "weights" in waking:
             if self._host is not None:

@@ -15,8 +15,7 @@ from api import keys
 from api.launcher import InstanceStatus, VllmConfig
 from controller import pods
 from controller.dualpods import instance_sleep
-from controller.dualpods.budget import gpu_sleeper_reserve
-from controller.dualpods.identity import instance_id, runtime_of, vllm_config
+from controller.dualpods.identity import instance_id, launcher_instance_config, runtime_of
 from controller.dualpods.outcomes import DONE, Problem, StepResult
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, from_isc, problems
@@ -48,10 +47,8 @@ async def bind(p: Pass) -> StepResult:
     except ValueError as err:
         return Problem.of(str(err))
     gpus, node = s.gpus or [], str(pods.node_name(requester))
-    budget = lc.spec.sleeper_budget.gpu_memory_bytes
-    reserve = gpu_sleeper_reserve(int(budget) if budget is not None else None, lc.spec.max_instances)
     wanted = instance_id(isc, gpus, runtime)
-    config = vllm_config(isc, gpus, runtime, reserve, lc.spec.verify_wakes)
+    config = launcher_instance_config(isc, lc, gpus, runtime)
     candidates, waiting = await _candidates(p, launcher_config_hash(template_hash, node), wanted)
     uid = pods.uid(requester)
     plan = choose(candidates, wanted, isc.spec.model_server_config.port, lc.spec.max_instances, uid)

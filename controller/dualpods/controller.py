@@ -14,7 +14,7 @@ from typing import NamedTuple
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
-from api import keys
+from api import keys, launcher_summary
 from api.crds import InferenceServerConfig, LauncherConfig
 from api.keys import GPU_MAP_CONFIGMAP
 from api.token_file import TokenFile
@@ -22,7 +22,9 @@ from controller import pods
 from controller.dualpods.binding import LAUNCHERS_BY_CONFIG_HASH
 from controller.dualpods.collaborators import Clients
 from controller.dualpods.direct import GPU, NOMINAL
-from controller.dualpods.isc_status import REQUESTERS_BY_ISC, served
+from controller.dualpods.drains import DEFAULT_TIMEOUT_S, DrainRewarmer
+from controller.dualpods.isc_status import LAUNCHERS_BY_SUMMARY_ISC, REQUESTERS_BY_ISC, served, summary_iscs
+from controller.dualpods.launcher_summaries import LauncherSummaries
 from controller.dualpods.memory import Memory
 from controller.dualpods.metrics import DualPodsMetrics
 from controller.dualpods.nominal import gpu_keys
@@ -76,6 +78,7 @@ class DualPodsOptions:
     launcher_token_secret: str | None = None  # the Secret holding it, mounted into launchers we create
     sleeper_limit: int = 1  # direct providers that may sleep on one GPU (FMA's binary default)
     requester_tokens: RequesterTokens | None = None  # E15: the credential of calls that change requesters
+    drain_rewarm_timeout_s: float = DEFAULT_TIMEOUT_S  # how long a drain waits for a launcher's sleepers to be copied
 
 
 def kube_caches(api: client.ApiClient, namespace: str) -> Caches:
@@ -116,6 +119,7 @@ class DualPodsController:
         index(REQUESTERS_ON_NODE, _requester_node)
         index(LAUNCHERS_BY_CONFIG_HASH, _launcher_config_hash)
         index(REQUESTERS_BY_ISC, _requester_isc)
+        index(LAUNCHERS_BY_SUMMARY_ISC, summary_iscs)
         index(LAUNCHERS, lambda p: ["true"] if pods.is_launcher(p) else [])
         index(NOMINAL, _nominal_hash)
         index(GPU, gpu_keys)
@@ -123,6 +127,8 @@ class DualPodsController:
         caches.iscs.add_index(ISCS_BY_LAUNCHER_CONFIG, lambda isc: [_launcher_config_name(isc)])
         options_ = Options(launcher_token_secret=options.launcher_token_secret, sleeper_limit=options.sleeper_limit)
         self.reconciler = Reconciler(World(namespace, caches, views, clients, Memory(), metrics, options_))
+        self.summaries = LauncherSummaries(namespace, caches.pods, views, clients.pods)
+        self.drains = DrainRewarmer(namespace, caches, views, clients, options.drain_rewarm_timeout_s)
         caches.pods.subscribe(self._count_requesters)
         caches.iscs.subscribe(self._count_iscs)
         caches.pods.subscribe(self._pod_changed)
@@ -147,8 +153,11 @@ class DualPodsController:
                          len(self.caches.nodes.items()))  # fmt: skip
                 process = timed(self._process, self.metrics.reconcile_own_seconds, lambda key: key.kind.value)
                 tasks.create_task(run_workers(self.queue, process, self.options.workers))
+                tasks.create_task(self.summaries.run())
+                tasks.create_task(self.drains.run())
         finally:
-            self.queue.shutdown()
+            for queue in (self.queue, self.summaries.queue, self.drains.queue):
+                queue.shutdown()
 
     async def _process(self, key: Key) -> float | None:
         started = time.monotonic()
@@ -189,6 +198,11 @@ class DualPodsController:
     def _pod_changed(self, old: Obj | None, new: Obj | None) -> None:
         if _service_facts(old) != _service_facts(new):
             for isc in {name for pod in (old, new) if pod is not None for name in _requester_isc(pod)}:
+                self._enqueue(Key(KeyKind.ISC_STATUS, isc))
+        if launcher_summary.annotation_on(old) != launcher_summary.annotation_on(
+            new
+        ):  # its instances' counts may have changed
+            for isc in {name for pod in (old, new) if pod is not None for name in summary_iscs(pod)}:
                 self._enqueue(Key(KeyKind.ISC_STATUS, isc))
         for pod in (p for p in (old, new) if p is not None):
             if pods.is_requester(pod):

@@ -20,9 +20,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from api import keys
-from api.crds import InferenceServerConfig
+from api.crds import InferenceServerConfig, LauncherConfig
 from api.launcher import VllmConfig
 from controller import goyaml
+from controller.dualpods.budget import gpu_sleeper_reserve
 
 VLLM = "vllm"
 TRANSFORMERS = "transformers"
@@ -100,3 +101,13 @@ def vllm_config(
         gpu_sleeper_reserve_bytes=sleeper_reserve_bytes,
         verify_wakes=verify_wakes,
     )
+
+
+def launcher_instance_config(
+    isc: InferenceServerConfig, lc: LauncherConfig, gpus: list[str], runtime: str
+) -> VllmConfig:
+    """The create body of `isc`'s instance on `gpus` in a launcher made from `lc` (its sleeper reserve and
+    wake checks)."""
+    budget = lc.spec.sleeper_budget.gpu_memory_bytes
+    reserve = gpu_sleeper_reserve(int(budget) if budget is not None else None, lc.spec.max_instances)
+    return vllm_config(isc, gpus, runtime, reserve, lc.spec.verify_wakes)

@@ -4,7 +4,8 @@
 `observe_isc` takes that look from the caches; the pure `isc_status` finds the ISC's problems (`InvalidSpec`:
 it does not parse, asks for an unknown runtime, or routing metadata a launcher cannot carry;
 `LauncherConfigNotFound`; `TemplateError`: its LauncherConfig cannot make a launcher Pod, which are the
-checks a bind makes before it binds) and counts the requesters it serves: bound, and told they are ready
+checks a bind makes before it binds), counts its instances serving and asleep on launchers (from the launcher
+Pods' summaries, api/launcher_summary.py) and counts the requesters it serves: bound, and told they are ready
 (their container is ready, which only the controller's readiness relay makes it). Ready is `Serving` with at
 least one; `Starting` while requesters wait; `NoRequesters` when none names it. The status is compared
 with the one the ISC carries and written only when it differs (conditions.py, status_writer.py).
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from api import keys
+from api import keys, launcher_summary
 from api.crds import InferenceServerConfig, InferenceServerConfigStatus, LauncherConfig
 from controller import pods
 from controller.conditions import Problem, Readiness, computed, current
@@ -26,6 +27,7 @@ from controller.informer import Obj
 from controller.launcher_template import TemplateError, node_independent_pod
 
 REQUESTERS_BY_ISC = "requesters-by-isc"  # pod index: ISC name -> the requesters naming it
+LAUNCHERS_BY_SUMMARY_ISC = "launchers-by-summary-isc"  # pod index: ISC name -> launchers holding an instance of it
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,7 @@ class IscSnapshot:
     launcher_config_name: str
     launcher_config: Parsed[LauncherConfig]  # nothing parsed when the ISC names none
     requesters: tuple[pods.Pod, ...]
+    instances: tuple[int, int]  # its instances serving, and sleeping (launcher_summary.counts)
 
 
 def observe_isc(namespace: str, name: str, caches: Caches) -> IscSnapshot:
@@ -44,7 +47,16 @@ def observe_isc(namespace: str, name: str, caches: Caches) -> IscSnapshot:
     isc = parse(InferenceServerConfig, caches.iscs, namespace, name)
     lc_name = str(((obj or {}).get("spec") or {}).get("launcherConfigName") or "")
     lc = parse(LauncherConfig, caches.lcs, namespace, lc_name) if lc_name else Parsed[LauncherConfig]()
-    return IscSnapshot(obj, isc, lc_name, lc, tuple(caches.pods.by_index(REQUESTERS_BY_ISC, name)))
+    summaries = (launcher_summary.of_pod(pod) for pod in caches.pods.by_index(LAUNCHERS_BY_SUMMARY_ISC, name))
+    instances = launcher_summary.counts((summary for summary in summaries if summary is not None), name)
+    requesters = tuple(caches.pods.by_index(REQUESTERS_BY_ISC, name))
+    return IscSnapshot(obj, isc, lc_name, lc, requesters, instances)
+
+
+def summary_iscs(pod: pods.Pod) -> list[str]:
+    """The ISCs a launcher Pod's summary names (for LAUNCHERS_BY_SUMMARY_ISC)."""
+    summary = launcher_summary.of_pod(pod) if pods.is_launcher(pod) else None
+    return sorted({entry.isc for entry in summary.instances if entry.isc}) if summary else []
 
 
 def served(requester: pods.Pod) -> bool:
@@ -67,7 +79,9 @@ def isc_status(s: IscSnapshot, token_secret: str | None, now: datetime) -> Infer
         readiness = Readiness(False, "NoRequesters", "no server-requesting Pod names it")
     generation = int(s.obj["metadata"].get("generation", 0))
     shown = current(InferenceServerConfigStatus, s.obj)
-    return computed(shown, generation, _problems(s, token_secret), readiness, now, served_requesters=count)
+    serving, sleeping = s.instances
+    return computed(shown, generation, _problems(s, token_secret), readiness, now, served_requesters=count,
+                    serving_instances=serving, sleeping_instances=sleeping)  # fmt: skip
 
 
 def _problems(s: IscSnapshot, token_secret: str | None) -> list[Problem]:

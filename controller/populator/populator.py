@@ -20,7 +20,7 @@ from typing import Literal, NamedTuple
 from kubernetes_asyncio import client
 from prometheus_client import CollectorRegistry
 
-from api import keys
+from api import keys, launcher_summary
 from api.crds import LauncherConfig, LauncherPopulationPolicy
 from api.token_file import TokenFile
 from controller import pods
@@ -202,10 +202,16 @@ class Populator:
             self._views.track(new["metadata"]["name"], pods.pod_ip(new) if running else None, incarnation)
         elif old is not None:
             self._views.forget(old["metadata"]["name"])
+        configs = {key.config for pod in (old, new) if pod is not None and (key := launcher_key(pod))}
         if _population_facts(old) != _population_facts(new):
-            for config in {key.config for pod in (old, new) if pod is not None and (key := launcher_key(pod))}:
+            for config in configs:
                 for policy in self._digest.policies_naming(config):
                     self._digest_queue.add(DigestItem("policy", policy))
+        if launcher_summary.annotation_on(old) != launcher_summary.annotation_on(
+            new
+        ):  # the config's instance counts may have changed
+            for config in configs:
+                self._digest_queue.add(DigestItem("config", config))
 
     def _on_node(self, old: Obj | None, new: Obj | None) -> None:
         if old is None or new is None or NodeFacts.from_k8s(old) != NodeFacts.from_k8s(new):
@@ -222,8 +228,9 @@ class Populator:
             case "config":
                 config = self._update_config(item.name)
                 if config is not None:
-                    status = config_status(config, self._digest.config_error(item.name), now)
-                    await self._status.write(LauncherConfig, config, status)
+                    launchers = self._pods.by_index(BY_CONFIG, item.name)
+                    error = self._digest.config_error(item.name)
+                    await self._status.write(LauncherConfig, config, config_status(config, error, launchers, now))
             case "policy":
                 policy = self._update_policy(item.name)
                 if policy is not None:

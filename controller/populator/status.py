@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from api import keys
-from api.crds import Status
+from api import keys, launcher_summary
+from api.crds import LauncherConfigStatus, Status
 from controller import pods
 from controller.conditions import Problem, Readiness, computed, current
 from controller.launcher_template import Pod
@@ -24,9 +24,16 @@ from controller.populator.refusals import Refusal
 VALID = Readiness(True, "Valid")
 
 
-def config_status(config: Mapping[str, Any], error: str | None, now: datetime) -> Status:
+def config_status(
+    config: Mapping[str, Any], error: str | None, launchers: list[Pod], now: datetime
+) -> LauncherConfigStatus:
+    """`launchers`: the config's launcher Pods, as cached; their summaries count its instances."""
     problems = [Problem("TemplateError", error)] if error else []
-    return computed(current(Status, config), _generation(config), problems, VALID, now)
+    summaries = [summary for pod in launchers if (summary := launcher_summary.of_pod(pod)) is not None]
+    serving, sleeping = launcher_summary.counts(summaries)
+    shown = current(LauncherConfigStatus, config)
+    return computed(shown, _generation(config), problems, VALID, now, serving_instances=serving,
+                    sleeping_instances=sleeping)  # fmt: skip
 
 
 def policy_status(

@@ -1,0 +1,151 @@
+"""What is hot where: the launchers' instance summaries (api/launcher_summary.py) arranged per node and GPU,
+and per model, for `kubectl dualpods status` (controller/kubectl_plugin.py). Pure: Pods and the gpu-map
+ConfigMap in, a FleetStatus out, and its two renderings (a table, JSON).
+
+A node's GPUs are those the gpu-map ConfigMap lists for it and those its launchers' instances use; a GPU
+none of whose instances serves or loads is free (its sleepers can be woken there, or evicted).
+"""
+
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from api import launcher_summary
+from api.launcher_summary import InstanceSummary, SummaryState
+from controller import pods
+from controller.dualpods.gpu_map import gpu_locations
+from controller.informer import Obj
+
+NO_GPU = "-"  # the row of an instance that uses no GPU (a CPU launcher)
+BUSY = (SummaryState.SERVING, SummaryState.LOADING)
+
+
+class Placed(BaseModel):
+    """An instance where it runs."""
+
+    namespace: str
+    launcher: str
+    node: str
+    instance: InstanceSummary
+
+
+class GpuStatus(BaseModel):
+    uuid: str
+    index: int | None = None  # its index on the node, where the gpu-map says
+    free: bool
+    instances: list[Placed] = Field(default_factory=list)
+
+
+class NodeStatus(BaseModel):
+    name: str
+    gpus: list[GpuStatus] = Field(default_factory=list)
+    launchers_unsummarized: list[str] = Field(default_factory=list)  # not reached by the controller yet
+    instances_omitted: int = 0  # beyond the summaries' bound
+
+
+class ModelStatus(BaseModel):
+    model: str
+    serving: list[Placed] = Field(default_factory=list)
+    loading: list[Placed] = Field(default_factory=list)
+    asleep: list[Placed] = Field(default_factory=list)
+
+
+class FleetStatus(BaseModel):
+    nodes: list[NodeStatus]
+    models: list[ModelStatus]
+
+
+def fleet_status(launchers: list[Obj], gpu_maps: list[Obj]) -> FleetStatus:
+    """The fleet from launcher Pods (with their summaries) and gpu-map ConfigMaps (any namespaces)."""
+    indices: dict[str, dict[str, int]] = defaultdict(dict)  # node -> UUID -> index
+    for configmap in gpu_maps:
+        for uuid, location in gpu_locations(configmap).items():
+            indices[location.node][uuid] = location.index
+    placed: dict[str, list[Placed]] = defaultdict(list)  # node -> instances
+    nodes: dict[str, NodeStatus] = {node: NodeStatus(name=node) for node in indices}
+    for pod in launchers:
+        node = pods.node_name(pod) or "(unscheduled)"
+        status = nodes.setdefault(node, NodeStatus(name=node))
+        summary = launcher_summary.parse(pods.annotations(pod).get(launcher_summary.ANNOTATION))
+        if summary is None:
+            status.launchers_unsummarized.append(pods.name(pod))
+            continue
+        status.instances_omitted += summary.omitted
+        for instance in summary.instances:
+            where = Placed(namespace=pods.namespace(pod), launcher=pods.name(pod), node=node, instance=instance)
+            placed[node].append(where)
+    for node, status in nodes.items():
+        by_gpu: dict[str, list[Placed]] = {uuid: [] for uuid in indices[node]}
+        for where in placed[node]:
+            for uuid in where.instance.gpus or [NO_GPU]:
+                by_gpu.setdefault(uuid, []).append(where)
+        status.gpus = [
+            GpuStatus(
+                uuid=uuid,
+                index=indices[node].get(uuid),
+                free=not any(w.instance.state in BUSY for w in found),
+                instances=sorted(found, key=lambda w: (list(SummaryState).index(w.instance.state), w.instance.model)),
+            )
+            for uuid, found in sorted(by_gpu.items(), key=lambda item: (indices[node].get(item[0], 1 << 30), item[0]))
+        ]
+    return FleetStatus(nodes=sorted(nodes.values(), key=lambda n: n.name), models=_models(placed))
+
+
+def _models(placed: dict[str, list[Placed]]) -> list[ModelStatus]:
+    models: dict[str, ModelStatus] = {}
+    for where in (w for found in placed.values() for w in found):
+        model = models.setdefault(where.instance.model, ModelStatus(model=where.instance.model))
+        column = {SummaryState.SERVING: model.serving, SummaryState.LOADING: model.loading,
+                  SummaryState.ASLEEP: model.asleep}.get(where.instance.state)  # fmt: skip
+        if column is not None:
+            column.append(where)
+    return sorted(models.values(), key=lambda m: m.model)
+
+
+def as_json(fleet: FleetStatus) -> str:
+    return json.dumps(fleet.model_dump(mode="json", by_alias=True, exclude_none=True), indent=2)
+
+
+def as_table(fleet: FleetStatus, now: datetime) -> str:
+    """Two tables: per node and GPU what runs there, then per model where it serves and sleeps."""
+    rows = [("NODE", "GPU", "STATE", "MODEL", "LAUNCHER", "SINCE", "INSTANCE")]
+    notes = []
+    for node in fleet.nodes:
+        for gpu in node.gpus:
+            name = gpu.uuid if gpu.index is None else f"{gpu.index}:{gpu.uuid}"
+            if not gpu.instances:
+                rows.append((node.name, name, "free", "", "", "", ""))
+            for where in gpu.instances:
+                instance = where.instance
+                since = _age(now, instance.since)
+                rows.append((node.name, name, instance.state.value, instance.model, where.launcher, since, instance.id))
+        if node.launchers_unsummarized:
+            notes.append(f"{node.name}: no summary yet on {', '.join(node.launchers_unsummarized)}")
+        if node.instances_omitted:
+            notes.append(f"{node.name}: {node.instances_omitted} more instances not summarized")
+    models = [("MODEL", "SERVING", "LOADING", "ASLEEP")]
+    for model in fleet.models:
+        models.append((model.model, _where(model.serving), _where(model.loading), _where(model.asleep)))
+    return "\n".join([_columns(rows), *notes, "", _columns(models)])
+
+
+def _where(placed: list[Placed]) -> str:
+    return ", ".join(f"{w.node}/{w.launcher}[{','.join(w.instance.gpus) or NO_GPU}]" for w in placed) or "-"
+
+
+def _age(now: datetime, since: datetime) -> str:
+    seconds = max(0, int((now - since).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _columns(rows: Sequence[tuple[str, ...]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows
+    )

@@ -1,0 +1,169 @@
+"""What is hot where: a launcher's instance summary (api/launcher_summary.py), the controller loop that keeps it on
+the launcher Pod (controller/dualpods/launcher_summaries.py, over the fakes of tests/test_dualpods_fakes.py), and
+`kubectl dualpods status`'s arrangement of it (controller/fleet_view.py). The plugin against a real API server is in
+e2e/test_dualpods_launcher.py."""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from api import launcher_summary
+from api.launcher import InstanceState
+from api.launcher_summary import MAX_INSTANCES, SummaryState, model_name, summarize
+from controller import pods
+from controller.fleet_view import as_json, as_table, fleet_status
+from controller.informer import Obj
+from tests.test_dualpods_fakes import (
+    GPU0,
+    GPU1,
+    LAUNCHER,
+    NODE,
+    Harness,
+    harness,
+    inst,
+    launcher_obj,
+    node_obj,
+    summarized,
+)
+
+T0 = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+async def h() -> AsyncIterator[Harness]:
+    async with harness() as made:
+        made.put(node_obj())
+        yield made
+
+
+def test_an_instances_model_is_its_served_name_else_its_path() -> None:
+    assert model_name("--model /models/a --served-model-name a-chat b --port 8000") == "a-chat"
+    assert model_name("--served-model-name=a-chat --model=/models/a") == "a-chat"
+    assert model_name("--model /models/a --port 8000") == "/models/a"
+    assert model_name("--port 8000") == "?"
+    assert model_name("--model '/models/a b") == "'/models/a"  # an unbalanced quote: split on spaces, no error
+
+
+def test_states_and_order_busiest_first() -> None:
+    instances = [
+        inst("asleep", sleeping=True),
+        inst("serving", sleeping=False),
+        inst("loading", ready=False, sleeping=False),
+        inst("stopped", stopped=True),
+    ]
+    summary = summarize(instances, None, T0)
+    assert [(e.id, e.state) for e in summary.instances] == [
+        ("serving", SummaryState.SERVING),
+        ("loading", SummaryState.LOADING),
+        ("asleep", SummaryState.ASLEEP),
+        ("stopped", SummaryState.STOPPED),
+    ]
+    assert summary.instances[0].isc == "isc"
+    assert summary.instances[0].gpus == [GPU0]
+
+
+def test_since_holds_while_the_state_does_and_bytes_outlive_a_list() -> None:
+    first = summarize([inst("a", sleeping=False, rss=5 << 30, gpu_bytes=7 << 30)], None, T0)
+    later = T0 + timedelta(minutes=5)
+    same = summarize([inst("a", sleeping=False)], first, later)  # an event: no process statistics
+    assert same.instances[0].since == T0
+    assert (same.instances[0].host_bytes, same.instances[0].gpu_bytes) == (5 << 30, 7 << 30)
+    slept = summarize([inst("a", sleeping=True)], same, later)
+    assert slept.instances[0].since == later
+    assert slept.instances[0].host_bytes is None
+
+
+def test_the_summary_is_bounded_and_counts_what_it_left_out() -> None:
+    many = [inst(f"i{n:02}") for n in range(MAX_INSTANCES + 3)]
+    summary = summarize(many, None, T0)
+    assert len(summary.instances) == MAX_INSTANCES
+    assert summary.omitted == 3
+    assert len(summary.annotation()) < 8192
+
+
+def test_an_annotation_that_is_not_a_summary_reads_as_none() -> None:
+    assert launcher_summary.parse(None) is None
+    assert launcher_summary.parse("not json") is None
+    assert launcher_summary.parse('{"instances": [{"id": 1}]}') is None
+    text = summarize([inst("a")], None, T0).annotation()
+    assert launcher_summary.parse(text) == summarize([inst("a")], None, T0)
+    assert json.loads(text)["instances"][0]["since"].startswith("2026-12-02T06:00:00")
+
+
+async def test_the_controller_writes_a_launchers_summary_once_and_again_when_it_changes(h: Harness) -> None:
+    h.put(launcher_obj())
+    h.views.put(h.pod(LAUNCHER), inst("a", sleeping=False), inst("b", sleeping=True, gpus=(GPU1,)))
+    await h.controller.summaries.reconcile(LAUNCHER)
+    summary = launcher_summary.parse(pods.annotations(h.pod(LAUNCHER)).get(launcher_summary.ANNOTATION))
+    assert summary is not None
+    assert [(e.id, e.state, e.gpus) for e in summary.instances] == [
+        ("a", SummaryState.SERVING, [GPU0]),
+        ("b", SummaryState.ASLEEP, [GPU1]),
+    ]
+    written = len(h.journal)
+    await h.controller.summaries.reconcile(LAUNCHER)
+    assert len(h.journal) == written, "an unchanged launcher is not written"
+
+    h.views.put(h.pod(LAUNCHER), inst("a", sleeping=True))
+    await h.controller.summaries.reconcile(LAUNCHER)
+    summary = launcher_summary.parse(pods.annotations(h.pod(LAUNCHER)).get(launcher_summary.ANNOTATION))
+    assert summary is not None
+    assert [(e.id, e.state) for e in summary.instances] == [("a", SummaryState.ASLEEP)]
+
+
+async def test_an_unreached_launcher_keeps_its_last_summary(h: Harness) -> None:
+    h.put(launcher_obj())
+    h.views.put(h.pod(LAUNCHER), inst("a"))
+    await h.controller.summaries.reconcile(LAUNCHER)
+    written = len(h.journal)
+    h.views.put(h.pod(LAUNCHER), synced=False)
+    await h.controller.summaries.reconcile(LAUNCHER)
+    assert len(h.journal) == written
+
+
+async def test_a_views_change_queues_its_launcher_once_it_settled(h: Harness) -> None:
+    summaries = h.controller.summaries
+    summaries.settle_s = 0.05
+    h.views.changed(LAUNCHER)
+    h.views.changed(LAUNCHER)
+    assert len(summaries.queue) == 0, "not while the reconciler may still be writing the launcher"
+    await asyncio.sleep(0.1)
+    assert len(summaries.queue) == 1
+
+
+def _launcher(name: str, node: str, *instances: InstanceState) -> Obj:
+    pod = summarized(launcher_obj(name), *instances)
+    pod["spec"]["nodeName"] = node
+    return pod
+
+
+def test_the_fleet_per_node_gpu_and_model() -> None:
+    gpu_map = {"data": {NODE: json.dumps({GPU0: 0, GPU1: 1}), "node-b": json.dumps({"GPU-2222": 0})}}
+    launchers = [
+        _launcher("l1", NODE, inst("a1", sleeping=True), inst("b1", sleeping=False)),
+        _launcher("l2", "node-b", inst("a2", sleeping=True, gpus=("GPU-2222",))),
+        launcher_obj("l3"),  # no summary yet
+    ]
+    fleet = fleet_status(launchers, [gpu_map])
+    node_a = next(n for n in fleet.nodes if n.name == NODE)
+    gpu0, gpu1 = node_a.gpus
+    assert (gpu0.uuid, gpu0.index, gpu0.free) == (GPU0, 0, False)
+    assert [w.instance.id for w in gpu0.instances] == ["b1", "a1"]  # serving first
+    assert (gpu1.uuid, gpu1.free, gpu1.instances) == (GPU1, True, [])
+    assert node_a.launchers_unsummarized == ["l3"]
+    node_b = next(n for n in fleet.nodes if n.name == "node-b")
+    assert node_b.gpus[0].free is True  # only a sleeper there
+    (model,) = fleet.models
+    assert [w.launcher for w in model.serving] == ["l1"]
+    assert [w.launcher for w in model.asleep] == ["l1", "l2"]
+
+    table = as_table(fleet, T0 + timedelta(minutes=3))
+    lines = table.splitlines()
+    assert lines[0].split() == ["NODE", "GPU", "STATE", "MODEL", "LAUNCHER", "SINCE", "INSTANCE"]
+    assert lines[1].split() == [NODE, f"0:{GPU0}", "serving", "/models/a", "l1", "3m", "b1"]
+    assert lines[3].split() == [NODE, f"1:{GPU1}", "free"]
+    assert f"{NODE}: no summary yet on l3" in lines
+    assert json.loads(as_json(fleet))["models"][0]["asleep"][1]["node"] == "node-b"
