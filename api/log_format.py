@@ -2,23 +2,32 @@
 
 Each record carries `component` (launcher, controller, requester, transformers_runtime), its `level`,
 and where they are known the `requester` and the launcher `instance` it is about; other fields passed
-with `extra=` come along. JSON: one object per line, `{"time", "level", "component", "logger", "msg",
+with `extra=` come along, and so do the fields of the running task's `log_context` (a controller pass sets
+the requester, its phase and a pass ID there, so every line of the pass carries them, whichever module
+writes it). JSON: one object per line, `{"time", "level", "component", "logger", "msg",
 ...fields}`, what log shippers index. Text: `TIME LEVEL component logger: msg field=value ...`, what
 people read in `kubectl logs`.
 """
 
 import argparse
+import contextlib
+import contextvars
 import datetime
 import functools
 import json
 import logging
 import os
 import sys
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator, Mapping
 from typing import Final, TextIO
 
 LOG_FORMATS: Final = ("text", "json")
 COMPONENT_FIELD, REQUESTER_FIELD, INSTANCE_FIELD = "component", "requester", "instance"
+PHASE_FIELD, PASS_FIELD = "phase", "pass_id"
+_CONTEXT: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
+    "log_context", default=types.MappingProxyType({})
+)
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
 
 
@@ -60,15 +69,31 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+@contextlib.contextmanager
+def log_context(**fields: str) -> Iterator[None]:
+    """Within it, every record of this task (and of the tasks it starts) carries `fields` as well."""
+    token = _CONTEXT.set({**_CONTEXT.get(), **fields})
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+def context_fields() -> Mapping[str, str]:
+    """The fields of the running task's `log_context`."""
+    return _CONTEXT.get()
+
+
 class _Fields(logging.Filter):
-    """Puts the component's fields on every record (a field given with `extra=` wins)."""
+    """Puts the task's `log_context` fields and the component's fields on every record (a field given with
+    `extra=` wins, then the context's)."""
 
     def __init__(self, fields: dict[str, str]) -> None:
         super().__init__()
         self._fields = fields
 
     def filter(self, record: logging.LogRecord) -> bool:
-        for key, value in self._fields.items():
+        for key, value in {**self._fields, **_CONTEXT.get()}.items():
             if not hasattr(record, key):
                 setattr(record, key, value)
         return True

@@ -20,6 +20,7 @@ from kubernetes_asyncio import client
 
 from api import keys
 from controller import pods
+from controller.dualpods.phases import LAUNCHER_START_BUDGET
 from e2e.cluster.cluster import LoopbackCluster, node_is_ready
 from e2e.dualpods_env import DualPodsEnv, Obj, installed
 from e2e.faults import (
@@ -218,6 +219,25 @@ async def test_a_requester_whose_launcher_never_serves_is_gone_within_a_minute_o
     await env.apps.delete_namespaced_replica_set("mute", env.namespace)
     await env.wait_gone("mute", within=60)
     assert time.monotonic() - started < 60
+
+
+async def test_a_launcher_that_never_answers_becomes_a_status_error_and_an_event_within_its_budget(
+    faults: Faults,
+) -> None:
+    env = faults.env
+    # A launcher image with no process: its Pod runs, but nothing answers the controller's calls.
+    await env.create_launcher_config("lc-silent", max_instances=1, launcher_args=[], image="dualpods/never-serves")
+    await env.create_isc("isc-silent", "lc-silent", port=8005, options="--model s")
+    async with requester_set(faults, "silent", "isc-silent", gpu=1) as rs:
+        await running_requester(env, rs)
+        started = time.monotonic()
+        budget = LAUNCHER_START_BUDGET.seconds
+        errors, event = await status_error_and_event(env, rs, within=budget + 30)
+        assert time.monotonic() - started < budget + 30
+        assert len(errors) == 1, errors
+        assert "does not answer" in errors[0], errors
+        assert f"for more than {budget:.0f} s" in errors[0], errors
+        assert event == errors[0]
 
 
 # ----- the API server away, the populator scaling down

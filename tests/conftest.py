@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from controller.dualpods.phases import Phase
 from e2e.tiny_model import ensure_tiny_model
+from tests.phase_transitions import RECORDER
 
 
 @pytest.fixture(scope="session")
@@ -15,3 +17,26 @@ def model_a() -> Path:
 @pytest.fixture(scope="session")
 def model_b() -> Path:
     return ensure_tiny_model(seed=2)
+
+
+@pytest.fixture(autouse=True)
+def _phase_recorder_test(request: pytest.FixtureRequest) -> None:
+    """Name the running test to the phase transition recorder, which groups step tests by phase."""
+    RECORDER.test = request.node.nodeid
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """The phase table's declared edges that no driven pass exercised (tests/phase_transitions.py); with -v,
+    the tests whose passes ran each phase's step."""
+    if not RECORDER.passes:
+        return
+    unseen = RECORDER.unseen()
+    terminalreporter.section("phase transitions")
+    terminalreporter.write_line(f"{len(RECORDER.seen)} declared phase transitions exercised; {len(unseen)} not:")
+    for before, after in unseen:
+        terminalreporter.write_line(f"  {before.value} → {after.value}")
+    if terminalreporter.config.get_verbosity() > 0:
+        for phase, tests in sorted(RECORDER.tests_by_phase.items(), key=lambda item: list(Phase).index(item[0])):
+            terminalreporter.write_line(f"{phase.value}: {len(tests)} tests")
+            for test in sorted(tests):
+                terminalreporter.write_line(f"  {test}")

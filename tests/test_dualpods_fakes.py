@@ -41,12 +41,15 @@ from controller.dualpods.identity import instance_id, vllm_config
 from controller.dualpods.metrics import DualPodsMetrics
 from controller.dualpods.nominal import nominal_provider
 from controller.dualpods.passes import Options
+from controller.dualpods.phases import Phase, classify
 from controller.dualpods.routing import from_isc
+from controller.dualpods.snapshot import observe
 from controller.dualpods.writer import FIELD_MANAGER, set_binding
 from controller.http import HttpError, Reply
 from controller.informer import Informer, Obj, object_key
 from controller.launcher_template import node_independent_pod, pod_for_node
 from controller.launcher_views import ChangeListener, LauncherView, ListedListener
+from tests.phase_transitions import RECORDER
 
 NS = "ns"
 NODE = "node-a"
@@ -737,14 +740,22 @@ class Harness:
         return self.caches.pods.get(f"{NS}/{name}") is not None
 
     async def reconcile(self, name: str = REQ) -> float | None:
+        RECORDER.ran(self.phase(name))
         return await self.reconciler.reconcile_requester(name)
+
+    def phase(self, name: str = REQ) -> Phase:
+        """The phase the next pass of `name` runs."""
+        return classify(observe(NS, name, self.caches, self.views))
 
     async def drive(self, name: str = REQ, passes: int = 10) -> list[Call]:
         """Reconcile until a pass does nothing, as the watch event of each write would; returns what was done."""
         start = len(self.journal)
+        phase: Phase | None = None
         for _ in range(passes):
             before = len(self.journal)
-            await self.reconcile(name)
+            phase, previous = self.phase(name), phase
+            RECORDER.record(name, previous, phase)
+            await self.reconciler.reconcile_requester(name)
             if len(self.journal) == before:
                 return self.journal[start:]
         raise AssertionError(f"still busy after {passes} passes: {self.journal.kinds()[start:]}")

@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from api import keys
 from api.launcher import InstanceState
-from controller.dualpods.phases import RULES, Phase, classify, mermaid
+from controller.dualpods.phases import ROWS, Phase, classify, edges, mermaid
 from controller.dualpods.snapshot import UNBIND_PATIENCE_S, Snapshot, observe
 from controller.informer import Obj
+from tests.phase_transitions import RECORDER, TransitionRecorder, UndeclaredTransition
 from tests.test_dualpods_fakes import (
     LAUNCHER,
     NS,
@@ -242,8 +243,8 @@ TABLE: dict[Phase, Callable[[Harness], None]] = {
 
 def test_the_table_covers_every_phase_and_every_phase_has_a_rule() -> None:
     assert set(TABLE) == set(Phase)
-    assert [rule.phase for rule in RULES] == list(dict.fromkeys(rule.phase for rule in RULES))  # one rule each
-    assert {rule.phase for rule in RULES} == set(Phase)
+    assert [row.phase for row in ROWS] == list(dict.fromkeys(row.phase for row in ROWS))  # one rule each
+    assert {row.phase for row in ROWS} == set(Phase)
 
 
 @pytest.mark.parametrize("phase", list(Phase), ids=[p.value for p in Phase])
@@ -314,7 +315,7 @@ async def test_every_snapshot_has_exactly_one_phase(objs: list[Obj], state: Inst
             if pod["metadata"]["name"].startswith("launcher"):
                 h.views.put(pod, *([state] if state is not None else []), synced=synced)
         s = observe(NS, REQ, h.caches, h.views, now=time.time())
-        holding = [rule.phase for rule in RULES if rule.holds(s)]
+        holding = [row.phase for row in ROWS if row.holds(s)]
         assert holding, "no rule holds"
         assert classify(s) is holding[0]  # the first of those that hold: exactly one phase
 
@@ -327,3 +328,29 @@ def test_the_architecture_drawing_is_the_classifiers_table() -> None:
     found = re.search(r"<!-- phases:begin -->\n```mermaid\n(.*?)\n```\n<!-- phases:end -->", text, re.DOTALL)
     assert found, "docs/architecture.md has no phase drawing between the phases:begin/end markers"
     assert found.group(1) == mermaid(), "docs/architecture.md's phase drawing is stale: paste mermaid() there"
+
+
+# ----- the transition recorder (tests/phase_transitions.py)
+
+
+def test_the_recorder_rejects_an_undeclared_edge() -> None:
+    recorder = TransitionRecorder({(Phase.STARTING, Phase.NEEDS_GPUS)})
+    recorder.record(REQ, None, Phase.STARTING)
+    recorder.record(REQ, Phase.STARTING, Phase.STARTING)  # no change
+    recorder.record(REQ, Phase.STARTING, Phase.NEEDS_GPUS)
+    with pytest.raises(UndeclaredTransition, match="needs-gpus → serving is not declared"):
+        recorder.record(REQ, Phase.NEEDS_GPUS, Phase.SERVING)
+    assert recorder.unseen() == []
+
+
+async def test_a_drive_across_an_edge_the_table_does_not_declare_fails(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    setup_needs_gpus(h)
+    monkeypatch.setattr(RECORDER, "declared", RECORDER.declared - {(Phase.NEEDS_GPUS, Phase.UNBOUND)})
+    with pytest.raises(UndeclaredTransition, match="needs-gpus → unbound"):
+        await h.drive()
+
+
+def test_a_declared_edge_changes_the_phase() -> None:
+    assert edges() <= {(a, b) for a in Phase for b in Phase if a is not b}

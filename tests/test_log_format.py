@@ -140,3 +140,14 @@ async def test_a_copy_cancelled_while_it_waits_for_more_ends_cancelled(captured:
         out.write(b"written after the copy ended\n")
     await asyncio.sleep(output_relay.POLL_S * 2)
     assert captured.getvalue() == "inst-1 | first line\n"
+
+
+def test_lines_written_within_a_log_context_carry_its_fields(captured: io.StringIO) -> None:
+    log_format.configure("controller", "info", "json", stream=captured)
+    with log_format.log_context(requester="req-1", pass_id="7"), log_format.log_context(phase="serving"):
+        logging.getLogger("controller.dualpods.writer").info("updated")
+    logging.getLogger("controller.dualpods.writer").info("after")
+    inside, after = (json.loads(line) for line in captured.getvalue().splitlines())
+    assert {k: inside[k] for k in ("requester", "pass_id", "phase")} == {"requester": "req-1", "pass_id": "7",
+                                                                        "phase": "serving"}  # fmt: skip
+    assert not {"requester", "pass_id", "phase"} & after.keys()

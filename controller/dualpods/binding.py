@@ -16,10 +16,10 @@ from api.launcher import InstanceStatus, VllmConfig
 from controller import pods
 from controller.dualpods import instance_sleep
 from controller.dualpods.identity import instance_id, launcher_instance_config, runtime_of
+from controller.dualpods.outcomes import DONE, Problem, StepResult
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, from_isc, problems
 from controller.dualpods.selection import Candidate, choose
-from controller.dualpods.status import RequesterProblem
 from controller.dualpods.writer import set_annotation, set_binding
 from controller.instance_probe import instance_port
 from controller.launcher_template import TemplateError, launcher_config_hash, node_independent_pod, pod_for_node
@@ -29,23 +29,23 @@ log = logging.getLogger(__name__)
 LAUNCHERS_BY_CONFIG_HASH = "launchers-by-config-hash"  # pod index: launcher config hash -> launchers
 
 
-async def bind(p: Pass) -> float | None:
+async def bind(p: Pass) -> StepResult:
     """Bind the best unbound launcher, or create one: one write, whose event brings the next pass."""
     s, requester = p.s, p.requester
     if s.isc.value is None or s.launcher_config.value is None:
-        raise RequesterProblem(str(s.isc.problem or s.launcher_config.problem))
+        return Problem.of(str(s.isc.problem or s.launcher_config.problem))
     isc, lc = s.isc.value, s.launcher_config.value
     try:
         template, template_hash = node_independent_pod(lc, p.world.options.launcher_token_secret)
     except TemplateError as err:
-        raise RequesterProblem(str(err)) from None
+        return Problem.of(str(err))
     routing = from_isc(isc)
     if found := problems(routing, template["metadata"]["labels"], template["metadata"]["annotations"]):
-        raise RequesterProblem(f"InferenceServerConfig {s.isc_name}: " + "; ".join(found))
+        return Problem.of(f"InferenceServerConfig {s.isc_name}: " + "; ".join(found))
     try:
         runtime = runtime_of(pods.annotations(requester), isc.metadata.annotations)
     except ValueError as err:
-        raise RequesterProblem(str(err)) from None
+        return Problem.of(str(err))
     gpus, node = s.gpus or [], str(pods.node_name(requester))
     wanted = instance_id(isc, gpus, runtime)
     config = launcher_instance_config(isc, lc, gpus, runtime)
@@ -54,20 +54,20 @@ async def bind(p: Pass) -> float | None:
     plan = choose(candidates, wanted, isc.spec.model_server_config.port, lc.spec.max_instances, uid)
     if plan is None:
         if waiting:
-            return None  # a launcher is starting; its readiness or watch brings us back
+            return DONE  # a launcher is starting; its readiness or watch brings us back
         p.memory.paths[uid] = "cold"
         new = pod_for_node(template, template_hash, node)
         bind_metadata(new, requester, wanted, config, routing)  # bound from birth: never taken for a spare
         await _create_launcher(p, new, lc.metadata.name)
-        return None
+        return DONE
     launcher = p.world.caches.pods.get(f"{s.namespace}/{plan.launcher}")
     assert launcher is not None
     if found := problems(routing, pods.labels(launcher), pods.annotations(launcher)):
-        raise RequesterProblem(f"InferenceServerConfig {s.isc_name} on launcher {plan.launcher}: " + "; ".join(found))
+        return Problem.of(f"InferenceServerConfig {s.isc_name} on launcher {plan.launcher}: " + "; ".join(found))
     p.memory.paths.setdefault(uid, "hot" if plan.priority == "P1" else "warm")
     log.info("binding requester %s to launcher %s (%s)", pods.name(requester), plan.launcher, plan.priority)
     await p.update(launcher, lambda pod: bind_metadata(pod, requester, wanted, config, routing), "bind")
-    return None
+    return DONE
 
 
 async def _candidates(p: Pass, config_hash: str, wanted: str) -> tuple[list[Candidate], bool]:

@@ -37,8 +37,7 @@ class IscSnapshot:
     obj: Obj | None
     isc: Parsed[InferenceServerConfig]
     launcher_config_name: str
-    launcher_config_found: bool
-    launcher_config: Parsed[LauncherConfig]
+    launcher_config: Parsed[LauncherConfig]  # nothing parsed when the ISC names none
     requesters: tuple[pods.Pod, ...]
     instances: tuple[int, int]  # its instances serving, and sleeping (launcher_summary.counts)
 
@@ -47,12 +46,11 @@ def observe_isc(namespace: str, name: str, caches: Caches) -> IscSnapshot:
     obj = caches.iscs.get(f"{namespace}/{name}")
     isc = parse(InferenceServerConfig, caches.iscs, namespace, name)
     lc_name = str(((obj or {}).get("spec") or {}).get("launcherConfigName") or "")
-    found = bool(lc_name) and caches.lcs.get(f"{namespace}/{lc_name}") is not None
-    lc = parse(LauncherConfig, caches.lcs, namespace, lc_name) if found else Parsed[LauncherConfig]()
+    lc = parse(LauncherConfig, caches.lcs, namespace, lc_name) if lc_name else Parsed[LauncherConfig]()
     summaries = (launcher_summary.of_pod(pod) for pod in caches.pods.by_index(LAUNCHERS_BY_SUMMARY_ISC, name))
     instances = launcher_summary.counts((summary for summary in summaries if summary is not None), name)
     requesters = tuple(caches.pods.by_index(REQUESTERS_BY_ISC, name))
-    return IscSnapshot(obj, isc, lc_name, found, lc, requesters, instances)
+    return IscSnapshot(obj, isc, lc_name, lc, requesters, instances)
 
 
 def summary_iscs(pod: pods.Pod) -> list[str]:
@@ -95,7 +93,7 @@ def _problems(s: IscSnapshot, token_secret: str | None) -> list[Problem]:
         runtime_of({}, isc.metadata.annotations)
     except ValueError as err:
         found.append(Problem("InvalidSpec", str(err)))
-    if not s.launcher_config_found:
+    if not s.launcher_config_name or s.launcher_config.missing:
         return [*found, Problem("LauncherConfigNotFound", f"LauncherConfig {s.launcher_config_name} does not exist")]
     if lc is None:
         return [*found, Problem("TemplateError", str(s.launcher_config.problem))]

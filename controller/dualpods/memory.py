@@ -1,6 +1,6 @@
 """What the dual-pods controller keeps only in memory: losing it on restart costs at most a metric label, a
-re-sent readiness, or one question to a provider whether it sleeps. Nothing about what a requester's status
-shows lives here: that is read from the requester itself (status.py)."""
+re-sent readiness, one question to a provider whether it sleeps, or a phase change logged again. Nothing
+about what a requester's status shows lives here: that is read from the requester itself (status.py)."""
 
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,10 +18,21 @@ class Memory:
     # Direct provider UID -> (its container's restart count, asleep) as last seen or made: a restarted
     # container starts awake, so the knowledge holds only for the same count.
     asleep: dict[str, tuple[int, bool]] = field(default_factory=dict)
+    phases: dict[str, str] = field(default_factory=dict)  # requester name -> the phase its last pass ran
+    # requester UID -> (phase, since when (monotonic) its passes wait or fail in it, failed passes): a
+    # restart starts a phase's budget afresh (reconcile.py)
+    troubles: dict[str, tuple[str, float, int]] = field(default_factory=dict)
 
     def keep_only(self, uids: set[str]) -> None:
         """Forget the Pods not among `uids` (FMA drops an inference server's state once both Pods are gone)."""
-        tables: list[dict[str, Any]] = [self.paths, self.victims, self.relayed, self.proxied, self.asleep]
+        tables: list[dict[str, Any]] = [
+            self.paths,
+            self.victims,
+            self.relayed,
+            self.proxied,
+            self.asleep,
+            self.troubles,
+        ]
         for table in tables:
             for uid in [u for u in table if u not in uids]:
                 del table[uid]

@@ -77,6 +77,13 @@ class DualPodsMetrics:
             registry=registry,
         )
         self.reconcile_own_seconds = own_seconds_histogram(registry)
+        self.passes = Counter(
+            "dualpods_passes",
+            "Reconcile passes of requesters, by the phase they ran and how its step ended (done, wait, problem, "
+            "error).",
+            ["phase", "result"],
+            registry=registry,
+        )
         self.wake_check_failures = Counter(
             "dualpods_wake_check_failures",
             "Instances a launcher killed for failing their post-wake check, replaced for their requester.",

@@ -14,7 +14,9 @@ from controller import pods
 from controller.dualpods.collaborators import Clients
 from controller.dualpods.memory import Memory
 from controller.dualpods.metrics import DualPodsMetrics
+from controller.dualpods.outcomes import DONE, Done, Wait
 from controller.dualpods.snapshot import Caches, Snapshot
+from controller.dualpods.status import RequesterWants, desired_requester
 from controller.launcher_views import ViewSource
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,7 @@ class Pass:
     s: Snapshot
     changed: list[str] = field(default_factory=list)  # what this pass wrote, in words
     written: set[str] = field(default_factory=set)  # the Pods it wrote (their cached copies are stale now)
+    wants: RequesterWants = field(default_factory=RequesterWants)  # the requester's changes, written once
 
     @property
     def requester(self) -> pods.Pod:
@@ -85,8 +88,42 @@ class Pass:
         await self.world.clients.pods.delete(pod, why)
         self._note(pod, f"deleted {pods.name(pod)}: {why}")
 
+    def want(
+        self,
+        why: str,
+        *,
+        settled: bool = False,
+        finalizer: bool | None = None,
+        gpus: list[str] | None = None,
+        unserved: bool = False,
+    ) -> None:
+        """A change to the requester's metadata, written with its status at the end of the pass (one write)."""
+        w = self.wants
+        w.settled, w.unserved = w.settled or settled, w.unserved or unserved
+        w.finalizer = finalizer if finalizer is not None else w.finalizer
+        w.gpus = gpus if gpus is not None else w.gpus
+        w.why.append(why)
+
+    async def write_requester(self, errors: list[str] | None) -> None:
+        """Write the whole requester the pass wants (desired_requester), at most once a pass: at its end, or
+        earlier by a step that must see it written before it goes on."""
+        requester = self.requester
+        assert pods.name(requester) not in self.written, "the requester is written at most once a pass"
+        desired = desired_requester(requester, self.s, self.wants, errors)
+        if desired != requester:
+            await self.update(requester, lambda pod: pod.update(desired), "; ".join(self.wants.why) or "status")
+
     async def event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """The one object logger: what is said about `obj` goes to the log (a Warning at WARNING, else INFO,
+        with the pass's fields) and becomes an Event on it, so a warning is never only in one of them."""
+        level = logging.WARNING if type_ == "Warning" else logging.INFO
+        kind = obj.get("kind") or "Pod"
+        log.log(level, "%s %s: %s", kind, pods.name(obj), message, extra={"reason": reason})
         await self.world.clients.events.record(obj, type_, reason, message)
+
+    async def warn(self, obj: dict[str, Any], reason: str, message: str) -> None:
+        """A warning about `obj`: logged, and a Warning Event on it."""
+        await self.event(obj, "Warning", reason, message)
 
     def _note(self, pod: pods.Pod, what: str) -> None:
         self.changed.append(what)
@@ -96,10 +133,10 @@ class Pass:
 
     async def lose(self, why: str) -> None:
         """The bound instance is gone: delete the requester so its set makes a fresh one."""
-        await self.event(self.requester, "Warning", "InstanceLost", f"{why} {pods.name(self.provider)}")
+        await self.warn(self.requester, "InstanceLost", f"{why} {pods.name(self.provider)}")
         await self.delete(self.requester, why)
 
-    async def relay(self, ready: bool, target: tuple[str, int] | None = None) -> float | None:
+    async def relay(self, ready: bool, target: tuple[str, int] | None = None) -> Done | Wait:
         """Tell the requester whether it is ready (its kubelet's readiness probe then marks the Pod so),
         after pointing its request proxy (E7) at `target`, the serving model server. Re-sent whenever the
         requester's readiness differs from `ready` (after RELAY_RECHECK_S, or at once when its container
@@ -114,10 +151,11 @@ class Pass:
             self.memory.proxied[uid] = (incarnation, target)
         if pods.container_ready(requester) == ready:
             self.memory.relayed[uid] = (ready, incarnation, time.monotonic())
-            return None
+            return DONE
+        why = f"requester {pods.name(requester)} does not show it is {'' if ready else 'not '}ready yet"
         last = self.memory.relayed.get(uid)
         if last is not None and last[:2] == (ready, incarnation) and time.monotonic() - last[2] < RELAY_RECHECK_S:
-            return RELAY_RECHECK_S - (time.monotonic() - last[2])
+            return Wait(RELAY_RECHECK_S - (time.monotonic() - last[2]), why)
         await self.clients.requesters.relay_readiness(requester, ready, self.s.isc_name)
         self.memory.relayed[uid] = (ready, incarnation, time.monotonic())
         log.info("Successfully relayed the readiness requesterName=%s ready=%s", pods.name(requester), ready)
@@ -129,7 +167,7 @@ class Pass:
                 self.world.metrics.actuation_seconds.labels(
                     self.world.namespace, path, victims, self.s.isc_name
                 ).observe(max(0.0, elapsed))
-        return RELAY_RECHECK_S
+        return Wait(RELAY_RECHECK_S, why)
 
     def set_duality(self, provider: pods.Pod, value: float) -> None:
         """fma_duality for each GPU of the provider's binding (1 bound, 0 after)."""

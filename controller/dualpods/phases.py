@@ -1,17 +1,27 @@
-"""The inference server's phases, and the classifier that names the phase of a snapshot.
+"""The inference server's phases: one table, one row per phase, the only place a phase is defined.
 
-`classify` is pure: it reads only the snapshot and returns the first phase of `RULES` whose condition
-holds, so every snapshot has exactly one phase and the order of the rules is written down in one place.
-Each rule also names the phases that its step's change can lead to; docs/architecture.md draws the
-machine from this table (`mermaid()`), and a test fails when the drawing is stale.
+Each row holds the phase's rule (its condition, in words for the drawing and as code), its one step, whether
+its bound instance serves, and the phases its step's change can lead to. `classify` is pure: it reads only
+the snapshot and returns the first row whose condition holds. The rows are tried in order, and the order is
+part of the rule: a row's condition is read as "this holds, and no earlier row's does" (the drawing numbers
+the rows so). Conditions still say what they mean on their own where that is cheap (UNBOUND is "launcher
+mode, unbound", SERVING "the instance is awake and ready"), so no snapshot falls through to a catch-all.
+
+Adding a phase is one row here, one step function, and one row in tests/test_dualpods_phases.py's table.
+docs/architecture.md draws the machine from this table (`mermaid()`), and a test fails when the drawing is
+stale; the transition recorder (tests/phase_transitions.py) fails the unit tests when a pass leads from one
+phase to another that its row does not declare.
 """
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
 from api import keys
 from controller import pods
+from controller.dualpods import binding, direct, release, requester_steps, serving
+from controller.dualpods.outcomes import Budget, StepResult
+from controller.dualpods.passes import Pass
 from controller.dualpods.routing import outdated_routing
 from controller.dualpods.snapshot import Mode, Snapshot
 
@@ -46,12 +56,27 @@ class Phase(StrEnum):
     SERVING = "serving"  # the instance serves: endpoint metadata, LoRA adapters, readiness
 
 
+# A launcher Pod starts in seconds (its image is local, its process imports no model): one that is not
+# reachable for a minute does not answer.
+LAUNCHER_START_BUDGET = Budget(seconds=60.0)
+DEFAULT_BUDGET = Budget()
+
+Step = Callable[[Pass], Awaitable[StepResult]]
+
+
 @dataclass(frozen=True)
-class Rule:
+class Row:
+    """One phase: when it holds, what its step does, and where that can lead."""
+
     phase: Phase
     when: str  # the condition, in words (for the drawing)
     holds: Callable[[Snapshot], bool]
-    leads_to: tuple[Phase, ...]  # what the step's change can bring about
+    step: Step
+    leads_to: tuple[Phase, ...]  # the phases the step's change can bring about
+    # Whether a bound instance serves in this phase: False, it does not (yet), so the requester is told it is
+    # not Ready after the step; True, the step relays readiness itself; None, no bound instance to speak of.
+    serves: bool | None = None
+    budget: Budget = DEFAULT_BUDGET  # how long a wait or a transient failure stands before the user is told
 
 
 def _releasing(s: Snapshot) -> bool:
@@ -97,70 +122,92 @@ def _lost(s: Snapshot) -> bool:
     return s.served and (vanished or s.stopped)
 
 
-RULES: tuple[Rule, ...] = (
-    Rule(Phase.GONE, "no requester, no provider", lambda s: s.requester is None and s.provider is None, ()),
-    Rule(Phase.CONFLICTED, "several providers are bound", lambda s: bool(s.others), ()),
-    Rule(Phase.DISCARDING, "releasing a provider that is lost (node gone, Pod failed, container failing)",
-         lambda s: _releasing(s) and s.provider_lost and not _provider_deleting(s), (Phase.PROVIDER_DELETED,)),
-    Rule(Phase.UNHOLDING, "requester finalizer without a running provider", lambda s: not s.stale and _holding(s),
-         (Phase.PROVIDER_DELETED, Phase.RELEASING, Phase.SETTLING, Phase.LOST)),
-    Rule(Phase.PROVIDER_DELETED, "the provider is being deleted", _provider_deleting, (Phase.DEPARTING, Phase.GONE)),
-    Rule(Phase.UNROUTING, "releasing a launcher that carries routing labels",
-         lambda s: _releasing_launcher(s) and s.routing_on, (Phase.RELEASING, Phase.RELEASE_WAITING)),
-    Rule(Phase.RELEASE_WAITING, "releasing a launcher whose instances are not known, within patience",
-         lambda s: _releasing_launcher(s) and _waiting_to_release(s), (Phase.RELEASING,)),
-    Rule(Phase.RELEASING, "releasing a provider", _releasing, (Phase.GONE, Phase.DEPARTING, Phase.UNBOUND)),
-    Rule(Phase.DEPARTING, "the requester is being deleted, nothing bound", lambda s: s.requester_deleting,
-         (Phase.GONE,)),
-    Rule(Phase.UNSCHEDULED, "no Node, or its Node is being deleted", _node_gone, (Phase.STARTING,)),
-    Rule(Phase.STARTING, "no Pod IP yet", lambda s: s.requester is not None and pods.pod_ip(s.requester) is None,
-         (Phase.NEEDS_GPUS,)),
-    Rule(Phase.INVALID, "both a server patch and an ISC", lambda s: s.mode is Mode.BOTH, ()),
-    Rule(Phase.NEEDS_GPUS, "its GPUs are not recorded", lambda s: s.gpus is None,
-         (Phase.UNBOUND, Phase.ACQUIRING, Phase.SETTLING)),
-    Rule(Phase.CORDONED, "unbound on a cordoned Node", _cordoned, (Phase.DEPARTING,)),
-    Rule(Phase.ACQUIRING, "direct mode, unbound", lambda s: s.provider is None and s.mode is Mode.DIRECT,
-         (Phase.SETTLING,)),
-    Rule(Phase.UNBOUND, "launcher mode, unbound", lambda s: s.provider is None, (Phase.SETTLING,)),
-    Rule(Phase.WAKE_FAILED, "its instance failed its post-wake check (and was killed)",
-         lambda s: not s.direct_provider and s.wake_check_failed, (Phase.CREATING,)),
-    Rule(Phase.LOST, "the instance that served it vanished or stopped",
-         lambda s: not s.direct_provider and _lost(s), (Phase.DEPARTING,)),
-    Rule(Phase.SETTLING, "its metadata is not in line with the binding", lambda s: s.unsettled,
-         (Phase.DIRECT_SERVING, Phase.LAUNCHER_STARTING, Phase.CREATING, Phase.ASLEEP, Phase.SERVING)),
-    Rule(Phase.DIRECT_SERVING, "bound to a direct provider", lambda s: s.direct_provider, (Phase.RELEASING,)),
-    Rule(Phase.LAUNCHER_STARTING, "the launcher is not reachable", lambda s: not s.reachable,
-         (Phase.SETTLING, Phase.CREATING, Phase.LOADING, Phase.ASLEEP, Phase.SERVING, Phase.LOST)),
-    Rule(Phase.RECREATING, "the instance stopped before it served", lambda s: s.stopped, (Phase.CREATING,)),
-    Rule(Phase.CREATING, "the instance is absent", lambda s: s.instance is None, (Phase.LOADING,)),
-    Rule(Phase.LOADING, "the instance is not ready", lambda s: s.instance is not None and not s.instance.ready,
-         (Phase.SETTLING, Phase.ASLEEP, Phase.SERVING, Phase.RECREATING)),
-    Rule(Phase.ASLEEP, "the instance sleeps", lambda s: s.instance is not None and s.instance.sleeping,
-         (Phase.SERVING,)),
-    Rule(Phase.MISROUTED, "its routing metadata no longer fits the launcher",
-         lambda s: s.provider is not None and bool(outdated_routing(s.provider)), (Phase.DEPARTING,)),
-    Rule(Phase.SERVING, "the instance is awake and ready", lambda s: True, (Phase.LOST, Phase.RELEASING)),
+def _awake_and_ready(s: Snapshot) -> bool:
+    return s.instance is not None and s.instance.ready and not s.instance.sleeping
+
+
+ROWS: tuple[Row, ...] = (
+    Row(Phase.GONE, "no requester, no provider", lambda s: s.requester is None and s.provider is None,
+        requester_steps.forget, ()),
+    Row(Phase.CONFLICTED, "several providers are bound", lambda s: bool(s.others), requester_steps.conflicted, ()),
+    Row(Phase.DISCARDING, "releasing a provider that is lost (node gone, Pod failed, container failing)",
+        lambda s: _releasing(s) and s.provider_lost and not _provider_deleting(s), release.discard,
+        (Phase.PROVIDER_DELETED,)),
+    Row(Phase.UNHOLDING, "requester finalizer without a running provider", lambda s: not s.stale and _holding(s),
+        requester_steps.unhold, (Phase.PROVIDER_DELETED, Phase.RELEASING, Phase.SETTLING, Phase.LOST)),
+    Row(Phase.PROVIDER_DELETED, "the provider is being deleted", _provider_deleting, release.relay_deletion,
+        (Phase.DEPARTING, Phase.GONE)),
+    Row(Phase.UNROUTING, "releasing a launcher that carries routing labels",
+        lambda s: _releasing_launcher(s) and s.routing_on, release.unroute,
+        (Phase.RELEASING, Phase.RELEASE_WAITING)),
+    Row(Phase.RELEASE_WAITING, "releasing a launcher whose instances are not known, within patience",
+        lambda s: _releasing_launcher(s) and _waiting_to_release(s), release.wait_for_launcher, (Phase.RELEASING,)),
+    Row(Phase.RELEASING, "releasing a provider", _releasing, release.release,
+        (Phase.GONE, Phase.DEPARTING, Phase.UNBOUND)),
+    Row(Phase.DEPARTING, "the requester is being deleted, nothing bound",
+        lambda s: s.requester_deleting and s.provider is None, requester_steps.nothing, (Phase.GONE,)),
+    Row(Phase.UNSCHEDULED, "no Node, or its Node is being deleted", _node_gone, requester_steps.nothing,
+        (Phase.STARTING,)),
+    Row(Phase.STARTING, "no Pod IP yet", lambda s: s.requester is not None and pods.pod_ip(s.requester) is None,
+        requester_steps.nothing, (Phase.NEEDS_GPUS,)),
+    Row(Phase.INVALID, "both a server patch and an ISC", lambda s: s.mode is Mode.BOTH, requester_steps.invalid, ()),
+    Row(Phase.NEEDS_GPUS, "its GPUs are not recorded", lambda s: s.gpus is None, requester_steps.record_gpus,
+        (Phase.UNBOUND, Phase.ACQUIRING, Phase.SETTLING)),
+    Row(Phase.CORDONED, "unbound on a cordoned Node", _cordoned, requester_steps.cordoned, (Phase.DEPARTING,)),
+    Row(Phase.ACQUIRING, "direct mode, unbound", lambda s: s.provider is None and s.mode is Mode.DIRECT,
+        direct.acquire, (Phase.SETTLING,)),
+    Row(Phase.UNBOUND, "launcher mode, unbound", lambda s: s.provider is None and s.mode is Mode.LAUNCHER,
+        binding.bind, (Phase.SETTLING,)),
+    Row(Phase.WAKE_FAILED, "its instance failed its post-wake check (and was killed)",
+        lambda s: not s.direct_provider and s.wake_check_failed, serving.replace_failed_wake, (Phase.CREATING,),
+        serves=False),
+    Row(Phase.LOST, "the instance that served it vanished or stopped",
+        lambda s: not s.direct_provider and _lost(s), requester_steps.lost, (Phase.DEPARTING,)),
+    Row(Phase.SETTLING, "its metadata is not in line with the binding", lambda s: s.unsettled, requester_steps.settle,
+        (Phase.DIRECT_SERVING, Phase.LAUNCHER_STARTING, Phase.RECREATING, Phase.CREATING, Phase.LOADING, Phase.ASLEEP,
+         Phase.SERVING)),
+    Row(Phase.DIRECT_SERVING, "bound to a direct provider", lambda s: s.direct_provider, direct.actuate,
+        (Phase.RELEASING,), serves=True),
+    Row(Phase.LAUNCHER_STARTING, "the launcher is not reachable", lambda s: not s.reachable, serving.await_launcher,
+        (Phase.SETTLING, Phase.CREATING, Phase.LOADING, Phase.ASLEEP, Phase.SERVING, Phase.LOST), serves=False,
+        budget=LAUNCHER_START_BUDGET),
+    Row(Phase.RECREATING, "the instance stopped before it served", lambda s: s.stopped and not s.served,
+        serving.recreate, (Phase.CREATING,), serves=False),
+    Row(Phase.CREATING, "the instance is absent", lambda s: s.reachable and s.instance is None, serving.create,
+        (Phase.SETTLING, Phase.LOADING), serves=False),
+    Row(Phase.LOADING, "the instance is not ready", lambda s: s.instance is not None and not s.instance.ready,
+        requester_steps.nothing, (Phase.SETTLING, Phase.ASLEEP, Phase.SERVING, Phase.RECREATING), serves=False),
+    Row(Phase.ASLEEP, "the instance sleeps", lambda s: s.instance is not None and s.instance.sleeping, serving.wake,
+        (Phase.WAKE_FAILED, Phase.SERVING), serves=False),
+    Row(Phase.MISROUTED, "its routing metadata no longer fits the launcher",
+        lambda s: s.provider is not None and bool(outdated_routing(s.provider)), serving.misrouted,
+        (Phase.DEPARTING,)),
+    Row(Phase.SERVING, "the instance is awake and ready", _awake_and_ready, serving.serve,
+        (Phase.LOST, Phase.RELEASING), serves=True),
 )  # fmt: skip
 
-# Phases in which a bound requester must not be Ready: its instance does not serve (yet).
-NOT_SERVING = frozenset(
-    {Phase.LAUNCHER_STARTING, Phase.WAKE_FAILED, Phase.RECREATING, Phase.CREATING, Phase.LOADING, Phase.ASLEEP}
-)
+ROW = {row.phase: row for row in ROWS}
 
 
 def classify(snapshot: Snapshot) -> Phase:
-    """The phase of the inference server: the first rule whose condition holds."""
-    return next(rule.phase for rule in RULES if rule.holds(snapshot))
+    """The phase of the inference server: the first row whose condition holds."""
+    return next(row.phase for row in ROWS if row.holds(snapshot))
+
+
+def edges() -> set[tuple[Phase, Phase]]:
+    """Every phase change the table declares (a step's change leading to another phase)."""
+    return {(row.phase, target) for row in ROWS for target in row.leads_to}
 
 
 def mermaid() -> str:
-    """The state machine as a Mermaid diagram, from RULES."""
+    """The state machine as a Mermaid diagram, from ROWS: each phase with its row number (the rows are
+    tried in that order) and its condition."""
     lines = ["stateDiagram-v2"]
-    for rule in RULES:
-        lines.append(f"    {_node(rule.phase)}: {rule.phase.value} — {rule.when}")
-    for rule in RULES:
-        for target in rule.leads_to:
-            lines.append(f"    {_node(rule.phase)} --> {_node(target)}")
+    for number, row in enumerate(ROWS, start=1):
+        lines.append(f"    {_node(row.phase)}: {number}. {row.phase.value} — {row.when}")
+    for row in ROWS:
+        for target in row.leads_to:
+            lines.append(f"    {_node(row.phase)} --> {_node(target)}")
     lines.append(f"    [*] --> {_node(Phase.STARTING)}")
     lines.append(f"    {_node(Phase.GONE)} --> [*]")
     return "\n".join(lines)

@@ -10,15 +10,13 @@ awake. Only a provider that is really lost (its node gone, its Pod failed, its c
 deleted (DISCARDING): never for a NotReady spell or a past restart, which would throw warm sleepers away.
 """
 
-import logging
-
 from api import keys
 from api.launcher import InstanceState, InstanceStatus
 from controller import pods
-from controller.dualpods import instance_sleep
+from controller.dualpods import direct, instance_sleep
 from controller.dualpods.budget import host_victims
-from controller.dualpods.direct import DirectProviders
 from controller.dualpods.identity import VLLM, instance_id
+from controller.dualpods.outcomes import DONE, Problem, StepResult, Wait
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, committed_routing
 from controller.dualpods.sleepers import note_budget, sleepers
@@ -26,7 +24,7 @@ from controller.dualpods.snapshot import UNBIND_PATIENCE_S
 from controller.dualpods.writer import set_annotation, set_finalizer, set_label
 from controller.http import HttpError
 
-log = logging.getLogger(__name__)
+RELEASE_POLL_S = 1.0  # how often a release looks again for a launcher whose instances are not known
 
 INSTANCE_ANNOTATIONS = (
     keys.INSTANCE_ID_ANNOTATION,
@@ -41,37 +39,44 @@ def _waiting_requester(p: Pass) -> pods.Pod | None:
     return None if p.s.stale else p.s.requester
 
 
-async def relay_deletion(p: Pass) -> float | None:
+async def relay_deletion(p: Pass) -> StepResult:
     """The provider is being deleted: its requester goes too, then the provider's finalizer is dropped."""
     requester = _waiting_requester(p)
     if requester is not None and not pods.is_deleting(requester):
         await p.delete(requester, f"its provider {pods.name(p.provider)} is being deleted")
     await p.update(p.provider, lambda pod: set_finalizer(pod, keys.PROVIDER_FINALIZER, False), "deletion relayed")
-    return None
+    return DONE
 
 
-async def discard(p: Pass) -> float | None:
+async def discard(p: Pass) -> StepResult:
     await p.delete(p.provider, "unbinding a provider that is lost (its node gone, or its Pod or container failing)")
-    return None
+    return DONE
 
 
-async def unroute(p: Pass) -> float | None:
+async def unroute(p: Pass) -> StepResult:
     routing = committed_routing(p.provider)
     await p.update(p.provider, lambda pod: _remove_routing_labels(pod, routing), "unbind: routing")
-    return None
+    return DONE
 
 
-async def wait_for_launcher(p: Pass) -> float | None:
-    raise RuntimeError(f"launcher {pods.name(p.provider)}'s instances are not known yet; cannot unbind")
+async def wait_for_launcher(p: Pass) -> StepResult:
+    """Not a failure: look again soon (its listing may come without an event this pass hears), and at the
+    latest when patience runs out (RELEASING then unbinds without it)."""
+    why = f"launcher {pods.name(p.provider)}'s instances are not known yet; cannot unbind"
+    deadline = p.s.release_deadline
+    return Wait(RELEASE_POLL_S if deadline is None else max(0.0, min(RELEASE_POLL_S, deadline - p.s.now)), why)
 
 
-async def release(p: Pass, direct: DirectProviders) -> float | None:
+async def release(p: Pass) -> StepResult:
     """Put the instance away, then unbind (the provider's write, then the requester's finalizer)."""
     provider, s = p.provider, p.s
     if s.direct_provider:
-        if await direct.put_to_sleep(p, provider):
+        slept = await direct.put_to_sleep(p, provider)
+        if isinstance(slept, Problem):
+            return slept
+        if slept:
             await _unbind(p)
-        return None
+        return DONE
     pod_ip = pods.pod_ip(provider)
     known = s.view is not None and s.view.synced
     if pod_ip is not None and pods.container_running(provider) and known and s.view is not None:
@@ -86,13 +91,12 @@ async def release(p: Pass, direct: DirectProviders) -> float | None:
     elif s.patience_over and pods.container_running(provider):
         await _abandon(p, "its launcher's instances could not be listed")
     await _unbind(p)
-    return None
+    return DONE
 
 
 async def _abandon(p: Pass, why: str) -> None:
     message = f"unbinding without putting instance {p.s.wanted} away: {why} within {UNBIND_PATIENCE_S:.0f} s"
-    log.warning("launcher %s: %s", pods.name(p.provider), message)
-    await p.event(p.provider, "Warning", "UnbindUnreachable", message)
+    await p.warn(p.provider, "UnbindUnreachable", message)
 
 
 async def _unbind(p: Pass) -> None:
@@ -101,7 +105,7 @@ async def _unbind(p: Pass) -> None:
     await p.update(p.provider, _unbind_metadata, "unbind")
     requester = _waiting_requester(p)
     if requester is not None:
-        await p.update(requester, lambda pod: set_finalizer(pod, keys.REQUESTER_FINALIZER, False), "unbound")
+        p.want("unbound", finalizer=False)  # written after the provider's write, at the end of the pass
 
 
 async def _put_away(p: Pass, pod_ip: str, state: InstanceState) -> None:
@@ -124,7 +128,7 @@ async def _put_away(p: Pass, pod_ip: str, state: InstanceState) -> None:
             await instance_sleep.sleep(p, p.provider, state, isc_name, pods.name(p.provider))
         except HttpError as err:
             # Hung (no answer in time), failing, or refusing: deleted, which kills it, rather than waited on.
-            log.warning("instance %s did not sleep (%s); deleting it", state.instance_id, err)
+            await p.warn(p.provider, "CannotSleep", f"instance {state.instance_id} did not sleep ({err}); deleting it")
             await launchers.delete_instance(pod_ip, state.instance_id, isc_name)
 
 

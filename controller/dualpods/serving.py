@@ -19,11 +19,12 @@ from api.launcher import ErrorReason, InstanceState, VllmConfig
 from controller import pods
 from controller.dualpods import instance_sleep
 from controller.dualpods.budget import gpu_victim, gpus_over_budget
+from controller.dualpods.outcomes import DONE, Problem, StepResult, Wait
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, committed_routing, outdated_routing
 from controller.dualpods.selection import Candidate, plan_for
 from controller.dualpods.sleepers import note_budget, sleepers
-from controller.dualpods.status import RequesterProblem, reported_errors, status_json
+from controller.dualpods.status import reported_errors
 from controller.dualpods.writer import set_annotation, set_label
 from controller.http import HttpError
 from controller.launcher_client import error_reason
@@ -42,7 +43,7 @@ def server_port(launcher: pods.Pod) -> int:
     return int(pods.annotations(launcher).get(keys.SERVER_PORT_ANNOTATION, "0"))
 
 
-async def replace_failed_wake(p: Pass) -> float | None:
+async def replace_failed_wake(p: Pass) -> StepResult:
     """Its launcher killed the instance for failing its post-wake check (a corrupt model). The requester is
     told it is not ready; one write makes it unserved (no instance label, so the fresh instance is not taken
     for a lost one) and shows the failure in its status; an Event and the metric record it once; then the
@@ -58,26 +59,29 @@ async def replace_failed_wake(p: Pass) -> float | None:
     )
     first = why not in reported_errors(requester)
     await p.relay(False)
-    await p.update(requester, lambda pod: _unserved(pod, why), "its instance failed its post-wake check")
+    p.want("its instance failed its post-wake check", unserved=True)
+    await p.write_requester([why])  # before the deletion, whose event must not find it served
     if first:
         p.world.metrics.wake_check_failures.labels(p.world.namespace, s.isc_name).inc()
-        await p.event(requester, "Warning", "WakeCheckFailed", why)
+        await p.warn(requester, "WakeCheckFailed", why)
     await p.clients.launchers.delete_instance(launcher_ip(p), s.wanted, s.isc_name, pods.name(requester))
-    raise RequesterProblem(why, retry=False)  # what the status shows until the next pass
+    return Problem.of(why, retry=False)  # what the status shows until the next pass
 
 
-def _unserved(requester: pods.Pod, why: str) -> None:
-    set_label(requester, keys.INSTANCE_LABEL, None)
-    set_annotation(requester, keys.STATUS_ANNOTATION, status_json([why]))
+async def await_launcher(p: Pass) -> StepResult:
+    """The bound launcher is not reachable: its readiness, or its view's listing, brings the next pass; one
+    that never comes is the requester's status error once the phase's budget runs out."""
+    name = pods.name(p.provider)
+    return Wait(None, f"launcher {name} does not answer (it is not Ready, or its instances cannot be listed)")
 
 
-async def recreate(p: Pass) -> float | None:
+async def recreate(p: Pass) -> StepResult:
     """It stopped before it ever served this requester (e.g. on a spare launcher): nothing was lost."""
     await p.clients.launchers.delete_instance(launcher_ip(p), p.s.wanted, p.s.isc_name, pods.name(p.requester))
-    return None
+    return DONE
 
 
-async def create(p: Pass) -> float | None:
+async def create(p: Pass) -> StepResult:
     """Make room, then create the instance from the config committed at the bind (two or more launcher
     calls: the deletions of the reclaim, then the creation)."""
     s, launcher = p.s, p.provider
@@ -88,11 +92,11 @@ async def create(p: Pass) -> float | None:
         await p.clients.launchers.create_instance(launcher_ip(p), s.wanted, config, s.isc_name, pods.name(p.requester))
     except HttpError as err:
         if error_reason(err) is ErrorReason.ALREADY_EXISTS:
-            return None  # created by an earlier pass; its events have not arrived yet
+            return DONE  # created by an earlier pass; its events have not arrived yet
         if err.reply is not None and err.reply.status < 500:
-            raise RequesterProblem(f"launcher {pods.name(launcher)} refused the instance: {err}") from None
+            return Problem.of(f"launcher {pods.name(launcher)} refused the instance: {err}")
         raise
-    return None
+    return DONE
 
 
 async def _make_room(p: Pass) -> None:
@@ -112,7 +116,7 @@ async def _make_room(p: Pass) -> None:
         p.memory.victims[uid] = p.memory.victims.get(uid, 0) + len(plan.victims)
 
 
-async def wake(p: Pass) -> float | None:
+async def wake(p: Pass) -> StepResult:
     """Wake the instance; or, when its GPUs hold more than the sleeper budget, delete the least recently
     used sleeper there first (its DELETED event brings the wake), or refuse with a reason."""
     s, launcher, requester = p.s, p.provider, p.requester
@@ -125,32 +129,33 @@ async def wake(p: Pass) -> float | None:
             victim = gpu_victim(sleepers(listing.instances, exclude=s.wanted), over)
             if victim is None:
                 used = ", ".join(f"{gpu}: {mib} MiB" for gpu, mib in over.items())
-                raise RequesterProblem(
+                return Problem.of(
                     f"not waking instance {s.wanted}: its GPUs already hold more than the sleeper budget "
                     f"{budget.gpu_memory_bytes} bytes ({used}) and no sleeping instance of this launcher can go"
                 )
             await note_budget(p, launcher, f"deleting sleeping instance {victim} to free GPU memory for {s.wanted}")
             await p.clients.launchers.delete_instance(launcher_ip(p), victim, s.isc_name, pods.name(requester))
-            return None
+            return DONE
     assert s.instance is not None
     try:
         await instance_sleep.wake(p, launcher, s.instance, s.isc_name, pods.name(requester))
     except HttpError as err:
         if error_reason(err) is not ErrorReason.WAKE_CHECK_FAILED:
             raise
-        log.warning("instance %s on launcher %s failed its post-wake check", s.wanted, pods.name(launcher))
-    return None  # its AWAKE event, the view's record of the wake or, failing its check, STOPPED brings us back
+        # Not a warning here: the next pass (WAKE_FAILED) reports it, with its Event.
+        log.info("instance %s on launcher %s failed its post-wake check", s.wanted, pods.name(launcher))
+    return DONE  # its AWAKE event, the view's record of the wake or, failing its check, STOPPED brings us back
 
 
-async def misrouted(p: Pass) -> float | None:
+async def misrouted(p: Pass) -> StepResult:
     """The routing metadata committed at the bind no longer fits the launcher: a fresh requester rebinds."""
     message = "; ".join(outdated_routing(p.provider))
-    await p.event(p.requester, "Warning", "OutdatedRoutingMetadata", message)
+    await p.warn(p.requester, "OutdatedRoutingMetadata", message)
     await p.delete(p.requester, f"outdated routing metadata: {message}")
-    return None
+    return DONE
 
 
-async def serve(p: Pass) -> float | None:
+async def serve(p: Pass) -> StepResult:
     """The instance serves: make the launcher an endpoint (one write), keep its LoRA adapters in step,
     and relay readiness (two requester calls). Each part is idempotent, so a pass that fails part-way
     is simply run again."""
@@ -179,7 +184,7 @@ async def _sync_lora(p: Pass, port: int, state: InstanceState) -> None:
         for adapter in sorted(wanted.keys() - loaded):
             await servers.load_lora(ip, port, adapter, wanted[adapter], name)
     except HttpError as err:
-        await p.event(p.requester, "Warning", "LoraAdapter", str(err))
+        await p.warn(p.requester, "LoraAdapter", str(err))
 
 
 def _serving_metadata(launcher: pods.Pod, routing: RoutingMetadata) -> None:

@@ -1,14 +1,10 @@
 """The sleeping instances of a launcher as the memory budgets (E3, budget.py) count them, and the Event
 that says which one a budget made go."""
 
-import logging
-
 from api.launcher import InstanceState, InstanceStatus
 from controller import pods
 from controller.dualpods.budget import Sleeper
 from controller.dualpods.passes import Pass
-
-log = logging.getLogger(__name__)
 
 
 def sleepers(states: list[InstanceState], exclude: str) -> list[Sleeper]:
@@ -20,5 +16,4 @@ def sleepers(states: list[InstanceState], exclude: str) -> list[Sleeper]:
 
 
 async def note_budget(p: Pass, launcher: pods.Pod, message: str) -> None:
-    log.info("launcher %s: %s", pods.name(launcher), message)
     await p.event(launcher, "Normal", "SleeperBudget", message)

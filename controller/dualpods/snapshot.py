@@ -44,12 +44,35 @@ class Mode(StrEnum):
     BOTH = "both"
 
 
+class Absence(StrEnum):
+    """Why a referenced object has no parsed value."""
+
+    MISSING = "missing"  # no object of that name
+    INVALID = "invalid"  # it exists, but does not parse
+
+
+@dataclass(frozen=True)
+class Unparsed:
+    """A referenced object that is missing or invalid, and the message a user reads about it."""
+
+    absence: Absence
+    message: str
+
+    def __str__(self) -> str:
+        return self.message
+
+
 @dataclass(frozen=True)
 class Parsed(Generic[T]):
-    """A referenced object, parsed; `problem` says why there is none (missing or invalid)."""
+    """A referenced object, parsed; `problem` says why there is none (missing or invalid). Neither: nothing
+    was referenced."""
 
     value: T | None = None
-    problem: str | None = None
+    problem: Unparsed | None = None
+
+    @property
+    def missing(self) -> bool:
+        return self.problem is not None and self.problem.absence is Absence.MISSING
 
 
 @dataclass(frozen=True)
@@ -64,11 +87,11 @@ class Caches:
 def parse(kind: type[C], cache: Informer, namespace: str, name: str) -> Parsed[C]:
     obj = cache.get(f"{namespace}/{name}")
     if obj is None:
-        return Parsed(problem=f"{kind.RESOURCE.kind} {name} does not exist")
+        return Parsed(problem=Unparsed(Absence.MISSING, f"{kind.RESOURCE.kind} {name} does not exist"))
     try:
         return Parsed(kind.from_k8s(obj))
     except ValidationError as err:
-        return Parsed(problem=f"{kind.RESOURCE.kind} {name} is invalid: {err}")
+        return Parsed(problem=Unparsed(Absence.INVALID, f"{kind.RESOURCE.kind} {name} is invalid: {err}"))
 
 
 @dataclass(frozen=True)
@@ -194,19 +217,21 @@ class Snapshot:
         return settled(self.requester, self) != self.requester
 
 
-def settled(requester: pods.Pod, s: Snapshot, status: str | None = None) -> pods.Pod:
+def own_metadata(pod: pods.Pod) -> pods.Pod:
+    """A copy of `pod` whose metadata may be changed (the rest is shared: only metadata changes)."""
+    return {**pod, "metadata": copy.deepcopy(pod["metadata"])}
+
+
+def settled(requester: pods.Pod, s: Snapshot) -> pods.Pod:
     """A copy of `requester` with the metadata its binding gives it: its finalizer while the provider's
-    container runs, the dual label, the instance label once the instance runs, the GPUs, and `status`
-    (the pass's status annotation) when given."""
+    container runs, the dual label, the instance label once the instance runs, the GPUs."""
     assert s.provider is not None
-    pod = {**requester, "metadata": copy.deepcopy(requester["metadata"])}  # only metadata changes
+    pod = own_metadata(requester)
     set_finalizer(pod, keys.REQUESTER_FINALIZER, pods.container_running(s.provider))
     set_label(pod, keys.DUAL_LABEL, pods.name(s.provider))
     if not s.direct_provider and s.instance is not None and s.instance.status is InstanceStatus.RUNNING:
         set_label(pod, keys.INSTANCE_LABEL, s.wanted)
     set_annotation(pod, keys.ACCELERATORS_ANNOTATION, ",".join(s.gpus or []))
-    if status is not None:
-        set_annotation(pod, keys.STATUS_ANNOTATION, status)
     return pod
 
 

@@ -1,5 +1,6 @@
 """What a user reads in a requester's `dual-pods.llm-d.ai/status` annotation (FMA's `{"Errors": [...]}`),
-computed from each pass's outcome.
+computed from each pass's outcome, and the whole requester a pass wants (`desired_requester`): its status with
+the metadata its steps asked for, written in one write.
 
 A pass ends in an Outcome: the errors it met (None when it failed in a way that says nothing about the
 requester, e.g. a launcher that did not answer), when to look again, and what it changed. The status is
@@ -10,14 +11,18 @@ that restarts while a problem stands writes nothing and records no second Event.
 
 import json
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from api import keys
 from controller import pods
+from controller.dualpods.snapshot import Snapshot, own_metadata, settled
+from controller.dualpods.writer import set_annotation, set_finalizer, set_label
 
 
 class RequesterProblem(Exception):
-    """Something the user should see in the requester's status. The work item retries with back-off, unless
-    `retry` is False: then only a change to some object can settle it, and that change's event brings the next pass."""
+    """A pass that ended in a Problem (outcomes.py) the user sees in the requester's status, raised by the pass
+    for the work queue's back-off (only when `retry`: else only a change to some object can settle it, and that
+    change's event brings the next pass)."""
 
     def __init__(self, *errors: str, retry: bool = True) -> None:
         super().__init__("; ".join(errors))
@@ -38,6 +43,15 @@ def reported_errors(requester: pods.Pod) -> list[str]:
     return [str(e) for e in found] if isinstance(found, list) else []
 
 
+class Result(StrEnum):
+    """How a pass's step ended (the `result` label of dualpods_passes_total)."""
+
+    DONE = "done"
+    WAIT = "wait"
+    PROBLEM = "problem"  # the user is told (status, Event)
+    ERROR = "error"  # unexpected, or transient (a call that failed): retried with back-off
+
+
 @dataclass
 class Outcome:
     """How a pass ended."""
@@ -46,9 +60,41 @@ class Outcome:
     again_after: float | None = None  # seconds until the next look, if no event is awaited
     failure: BaseException | None = None  # re-raised after the status is written, for the queue's back-off
     changed: list[str] = field(default_factory=list)  # what the pass wrote, in words
+    result: Result = Result.DONE
+    why: str = ""  # what a wait awaits
 
 
 def new_errors(requester: pods.Pod, errors: list[str]) -> list[str]:
     """The errors of `errors` that the requester does not show yet (each deserves one Event)."""
     shown = reported_errors(requester)
     return [e for e in errors if e not in shown]
+
+
+@dataclass
+class RequesterWants:
+    """What a pass's steps want changed on the requester's metadata; `desired_requester` adds the status."""
+
+    settled: bool = False  # in line with its binding (snapshot.settled)
+    finalizer: bool | None = None  # the requester finalizer set or dropped (None: as it is)
+    gpus: list[str] | None = None  # recorded in its accelerators annotation
+    unserved: bool = False  # no instance label: not served by the bound instance (any more)
+    why: list[str] = field(default_factory=list)  # in words, for the write's log line
+
+    def __bool__(self) -> bool:
+        return bool(self.why)
+
+
+def desired_requester(requester: pods.Pod, s: Snapshot, wants: RequesterWants, errors: list[str] | None) -> pods.Pod:
+    """The whole requester a pass wants: its metadata as the steps asked, and its status showing `errors`
+    (None: leave the status as it is). A status that already shows `errors` is left as it is, unless the
+    metadata is settled (a settled requester always carries a status)."""
+    pod = settled(requester, s) if wants.settled else own_metadata(requester)
+    if wants.finalizer is not None:
+        set_finalizer(pod, keys.REQUESTER_FINALIZER, wants.finalizer)
+    if wants.gpus is not None:
+        set_annotation(pod, keys.ACCELERATORS_ANNOTATION, ",".join(wants.gpus))
+    if wants.unserved:
+        set_label(pod, keys.INSTANCE_LABEL, None)
+    if errors is not None and (wants.settled or reported_errors(requester) != errors):
+        set_annotation(pod, keys.STATUS_ANNOTATION, status_json(errors))
+    return pod

@@ -1,0 +1,51 @@
+"""The transition recorder: while the unit tests drive passes (`Harness.drive`), every phase → phase change of
+a requester is checked against the phase table's declared edges (controller/dualpods/phases.py).
+
+Within one `drive` nothing but the passes changes the world, so each change of phase between two passes is
+one a step brought about: a change the table does not declare fails the test at once. At the end of the
+session tests/conftest.py lists the declared edges no test exercised, so the drawing's arrows are what
+passes really do, and a removed arrow that a test exercises fails `make test`.
+"""
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from controller.dualpods.phases import Phase, edges
+
+
+class UndeclaredTransition(AssertionError):
+    """A pass led from one phase to another that the phase table does not declare."""
+
+
+@dataclass
+class TransitionRecorder:
+    declared: set[tuple[Phase, Phase]]
+    seen: Counter[tuple[Phase, Phase]] = field(default_factory=Counter)
+    passes: int = 0  # passes recorded, so a session that drove none lists nothing
+    test: str = ""  # the running test (set by tests/conftest.py)
+    tests_by_phase: dict[Phase, set[str]] = field(default_factory=dict)  # the step tests of each phase, by runs
+
+    def ran(self, phase: Phase) -> None:
+        """A pass of the running test ran `phase`'s step."""
+        self.tests_by_phase.setdefault(phase, set()).add(self.test)
+
+    def record(self, requester: str, before: Phase | None, after: Phase) -> None:
+        """The phase `after` observed at a pass that follows one in phase `before` (None: the first)."""
+        self.passes += 1
+        self.ran(after)
+        if before is None or before is after:
+            return
+        if (before, after) not in self.declared:
+            raise UndeclaredTransition(
+                f"requester {requester}: {before.value} → {after.value} is not declared in the phase table "
+                f"(add {after.name} to the leads_to of {before.name}'s row, if the step really brings it about)"
+            )
+        self.seen[(before, after)] += 1
+
+    def unseen(self) -> list[tuple[Phase, Phase]]:
+        """The declared edges no recorded pass exercised, in the table's order."""
+        order = {phase: i for i, phase in enumerate(Phase)}
+        return sorted(self.declared - set(self.seen), key=lambda e: (order[e[0]], order[e[1]]))
+
+
+RECORDER = TransitionRecorder(edges())
