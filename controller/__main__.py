@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from api import log_format, version
 from api.token_file import TokenFile
 from controller.dualpods.drains import DEFAULT_TIMEOUT_S
+from controller.dualpods.phases import LAUNCHER_START_BUDGET
 from controller.kube import DEFAULT_BURST, DEFAULT_QPS, ApiLimits, api_client
 from controller.launcher_token import ensure_launcher_token
 from controller.leader import LeaderElection, LostLeadership
@@ -72,6 +73,7 @@ def build_dual_pods(
         sleeper_limit=args.sleeper_limit,
         requester_tokens=requester_tokens(api, args),
         drain_rewarm_timeout_s=args.drain_rewarm_timeout,
+        launcher_start_budget_s=args.launcher_start_budget,
     )
     return functools.partial(run_dual_pods, api, args.namespace, options, registry)
 
@@ -157,6 +159,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     dual_pods.add_argument(
         "--sleeper-limit", type=int, default=1, help="direct providers that may sleep on one GPU (FMA's default: 1)"
+    )
+    dual_pods.add_argument(
+        "--launcher-start-budget",
+        type=float,
+        default=LAUNCHER_START_BUDGET.seconds,
+        help="seconds a requester's bound launcher may not answer (its image pulled, vLLM imported) before the "
+        "requester's status and an Event say so (default %(default)g)",
     )
     dual_pods.add_argument(
         "--drain-rewarm-timeout",

@@ -28,7 +28,9 @@ from controller.dualpods.launcher_summaries import LauncherSummaries
 from controller.dualpods.memory import Memory
 from controller.dualpods.metrics import DualPodsMetrics
 from controller.dualpods.nominal import gpu_keys
+from controller.dualpods.outcomes import Budget
 from controller.dualpods.passes import Options, World
+from controller.dualpods.phases import LAUNCHER_START_BUDGET, Phase
 from controller.dualpods.provider_client import ProviderClient
 from controller.dualpods.reconcile import LAUNCHERS, Reconciler
 from controller.dualpods.requester_client import RequesterClient
@@ -79,6 +81,7 @@ class DualPodsOptions:
     sleeper_limit: int = 1  # direct providers that may sleep on one GPU (FMA's binary default)
     requester_tokens: RequesterTokens | None = None  # E15: the credential of calls that change requesters
     drain_rewarm_timeout_s: float = DEFAULT_TIMEOUT_S  # how long a drain waits for a launcher's sleepers to be copied
+    launcher_start_budget_s: float = LAUNCHER_START_BUDGET.seconds  # a bound launcher not answering is then an error
 
 
 def kube_caches(api: client.ApiClient, namespace: str) -> Caches:
@@ -125,7 +128,8 @@ class DualPodsController:
         index(GPU, gpu_keys)
         index(DIRECT_REQUESTERS, _direct_requester)
         caches.iscs.add_index(ISCS_BY_LAUNCHER_CONFIG, lambda isc: [_launcher_config_name(isc)])
-        options_ = Options(launcher_token_secret=options.launcher_token_secret, sleeper_limit=options.sleeper_limit)
+        start = Budget(seconds=options.launcher_start_budget_s)
+        options_ = Options(options.launcher_token_secret, options.sleeper_limit, {Phase.LAUNCHER_STARTING.value: start})
         self.reconciler = Reconciler(World(namespace, caches, views, clients, Memory(), metrics, options_))
         self.summaries = LauncherSummaries(namespace, caches.pods, views, clients.pods)
         self.drains = DrainRewarmer(namespace, caches, views, clients, options.drain_rewarm_timeout_s)

@@ -14,7 +14,7 @@ from controller import pods
 from controller.dualpods.collaborators import Clients
 from controller.dualpods.memory import Memory
 from controller.dualpods.metrics import DualPodsMetrics
-from controller.dualpods.outcomes import DONE, Done, Wait
+from controller.dualpods.outcomes import DONE, Budget, Done, Wait
 from controller.dualpods.snapshot import Caches, Snapshot
 from controller.dualpods.status import RequesterWants, desired_requester
 from controller.launcher_views import ViewSource
@@ -28,6 +28,7 @@ RELAY_RECHECK_S = 10.0  # how long a relayed readiness is given to show on the r
 class Options:
     launcher_token_secret: str | None = None
     sleeper_limit: int = 1  # direct providers that may sleep on one GPU (FMA's --sleeper-limit)
+    budgets: dict[str, Budget] = field(default_factory=dict)  # phase value -> its budget, where a flag sets it
 
 
 @dataclass(frozen=True)

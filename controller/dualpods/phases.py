@@ -56,9 +56,9 @@ class Phase(StrEnum):
     SERVING = "serving"  # the instance serves: endpoint metadata, LoRA adapters, readiness
 
 
-# A launcher Pod starts in seconds (its image is local, its process imports no model): one that is not
-# reachable for a minute does not answer.
-LAUNCHER_START_BUDGET = Budget(seconds=60.0)
+# A launcher answers once its image is pulled and it has imported vLLM: tens of seconds on a GPU node, a few
+# minutes on a loaded CPU machine. The controller's --launcher-start-budget (Options.budgets) sets it.
+LAUNCHER_START_BUDGET = Budget(seconds=300.0)
 DEFAULT_BUDGET = Budget()
 
 Step = Callable[[Pass], Awaitable[StepResult]]

@@ -129,13 +129,14 @@ class Reconciler:
         failed = outcome.result is Result.ERROR
         failures += failed
         self.memory.troubles[uid] = (phase, since, failures)
-        left = since + row.budget.seconds - now
-        if left > 0 or (failed and failures < row.budget.retries):
+        budget = self.world.options.budgets.get(phase, row.budget)
+        left = since + budget.seconds - now
+        if left > 0 or (failed and failures < budget.retries):
             if not failed:
                 outcome.again_after = min(outcome.again_after or left, max(left, 0.0))
             return outcome
         what = outcome.why if not failed else f"{phase}: {outcome.failure}"
-        outcome.errors = [f"{what} (for more than {row.budget.seconds:.0f} s)"]
+        outcome.errors = [f"{what} (for more than {budget.seconds:.0f} s)"]
         return outcome
 
     async def _report(self, p: Pass, outcome: Outcome) -> None:
