@@ -58,11 +58,13 @@ def filled_in(command: list[str], namespace: str) -> list[str]:
     """A documented command with this test's namespace, the new release's tag and this checkout's paths."""
     paths = {"config/crd/": str(CRD_DIR), "charts/dualpods": str(CHART)}
     words = [paths.get(word, word) for word in command]
-    words = [namespace if before == "-n" else word for before, word in zip(["", *words], words, strict=True)]
+    words = [namespace if before == "-n" else word for before, word in zip(["", *words[:-1]], words, strict=True)]
     return [word.replace("image.tag=NEW", f"image.tag={release()}") for word in words]
 
 
 def test_the_documented_commands_are_the_crds_then_the_chart() -> None:
+    upgrade = next(words for words in documented_commands() if words[:2] == ["helm", "upgrade"])
+    assert filled_in(upgrade, "team-a")[2:6] == ["dualpods", str(CHART), "-n", "team-a"]
     assert [words[:2] for words in documented_commands()] == [
         ["kubectl", "apply"],
         ["kubectl", "wait"],
