@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from e2e.cluster.ports import free_port
-from e2e.model_cache import ensure_built
+from scripts.build_cache import ensure_built
 from scripts.images import catalogue, wheelhouse
 from tests.imports import imported, module_file, modules_under
 
