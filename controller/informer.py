@@ -70,10 +70,17 @@ def object_key(obj: Obj) -> str:
 
 
 class Informer:
-    def __init__(self, name: str, list_watch: ListWatchFunction, label_selector: str | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        list_watch: ListWatchFunction,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> None:
         self.name = name
         self._list_watch = list_watch
-        self._selector = {"label_selector": label_selector} if label_selector else {}
+        selectors = {"label_selector": label_selector, "field_selector": field_selector}
+        self._selector = {kind: selector for kind, selector in selectors.items() if selector}
         self._store: dict[str, Obj] = {}
         self._indexers: dict[str, IndexFunc] = {}
         self._indexes: dict[str, defaultdict[str, set[str]]] = {}

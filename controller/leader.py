@@ -15,6 +15,8 @@ from datetime import UTC, datetime
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from api.tasks import first_to_finish
+
 log = logging.getLogger(__name__)
 
 
@@ -43,17 +45,9 @@ class LeaderElection:
         while not await self._try_acquire_or_renew():  # noqa: ASYNC110 - polling the Lease is the protocol
             await asyncio.sleep(self.retry_period)
         log.info("%s became the leader (lease %s/%s)", self.identity, self.namespace, self.name)
-        leading = asyncio.ensure_future(lead())
-        renewing = asyncio.ensure_future(self._renew_until_lost())
         try:
-            done, _ = await asyncio.wait({leading, renewing}, return_when=asyncio.FIRST_COMPLETED)
-            if renewing in done:
-                renewing.result()
-            leading.result()
+            await first_to_finish(lead(), self._renew_until_lost())
         finally:
-            for task in (leading, renewing):
-                task.cancel()
-            await asyncio.gather(leading, renewing, return_exceptions=True)
             await self._release()
 
     async def _renew_until_lost(self) -> None:

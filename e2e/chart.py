@@ -2,7 +2,6 @@
 platform engineer would install them; tests can restart or kill them like any Pod."""
 
 import asyncio
-import os
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,20 +11,13 @@ import aiohttp
 import psutil
 from kubernetes_asyncio import client
 
-from e2e.cluster.binaries import venv_tool
 from e2e.cluster.cluster import LoopbackCluster, pod_is_ready
-from e2e.launcher_process import REPO
 from e2e.waiting import wait_for
+from scripts.helm_chart import CHART, helm_env
+from scripts.venv_tools import venv_tool
 
-CHART = REPO / "charts" / "dualpods"
 DUAL_PODS = "dual-pods-controller"
 POPULATOR = "launcher-populator"
-
-
-def helm_env(home: Path) -> dict[str, str]:
-    """helm's state (config, cache, plugins) under `home`, so nothing of the user's is read or written."""
-    return {**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache"),
-            "XDG_CONFIG_HOME": str(home / "config"), "XDG_DATA_HOME": str(home / "data")}  # fmt: skip
 
 
 async def helm(cluster: LoopbackCluster, work_dir: Path, *args: str, kubeconfig: Path | None = None) -> str:

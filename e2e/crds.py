@@ -24,9 +24,9 @@ from api.crds import (
     InferenceServerConfig,
     LauncherConfig,
 )
-from e2e.cluster.binaries import venv_tool
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.waiting import wait_for
+from scripts.venv_tools import venv_tool
 
 
 async def kubectl(cluster: LoopbackCluster, *args: str, stdin: str = "", check: bool = True) -> str:

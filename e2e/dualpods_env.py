@@ -19,8 +19,8 @@ from controller import pods
 from e2e.chart import InstalledControllers
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import install_crds
-from e2e.model_cache import cache_root
 from e2e.waiting import wait_for
+from scripts.build_cache import cache_root
 from scripts.images import catalogue
 
 Obj = dict[str, Any]

@@ -16,8 +16,8 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e.cluster.binaries import venv_tool
 from e2e.kubelet.images import REPO_ROOT
+from scripts.venv_tools import venv_tool
 
 RATE = 100  # samples per second
 _FRAME = re.compile(r"^(?P<function>.*) \((?P<file>[^()]*)\)$")

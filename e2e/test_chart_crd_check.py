@@ -11,10 +11,11 @@ import yaml
 from kubernetes_asyncio import client
 
 from api.crdgen import DEFAULT_OUT_DIR as CRD_DIR
-from e2e.chart import CHART, helm
+from e2e.chart import helm
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import kubectl
 from e2e.waiting import wait_for
+from scripts.helm_chart import CHART
 
 # The CRD (its file and name) and the spec field only we have.
 OUR_FIELDS = (

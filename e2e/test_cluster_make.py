@@ -8,7 +8,8 @@ from pathlib import Path
 import psutil
 import yaml
 
-from e2e.cluster.binaries import REPO_ROOT, venv_tool
+from e2e.cluster.binaries import REPO_ROOT
+from scripts.venv_tools import venv_tool
 
 
 def make(*args: str) -> subprocess.CompletedProcess[str]:

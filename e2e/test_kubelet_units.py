@@ -185,7 +185,7 @@ async def test_pod_events_decode_as_the_library_does_and_a_changed_spec_is_seen(
     """Each event is a fresh parse of its line, as from the watch."""
     api = client.ApiClient(client.Configuration())
     try:
-        decoder = PodDecoder(api)
+        decoder = PodDecoder()
         pod: dict[str, Any] = {
             "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7"},
             "spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "python", "args": ["a"]}]},
@@ -203,6 +203,55 @@ async def test_pod_events_decode_as_the_library_does_and_a_changed_spec_is_seen(
         assert decoder.decode(json.loads(json.dumps(pod))).spec.containers[0].image == "python:3.12"
     finally:
         await api.close()
+
+
+FULL_POD: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {
+        "name": "p", "namespace": "ns", "uid": "u1", "resourceVersion": "7", "labels": {"app": "a"},
+        "creationTimestamp": "2026-12-01T10:00:00Z", "deletionTimestamp": "2026-12-01T10:05:00Z",
+        "deletionGracePeriodSeconds": 30,
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "n", "controller": True}],
+        "managedFields": [{"manager": "kubectl", "operation": "Update", "time": "2026-12-01T10:00:00Z"}],
+    },
+    "spec": {
+        "nodeName": "n1", "restartPolicy": "Always", "terminationGracePeriodSeconds": 5,
+        "containers": [{
+            "name": "c", "image": "python", "command": ["python"], "args": ["-m", "http.server"],
+            "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
+            "env": [{"name": "A", "value": "1"},
+                    {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+            "resources": {"limits": {"nvidia.com/gpu": "1", "memory": "1Gi"}, "requests": {"cpu": "500m"}},
+            "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
+            "livenessProbe": {"tcpSocket": {"port": 8000}, "failureThreshold": 3},
+            "volumeMounts": [{"name": "v", "mountPath": "/v", "readOnly": True}],
+        }],
+        "volumes": [{"name": "v", "emptyDir": {"sizeLimit": "1Gi"}},
+                    {"name": "s", "secret": {"secretName": "s", "defaultMode": 420}}],
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000},
+    },
+    "status": {
+        "phase": "Running", "podIP": "127.0.1.2", "startTime": "2026-12-01T10:00:01Z",
+        "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": "2026-12-01T10:00:02Z"}],
+        "containerStatuses": [{
+            "name": "c", "ready": True, "restartCount": 0, "image": "python", "imageID": "",
+            "state": {"running": {"startedAt": "2026-12-01T10:00:01.123456Z"}},
+        }],
+    },
+}  # fmt: skip
+
+
+async def test_a_full_pod_decodes_as_the_library_decodes_it() -> None:
+    """Timestamps, int-or-string ports, quantities, nested lists and maps: the models' public schema gives what
+    the client's own deserializer gives."""
+    async with client.ApiClient(client.Configuration()) as api:
+        library = api.deserialize(SimpleNamespace(data=json.dumps(FULL_POD)), "V1Pod")
+    decoded = PodDecoder().decode(json.loads(json.dumps(FULL_POD)))
+    assert decoded == library
+    assert decoded.metadata.deletion_timestamp == library.metadata.deletion_timestamp
+    assert decoded.status.container_statuses[0].state.running.started_at.microsecond == 123456
+    assert decoded.spec.containers[0].readiness_probe.http_get.port == "http"
 
 
 async def test_a_stop_cancelled_during_the_grace_period_ends_cancelled_and_the_container_can_still_be_killed(

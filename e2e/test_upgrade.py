@@ -25,13 +25,14 @@ from api import keys
 from api.crdgen import DEFAULT_OUT_DIR as CRD_DIR
 from api.version import release
 from controller import pods
-from e2e.chart import CHART, DUAL_PODS, POPULATOR
+from e2e.chart import DUAL_PODS, POPULATOR
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import REPO, install_crds, kubectl
 from e2e.dualpods_env import NO_ADMISSION_POLICIES, PROCESSES, DualPodsEnv
 from e2e.fixtures import fresh_namespace
 from e2e.tiny_model import ensure_tiny_model
 from e2e.waiting import wait_for
+from scripts.helm_chart import CHART
 
 PREVIOUS = Path(__file__).parent / "fixture_charts" / "dualpods-0.1.0.tgz"
 UPGRADE_PAGE = REPO / "docs" / "upgrade.md"

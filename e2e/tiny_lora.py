@@ -17,7 +17,7 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from e2e import tiny_model
-from e2e.model_cache import ensure_built, readable_by_all, report_build
+from scripts.build_cache import ensure_built, readable_by_all, report_build
 
 # Bump when anything below changes what is written: it keys the cache.
 RECIPE = "tiny-lora-v1"

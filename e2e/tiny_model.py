@@ -14,7 +14,7 @@ import sysconfig
 from pathlib import Path
 from typing import Any
 
-from e2e.model_cache import ensure_built, readable_by_all, report_build
+from scripts.build_cache import ensure_built, readable_by_all, report_build
 
 # Bump when anything below changes what is written: it keys the cache.
 RECIPE = "tiny-llama-v1"

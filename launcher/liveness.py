@@ -17,7 +17,6 @@ The verdict is the caller's to act on (it kills the instance's process group and
 """
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 import psutil
 
 from api.launcher import StopReason
+from api.tasks import first_to_finish
 
 log = logging.getLogger(__name__)
 
@@ -159,12 +159,4 @@ async def watch(
 ) -> Verdict | None:
     """Until the instance is judged dead (its verdict) or its server died by itself (None). The
     caller cancels it when the instance stops for another reason."""
-    watchers = [asyncio.ensure_future(_engine_death(processes)), asyncio.ensure_future(_unresponsive(probe, policy))]
-    try:
-        done, _ = await asyncio.wait(watchers, return_when=asyncio.FIRST_COMPLETED)
-        return done.pop().result()
-    finally:
-        for watcher in watchers:
-            watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(*watchers, return_exceptions=True)
+    return await first_to_finish(_engine_death(processes), _unresponsive(probe, policy))

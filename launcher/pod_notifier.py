@@ -22,7 +22,6 @@ as FMA's does.
 """
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import logging
@@ -36,6 +35,7 @@ import aiohttp
 
 from api.keys import INFERENCE_SERVER_CONTAINER
 from api.launcher import INSTANCES_PATH
+from api.tasks import first_to_finish
 
 log = logging.getLogger("launcher_pod_notifier")
 
@@ -146,11 +146,7 @@ async def _serve(pod: str, namespace: str, base_url: str) -> None:
     core = await _api()
     async with core.api_client, aiohttp.ClientSession() as http:
         notifier = Notifier(core, http, pod, namespace, base_url)
-        running = asyncio.ensure_future(notifier.run())
-        await stop.wait()
-        running.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await running
+        await first_to_finish(notifier.run(), stop.wait())
 
 
 def main() -> int:

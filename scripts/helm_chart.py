@@ -1,5 +1,6 @@
 """Render the project's Helm chart with the project's helm (for generators and tests)."""
 
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -7,11 +8,17 @@ from typing import Any
 
 import yaml
 
-from e2e.chart import CHART, helm_env
-from e2e.cluster.binaries import venv_tool
+from scripts.venv_tools import venv_tool
 
 REPO = Path(__file__).resolve().parents[1]
+CHART = REPO / "charts" / "dualpods"
 Obj = dict[str, Any]
+
+
+def helm_env(home: Path) -> dict[str, str]:
+    """helm's state (config, cache, plugins) under `home`, so nothing of the user's is read or written."""
+    return {**os.environ, "HOME": str(home), "XDG_CACHE_HOME": str(home / "cache"),
+            "XDG_CONFIG_HOME": str(home / "config"), "XDG_DATA_HOME": str(home / "data")}  # fmt: skip
 
 
 def run_helm(*args: str) -> subprocess.CompletedProcess[str]:

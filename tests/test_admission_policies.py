@@ -12,9 +12,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from e2e.chart import CHART
 from scripts.admission_policies import CONCATENATED, CONFIG_DIR, POLICY_KINDS, generated_files
-from scripts.helm_chart import REPO, render_chart, run_helm
+from scripts.helm_chart import CHART, REPO, render_chart, run_helm
 
 IMMUTABLE = "fma-immutable-fields"
 BOUND = "fma-bound-serverreqpod"

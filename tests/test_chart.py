@@ -14,8 +14,7 @@ import yaml
 
 from api import keys
 from api.version import release
-from e2e.chart import CHART
-from scripts.helm_chart import REPO, helm, render_chart, run_helm
+from scripts.helm_chart import CHART, REPO, helm, render_chart, run_helm
 from tests.pod_security import restricted_violations
 
 KUBE_VERSION = "1.35.0"

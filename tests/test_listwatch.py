@@ -316,3 +316,19 @@ async def test_the_informer_lists_again_when_its_version_is_too_old(
     finally:
         running.cancel()
         await asyncio.gather(running, return_exceptions=True)
+
+
+async def test_the_informer_lists_with_its_label_and_field_selectors(
+    api_server: tuple[FakeApiServer, Callable[..., Awaitable[aiohttp.ClientResponse]]],
+) -> None:
+    """The loopback kubelet's informer keeps the Pods of one Node (`spec.nodeName=...`)."""
+    fake, list_watch = api_server
+    informer = Informer("configmaps", list_watch, label_selector="app=a", field_selector="spec.nodeName=n1")
+    running = asyncio.create_task(informer.run())
+    try:
+        await asyncio.wait_for(informer.synced.wait(), 5)
+        selectors = {(c.get("label_selector"), c.get("field_selector")) for c in fake.list_calls}
+        assert selectors == {("app=a", "spec.nodeName=n1")}
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)

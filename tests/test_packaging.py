@@ -10,7 +10,6 @@ The closures are cached as plain package directories (`$DUALPODS_CACHE/closures/
 virtualenvs are made afresh each run.
 """
 
-import ast
 import hashlib
 import json
 import os
@@ -24,37 +23,12 @@ from pathlib import Path
 import pytest
 
 from e2e.cluster.ports import free_port
-from e2e.model_cache import ensure_built
+from scripts.build_cache import ensure_built
 from scripts.images import catalogue, wheelhouse
+from tests.imports import imported, module_file, modules_under
 
-REPO = Path(__file__).resolve().parents[1]
 SHIPPED = ("api", "controller", "launcher", "requester", "standin", "transformers_runtime")
 NOT_SHIPPED = ("tests", "e2e", "scripts", "bench")
-
-
-def _module_file(module: str) -> Path | None:
-    path = REPO / module.replace(".", "/")
-    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
-        if candidate.is_file():
-            return candidate
-    return path if path.is_dir() else None  # a namespace package (controller.dualpods)
-
-
-def _imported(module: str, source: Path) -> set[str]:
-    """The modules `module` imports anywhere in its code (function-level imports too), absolute."""
-    package = module if source.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source.read_text())):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                base = f"{parent}.{base}" if base else parent
-            found.add(base)
-            found |= {f"{base}.{alias.name}" for alias in node.names if _module_file(f"{base}.{alias.name}")}
-    return found
 
 
 def reachable(entry: str) -> tuple[set[str], set[str]]:
@@ -69,13 +43,13 @@ def reachable(entry: str) -> tuple[set[str], set[str]]:
         top = module.split(".")[0]
         if top in sys.stdlib_module_names:
             continue
-        source = _module_file(module)
+        source = module_file(module)
         if top not in SHIPPED or source is None:
             third_party.add(top)
             continue
         project.add(module)
         parents = [".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 1)]
-        pending += parents + (sorted(_imported(module, source)) if source.is_file() else [])
+        pending += parents + sorted(imported(module, source))
     return project, third_party
 
 
@@ -83,10 +57,9 @@ def test_shipped_code_imports_nothing_of_the_checkout() -> None:
     """Production code never imports tests/, e2e/, scripts/ or bench/: none of them is in the wheel."""
     offenders = []
     for package in SHIPPED:
-        for source in sorted((REPO / package).rglob("*.py")):
-            module = ".".join(source.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        for module, source in modules_under(package):
             offenders += [
-                f"{module} imports {name}" for name in _imported(module, source) if name.startswith(NOT_SHIPPED)
+                f"{module} imports {name}" for name in imported(module, source) if name.startswith(NOT_SHIPPED)
             ]
     assert not offenders
 

@@ -22,9 +22,9 @@ from controller.strategic_merge import (
     apply_strategic_merge_patch,
     pod_schema,
 )
-from e2e.cluster.binaries import venv_tool
 from scripts.pod_patch_schema import OUT as POD_PATCH_SCHEMA_FILE
 from scripts.pod_patch_schema import render as render_pod_patch_schema
+from scripts.venv_tools import venv_tool
 
 # A de-individualized server-requesting Pod, as the direct-mode controller patches it.
 POD: Final[dict[str, Any]] = {

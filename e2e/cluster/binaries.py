@@ -38,11 +38,3 @@ class Binaries:
             kube_controller_manager=bin_dir / "kube-controller-manager",
             kube_scheduler=bin_dir / "kube-scheduler",
         )
-
-
-def venv_tool(name: str) -> Path:
-    """A tool installed next to this interpreter by `make tools` (kubectl, helm)."""
-    path = Path(sys.executable).parent / name
-    if not path.is_file():
-        raise MissingBinaryError(f"{path} not found; run `make tools`")
-    return path

@@ -2,7 +2,6 @@
 on simulated Nodes also the simulation processes (`simulation.py`)."""
 
 import asyncio
-import datetime
 import logging
 import signal
 
@@ -10,6 +9,7 @@ from aiohttp import web
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from controller.kube import ApiLimits, LimitedApiClient
 from e2e.kubelet import oci
 from e2e.kubelet.addresses import AddressBlock, SubnetCarver
 from e2e.kubelet.agent import NodeAgent
@@ -21,25 +21,6 @@ from e2e.kubelet.images import ImageMap
 from e2e.kubelet.simulation import Simulations
 
 log = logging.getLogger(__name__)
-
-
-class KubeletApiClient(client.ApiClient):  # type: ignore[misc]
-    """kubernetes-asyncio's client with timestamps read by the standard library: it decodes every Pod event
-    into its models, and dateutil's parser was a quarter of the kubelet's time with hundreds of Nodes. As the
-    controllers' (controller/kube.py), it does not look for a proxy in the environment and ~/.netrc on every
-    request (in a thread: a third of the kubelet's samples with 250 Nodes, docs/benchmarks.md); the
-    loopback cluster has no proxy."""
-
-    def __init__(self, configuration: client.Configuration) -> None:
-        super().__init__(configuration)
-        self.rest_client.pool_manager._trust_env = False
-
-    def _ApiClient__deserialize_datetime(self, text: str) -> datetime.datetime:  # noqa: N802 - overrides by name
-        try:
-            return datetime.datetime.fromisoformat(text)
-        except (TypeError, ValueError):
-            parsed: datetime.datetime = client.ApiClient._ApiClient__deserialize_datetime(self, text)
-            return parsed
 
 
 class Kubelet:
@@ -144,7 +125,9 @@ class Kubelet:
         # cap how many Nodes one kubelet process plays, nor queue their heartbeats behind the watches.
         await config.load_kube_config(config_file=str(self.settings.kubeconfig), client_configuration=configuration)
         configuration.connection_pool_maxsize = 0  # aiohttp: no limit
-        self._api = KubeletApiClient(configuration)
+        # The controllers' client (no proxy looked up per request), without their rate limit: a kubelet's is its
+        # own Node's heartbeats and Pods.
+        self._api = LimitedApiClient(configuration, ApiLimits(qps=0), metrics=None)
         self._version = (await client.VersionApi(self._api).get_code()).git_version
         runner = web.AppRunner(control_app(self))
         watchdog = None

@@ -16,6 +16,7 @@ from pathlib import Path
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from controller.listwatch import Backoff
 from e2e.kubelet.apierrors import API_ERRORS, describe
 from e2e.kubelet.env import ContainerConfigError, PodFields
 from e2e.kubelet.gpus import RESOURCE, InsufficientGpusError
@@ -192,7 +193,7 @@ class PodWorker:
     async def _volumes(self) -> dict[str, Path]:
         """Retry until every volume is in place (a Secret may appear later), reporting FailedMount."""
         assert self._env is not None
-        delay = 1.0
+        backoff = Backoff(base=1.0, cap=30.0)
         while True:
             try:
                 fields = PodFields(self.pod, self._env.pod_ip, self._runtime.host_ip)
@@ -202,8 +203,7 @@ class PodWorker:
             except _RETRIED as error:
                 message = describe(error) if isinstance(error, API_ERRORS) else str(error)
                 await self._runtime.events.record(self.pod, "Warning", "FailedMount", message)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
+            await backoff.wait()
 
     async def _report_status(self) -> None:
         while True:

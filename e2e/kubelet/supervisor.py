@@ -57,7 +57,9 @@ Starter = Callable[[Path], Awaitable[Container]]
 
 
 class Backoff:
-    """First restart at once, then `initial` seconds, doubling up to `maximum`."""
+    """Container restarts (the kubelet's CrashLoopBackOff): the first at once, then `initial` seconds, doubling up
+    to `maximum`. Unlike the API retries' back-off (controller.listwatch.Backoff), it starts at zero and has no
+    jitter: the delay is the one the CrashLoopBackOff message reports."""
 
     def __init__(self, initial: float, maximum: float) -> None:
         self._initial, self._maximum = initial, maximum

@@ -1,14 +1,17 @@
-"""The pod sync loop of one Node: list + watch the Pods bound to it and hand each to its PodWorker."""
+"""The pod sync of one Node: the Pods bound to it, kept by the controllers' informer, each handed to its PodWorker.
+
+The informer (controller.informer) lists and watches `spec.nodeName=<node>` with the controllers' back-off
+and relists after an expired resource version, telling every difference, so no Pod is missed.
+"""
 
 import asyncio
-import json
 import logging
 from typing import Any
 
-from kubernetes_asyncio import client, watch
-from kubernetes_asyncio.client.exceptions import ApiException
+from kubernetes_asyncio import client
 
-from e2e.kubelet.apierrors import UNREACHABLE
+from controller.informer import Informer, Obj
+from e2e.kubelet.models import from_json
 from e2e.kubelet.pod_worker import PodWorker
 from e2e.kubelet.runtime import NodeRuntime
 
@@ -16,27 +19,25 @@ log = logging.getLogger(__name__)
 
 
 class PodDecoder:
-    """Pod events into kubernetes-asyncio's models, a Pod's spec decoded once while it stays the same.
+    """Pods into kubernetes-asyncio's models, a Pod's spec decoded once while it stays the same.
 
     The spec is two thirds of a Pod's decoding time and barely changes after creation, while the Pod
     changes many times (its status, the controllers' annotations): with 2,000 Pods the watch events were
     half the kubelet's samples. Versions of a Pod with an equal spec share one decoded `V1PodSpec`
     (nothing in the kubelet changes it)."""
 
-    def __init__(self, api: client.ApiClient) -> None:
-        self._api = api
+    def __init__(self) -> None:
         self._specs: dict[str, tuple[Any, client.V1PodSpec]] = {}  # uid -> (the spec's JSON, decoded)
 
-    def decode(self, obj: dict[str, Any]) -> client.V1Pod:
+    def decode(self, obj: Obj) -> client.V1Pod:
         uid = (obj.get("metadata") or {}).get("uid")
         spec = obj.get("spec")
         known = self._specs.get(uid) if uid else None
         if known is not None and known[0] == spec:
-            rest = {key: value for key, value in obj.items() if key != "spec"}
-            pod: client.V1Pod = self._api._ApiClient__deserialize(rest, "V1Pod")
+            pod: client.V1Pod = from_json({key: value for key, value in obj.items() if key != "spec"}, "V1Pod")
             pod.spec = known[1]
             return pod
-        pod = self._api._ApiClient__deserialize(obj, "V1Pod")
+        pod = from_json(obj, "V1Pod")
         if uid:
             self._specs[uid] = (spec, pod.spec)
         return pod
@@ -45,94 +46,43 @@ class PodDecoder:
         self._specs.pop(uid, None)
 
 
-class _PodWatch(watch.Watch):  # type: ignore[misc]
-    """kubernetes-asyncio's watch, decoding with the kubelet's own client. Its own makes a client for every
-    watch, with an SSL context that loads the system's CA bundle: 250 Nodes renewing their watches together
-    (every 300 s) spent 12 s of the kubelet's CPU at once, and Pods' 1 s liveness probes timed out. Pod
-    events are decoded from one parse of their line by the `PodDecoder` (the library parses each line,
-    writes the object back to JSON and parses that again); anything else (errors, bookmarks) as the
-    library does."""
-
-    def __init__(self, api: client.ApiClient, decoder: PodDecoder) -> None:
-        # Not super().__init__(), which makes that client; the same fields, as the library sets them.
-        self._raw_return_type = None
-        self._stop = False
-        self._api_client = api
-        self._decoder = decoder
-        self.resource_version = None
-        self.resp = None
-
-    def unmarshal_event(self, data: str | bytes, response_type: str | None) -> Any:
-        try:
-            event = json.loads(data)
-        except ValueError:
-            return super().unmarshal_event(data, response_type)
-        obj = event.get("object") if isinstance(event, dict) else None
-        if event.get("type") not in ("ADDED", "MODIFIED", "DELETED") or not isinstance(obj, dict):
-            return super().unmarshal_event(data, response_type)
-        pod = self._decoder.decode(obj)
-        self.resource_version = pod.metadata.resource_version
-        return {"type": event["type"], "object": pod, "raw_object": obj}
-
-    async def close(self) -> None:
-        """The response only: the client is the kubelet's, shared."""
-        if self.resp is not None:
-            self.resp.release()
-            self.resp = None
+def _uid(pod: Obj) -> str:
+    return str(pod["metadata"]["uid"])
 
 
 class PodSync:
     def __init__(self, runtime: NodeRuntime) -> None:
         self._runtime = runtime
-        self._selector = f"spec.nodeName={runtime.node}"
         self.workers: dict[str, PodWorker] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._decoder = PodDecoder(runtime.core.api_client)
+        self._decoder = PodDecoder()
+        self._pods = Informer(
+            f"pods of {runtime.node}",
+            runtime.core.list_pod_for_all_namespaces,
+            field_selector=f"spec.nodeName={runtime.node}",
+        )
+        self._pods.subscribe(self._changed)
 
     async def run(self) -> None:
-        """Forever: relist after errors and expired resource versions, so no Pod is missed."""
-        core = self._runtime.core
-        while True:
-            try:
-                listed = await core.list_pod_for_all_namespaces(field_selector=self._selector)
-                self._relisted(listed.items)
-                version = listed.metadata.resource_version
-                while True:
-                    async with _PodWatch(core.api_client, self._decoder) as stream:
-                        async for event in stream.stream(
-                            core.list_pod_for_all_namespaces,
-                            field_selector=self._selector,
-                            resource_version=version,
-                            timeout_seconds=300,
-                            allow_watch_bookmarks=True,
-                        ):
-                            if event["type"] != "BOOKMARK":
-                                self._handle(event["type"], event["object"])
-                        version = stream.resource_version or version
-            except ApiException as error:
-                if error.status != 410:
-                    log.warning("pod watch of %s failed: %s; relisting", self._runtime.node, error.reason)
-                    await asyncio.sleep(1.0)
-            except UNREACHABLE as error:
-                log.warning("pod watch of %s broke: %r; relisting", self._runtime.node, error)
-                await asyncio.sleep(1.0)
+        """List, then watch, until cancelled."""
+        await self._pods.run()
 
-    def _relisted(self, pods: list[client.V1Pod]) -> None:
-        present = {p.metadata.uid for p in pods}
-        for uid, worker in self.workers.items():
-            if uid not in present:
-                worker.gone()
-        for pod in pods:
-            self._handle("MODIFIED", pod)
+    def _changed(self, old: Obj | None, new: Obj | None) -> None:
+        """A Pod appeared, changed or went away (a Pod of the same name but a new uid is another Pod)."""
+        if old is not None and (new is None or _uid(old) != _uid(new)):
+            self._gone(_uid(old))
+        if new is not None:
+            self._seen(self._decoder.decode(new))
 
-    def _handle(self, kind: str, pod: client.V1Pod) -> None:
+    def _gone(self, uid: str) -> None:
+        self._decoder.forget(uid)
+        worker = self.workers.get(uid)
+        if worker is not None:
+            worker.gone()
+
+    def _seen(self, pod: client.V1Pod) -> None:
         uid = pod.metadata.uid
         worker = self.workers.get(uid)
-        if kind == "DELETED":
-            self._decoder.forget(uid)
-            if worker is not None:
-                worker.gone()
-            return
         if worker is not None:
             worker.update(pod)
             return

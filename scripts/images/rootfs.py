@@ -10,7 +10,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from e2e.model_cache import ensure_built
+from scripts.build_cache import ensure_built
 from scripts.images import tools
 
 SUITE = "bookworm"

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from e2e.model_cache import cache_root
+from scripts.build_cache import cache_root
 
 PACKAGES = {"buildah": "buildah", "podman": "podman", "runc": "runc", "mmdebstrap": "mmdebstrap"}
 RUNC = "/usr/sbin/runc"

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
-from e2e.model_cache import ensure_built
+from scripts.build_cache import ensure_built
 from scripts.images import tools
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,8 +1,10 @@
-"""A build-once cache for test artefacts (tiny models, LoRA adapters) under `$DUALPODS_CACHE`.
+"""A build-once cache for built artefacts (wheels, image root filesystems, tiny models, LoRA adapters) under
+`$DUALPODS_CACHE`.
 
-Building a tiny model costs seconds of torch/transformers work; every test session and the demo
-would repeat it. Entries are built in a temporary sibling directory and renamed into place, so a
-reader never sees a half-written entry and two concurrent builders cannot corrupt one another.
+Building a tiny model costs seconds of torch/transformers work, a root filesystem minutes; every test
+session, image build and the demo would repeat it. Entries are built in a temporary sibling directory and
+renamed into place, so a reader never sees a half-written entry and two concurrent builders cannot corrupt
+one another.
 """
 
 import os
