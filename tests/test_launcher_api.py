@@ -22,9 +22,9 @@ import pytest
 
 from api.launcher import MAX_ANNOTATIONS_BYTES, MAX_EVENT_BYTES, MAX_OPTIONS_BYTES, WATCH_HEARTBEAT_S
 from e2e.cluster.ports import free_port
-from launcher.app import ROUTES, UNAUTHENTICATED_PATHS
 from e2e.launcher_process import LauncherProcess
 from e2e.waiting import wait_for
+from launcher.app import ROUTES, UNAUTHENTICATED_PATHS
 from standin.engine_core import ENGINE_TITLE
 
 TOKEN = "s3cret-token"

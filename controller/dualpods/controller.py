@@ -136,6 +136,7 @@ class DualPodsController:
         caches.pods.subscribe(self._count_requesters)
         caches.iscs.subscribe(self._count_iscs)
         caches.pods.subscribe(self._pod_changed)
+        caches.pods.subscribe(self._forget_deleted_pod)
         caches.nodes.subscribe(self._node_changed)
         caches.iscs.subscribe(self._isc_changed)
         caches.lcs.subscribe(self._lc_changed)
@@ -270,6 +271,11 @@ class DualPodsController:
         """`fma_requester_count` of each ISC the changed Pod names (kept at 0 once none do, as FMA's)."""
         for isc in {name for pod in (old, new) if pod is not None for name in _requester_isc(pod)}:
             self.metrics.requester_count.labels(isc).set(len(self.caches.pods.by_index(REQUESTERS_BY_ISC, isc)))
+
+    def _forget_deleted_pod(self, old: Obj | None, new: Obj | None) -> None:
+        """A deleted requester's or provider's fma_duality series go with it."""
+        if old is not None and new is None:
+            self.metrics.forget_pod(self.namespace, pods.name(old))
 
     def _count_iscs(self, old: Obj | None, new: Obj | None) -> None:
         """`fma_isc_count` of the LauncherConfig(s) the changed ISC names."""
