@@ -188,7 +188,9 @@ class DualPodsController:
         return (pods.node_name(pod) if pod else None) or ""
 
     def _enqueue(self, key: Key) -> None:
-        self.metrics.queue_adds.labels(self._node_of(key)).inc()
+        node = self._node_of(key)
+        self.metrics.queue_adds.labels(node).inc()
+        self.metrics.queue_retries.labels(node)  # 0 until a retry, as client-go's queue metrics are
         self.queue.add(key)
 
     def _enqueue_requester(self, name: str) -> None:
