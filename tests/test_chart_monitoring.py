@@ -9,10 +9,11 @@ from typing import Any
 
 import promql_parser
 import pytest
+from prometheus_client import CollectorRegistry
 
+from api.vllm_surface.gauges import export_engine_gauges
 from e2e.monitoring import Scraper, Target, admits, dashboard_queries, metric_names, pod_monitor_targets
 from scripts.helm_chart import render_chart
-from standin.engine import Engine
 from tests.test_metrics_documented import exported
 
 Obj = dict[str, Any]
@@ -34,12 +35,13 @@ def of_kind(docs: list[Obj], kind: str) -> list[Obj]:
 
 def known_series() -> set[str]:
     """Every series name a component can export: counters' `_total`, histograms' `_bucket`, `_sum`, `_count`, and
-    the model servers' vLLM names (the stand-in's, which vLLM and the transformers runtime share)."""
+    the model servers' vLLM engine gauges (every runtime exports them under vLLM's names)."""
     names = set(SYNTHETIC)
     for name in exported():
         names |= {name, f"{name}_bucket", f"{name}_sum", f"{name}_count"}
-    stand_in = Engine(["model"], "/models/model", max_model_len=16)
-    return names | {family.name for family in stand_in.registry.collect()}
+    engine = CollectorRegistry()
+    export_engine_gauges(engine, "model", int, int, lambda: None)
+    return names | {family.name for family in engine.collect()}
 
 
 def rules() -> list[Obj]:
