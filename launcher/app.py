@@ -53,7 +53,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 MANAGER = web.AppKey("manager", InstanceManager)
 TOKEN: web.AppKey[TokenFile | None] = web.AppKey("token")
 DIALECT = web.AppKey("dialect", Dialect)
-UNAUTHENTICATED_PATHS = frozenset({"/health", OPENAPI_PATH, DOCS_PATH})
+# Read-only routes that change nothing and tell no secret: health, the API's description, and the metrics
+# (Prometheus scrapes them without the write token, docs/security.md).
+UNAUTHENTICATED_PATHS = frozenset({"/health", "/metrics", OPENAPI_PATH, DOCS_PATH})
 HEARTBEAT = b"\n"
 OCTET_STREAM = "application/octet-stream"
 # The reasons of the errors aiohttp itself raises (unknown routes, methods, oversized bodies).
@@ -163,7 +165,7 @@ async def health(request: web.Request) -> web.Response:
     return json_response(Health().model_dump())
 
 
-@documented(Operation("Prometheus metrics of the launcher", {200: Reply("Prometheus text", TEXT)}, bearer=True))
+@documented(Operation("Prometheus metrics of the launcher (no token needed)", {200: Reply("Prometheus text", TEXT)}))
 async def metrics(request: web.Request) -> web.Response:
     body = generate_latest(_manager(request).metrics.registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})

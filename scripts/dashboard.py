@@ -1,4 +1,7 @@
-"""Write the Grafana dashboard of the chart (charts/dualpods/dashboards/dualpods.json) from its panel list."""
+"""Write the Grafana dashboard of the chart (charts/dualpods/dashboards/dualpods.json) from its panel list.
+
+Every query selects the dashboard's `namespace` and `release` variables: the namespace of the scraped Pods, and the
+`dualpods_release` label the chart's ServiceMonitor and PodMonitors put on every series they scrape."""
 
 import json
 import sys
@@ -8,12 +11,21 @@ from typing import Any
 OUT = Path(__file__).resolve().parents[1] / "charts" / "dualpods" / "dashboards" / "dualpods.json"
 
 RATE = "[$__rate_interval]"
+SCOPE = 'namespace=~"$namespace", dualpods_release=~"$release"'
+# Where the variables' values come from: every target of a release (Prometheus's own `up` series).
+TARGETS = 'up{dualpods_release!=""}'
+FAILED = 'status_code!~"2.."'  # an HTTP call that failed, or got no answer (0)
+
+
+def series(metric: str, matchers: str = "") -> str:
+    """A selector of the metric in the dashboard's namespace and release, with more `matchers`."""
+    return f"{metric}{{{SCOPE}{', ' + matchers if matchers else ''}}}"
 
 
 def quantile(q: float, histogram: str, by: str = "") -> str:
     """PromQL for a quantile of a histogram, per `by` labels (comma-separated)."""
     labels = ", ".join(["le", *[b.strip() for b in by.split(",") if b.strip()]])
-    return f"histogram_quantile({q}, sum by ({labels}) (rate({histogram}_bucket{RATE})))"
+    return f"histogram_quantile({q}, sum by ({labels}) (rate({series(histogram + '_bucket')}{RATE})))"
 
 
 # (title, unit, [(PromQL, legend)])
@@ -23,9 +35,17 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     (
         "Actuations per minute by path",
         "short",
-        [(f"sum by (path) (rate(fma_actuation_seconds_count{RATE})) * 60", "{{path}}")],
+        [(f"sum by (path) (rate({series('fma_actuation_seconds_count')}{RATE})) * 60", "{{path}}")],
     ),
-    ("Bound requesters (GPUs in use)", "short", [("sum(fma_duality)", "bound GPUs")]),
+    ("Bound requesters (GPUs in use)", "short", [(f"sum({series('fma_duality')})", "bound GPUs")]),
+    (
+        "Requesters Ready and not",
+        "short",
+        [
+            (f"sum({series('dualpods_requester_ready')})", "Ready"),
+            (f"count({series('dualpods_requester_ready')} == 0)", "not Ready"),
+        ],
+    ),
     (
         "Controller HTTP latency p99 by purpose",
         "s",
@@ -36,7 +56,7 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         "reqps",
         [
             (
-                f'sum by (purpose, status_code) (rate(fma_http_latency_seconds_count{{status_code!~"2.."}}{RATE}))',
+                f"sum by (purpose, status_code) (rate({series('fma_http_latency_seconds_count', FAILED)}{RATE}))",
                 "{{purpose}} {{status_code}}",
             )
         ],
@@ -44,18 +64,22 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
     (
         "Launcher Pods by phase",
         "short",
-        [("sum by (lcfg_name, phase) (fma_launcher_pod_count)", "{{lcfg_name}} {{phase}}")],
+        [(f"sum by (lcfg_name, phase) ({series('fma_launcher_pod_count')})", "{{lcfg_name}} {{phase}}")],
     ),
     ("Launcher Pod creation p99", "s", [(quantile(0.99, "fma_launcher_create_seconds"), "create")]),
     (
         "Work queue depth and retries",
         "short",
         [
-            ("sum(fma_dpc_innerqueue_depth)", "depth"),
-            (f"sum(rate(fma_dpc_innerqueue_retries_total{RATE}))", "retries/s"),
+            (f"sum({series('fma_dpc_innerqueue_depth')})", "depth"),
+            (f"sum(rate({series('fma_dpc_innerqueue_retries_total')}{RATE}))", "retries/s"),
         ],
     ),
-    ("Instances by state (launchers)", "short", [("sum by (state) (dualpods_launcher_instances)", "{{state}}")]),
+    (
+        "Instances by state (launchers)",
+        "short",
+        [(f"sum by (state) ({series('dualpods_launcher_instances')})", "{{state}}")],
+    ),
     (
         "Wake and sleep time p99 (launchers)",
         "s",
@@ -65,6 +89,14 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         ],
     ),
     ("Instance creation to ready p50", "s", [(quantile(0.5, "dualpods_launcher_instance_ready_seconds"), "ready")]),
+    (
+        "Serving instances: requests running and waiting",
+        "short",
+        [
+            (f"sum by (instance_id) ({series('vllm:num_requests_running')})", "{{instance_id}} running"),
+            (f"sum by (instance_id) ({series('vllm:num_requests_waiting')})", "{{instance_id}} waiting"),
+        ],
+    ),
 ]
 
 
@@ -83,6 +115,23 @@ def panel(index: int, title: str, unit: str, targets: list[tuple[str, str]]) -> 
     }
 
 
+def variable(name: str, label: str, query: str) -> dict[str, Any]:
+    """A multi-value query variable (all values by default) over the Prometheus data source."""
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": {"type": "prometheus", "uid": "${datasource}"},
+        "query": {"query": query, "refId": name},
+        "refresh": 2,
+        "multi": True,
+        "includeAll": True,
+        "allValue": ".*",
+        "current": {"selected": True, "text": ["All"], "value": ["$__all"]},
+        "sort": 1,
+    }
+
+
 def dashboard() -> dict[str, Any]:
     return {
         "title": "dualpods",
@@ -92,7 +141,15 @@ def dashboard() -> dict[str, Any]:
         "refresh": "30s",
         "tags": ["dualpods", "fma", "llm"],
         "templating": {
-            "list": [{"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"}]
+            "list": [
+                {"name": "datasource", "type": "datasource", "query": "prometheus", "label": "Prometheus"},
+                variable("namespace", "Namespace", f"label_values({TARGETS}, namespace)"),
+                variable(
+                    "release",
+                    "Release",
+                    'label_values(up{namespace=~"$namespace", dualpods_release!=""}, dualpods_release)',
+                ),
+            ]
         },
         "panels": [panel(i, *spec) for i, spec in enumerate(PANELS)],
     }

@@ -22,6 +22,8 @@ EVERYTHING_ON = [
     "dualPodsController.replicas=2",
     "launcherPopulator.replicas=3",
     "serviceMonitor.enabled=true",
+    "podMonitors.enabled=true",
+    "prometheusRule.enabled=true",
     "grafanaDashboard.enabled=true",
     "admissionPolicies.enabled=true",
 ]

@@ -22,6 +22,7 @@ from tests.test_dualpods_fakes import (
     ISC,
     LAUNCHER,
     NODE,
+    NS,
     PROVIDER,
     REQ,
     Harness,
@@ -225,6 +226,26 @@ async def test_fma_object_counts_follow_the_caches(h: Harness) -> None:
     assert h.metric("fma_requester_count", isc_name="isc2") == 0, "kept at 0, as FMA's"
     assert h.metric("fma_requester_count", isc_name=ISC) == 2
     assert h.metric("fma_isc_count", launcher_config_name="lc") == 1
+
+
+def duality_of(h: Harness, requester: str, pod: str) -> float | None:
+    labels = {"exported_namespace": NS, "requester_name": requester, "exported_pod": pod}
+    value: float | None = h.metric("fma_duality", **labels, exported_container=keys.INFERENCE_SERVER_CONTAINER,
+                                   instance_id="i", UUID=GPU0, node=NODE)  # fmt: skip
+    return value
+
+
+async def test_a_deleted_pods_duality_series_go_with_it(h: Harness) -> None:
+    """No series left behind (issue 25): a deleted requester's, and a deleted provider's, fma_duality go."""
+    for requester, launcher in (("a", "launcher-a"), ("b", "launcher-b"), ("c", "launcher-c")):
+        h.controller.metrics.duality.labels(NS, requester, launcher, keys.INFERENCE_SERVER_CONTAINER, "i", GPU0,
+                                            NODE).set(1)  # fmt: skip
+    h.put(requester_obj("a", "a-uid"), launcher_obj("launcher-c"))
+    h.remove(requester_obj("a", "a-uid"))
+    h.remove(launcher_obj("launcher-c"))
+    assert duality_of(h, "a", "launcher-a") is None
+    assert duality_of(h, "c", "launcher-c") is None
+    assert duality_of(h, "b", "launcher-b") == 1, "the others stay"
 
 
 @pytest.mark.usefixtures("requesters")

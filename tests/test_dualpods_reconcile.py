@@ -180,7 +180,8 @@ async def test_unbind_removes_routing_labels_first_then_sleeps_then_unbinds_in_o
     assert keys.LAUNCHER_CONFIG_HASH_ANNOTATION in annotations(unbound)
     assert keys.REQUESTER_FINALIZER not in finalizers(h.journal.written(REQ))
 
-    assert duality(h) == 0
+    assert not h.has_pod(REQ)
+    assert duality(h) is None, "set to 0 at the unbind, then gone with the requester: no series left behind"
 
     h.journal.clear()
     assert not h.has_pod(REQ)  # its last finalizer went
@@ -829,6 +830,10 @@ async def test_outdated_committed_routing_metadata_deletes_the_requester(h: Harn
 # ----- E3: memory budgets of sleeping instances
 
 
+def budget_actions(h: Harness, action: str) -> float | None:
+    return h.metric("dualpods_sleeper_budget_actions_total", exported_namespace=NS, isc_name=ISC, action=action)
+
+
 async def test_a_sleep_over_the_host_budget_first_deletes_the_least_recently_used_sleepers(h: Harness) -> None:
     h.put(lc_obj(max_instances=4, budget={"hostMemoryBytes": 100}))
     requester = requester_obj(finalizer=True, deleting=True)
@@ -850,6 +855,7 @@ async def test_a_sleep_over_the_host_budget_first_deletes_the_least_recently_use
         ("update", REQ),
     ]
     assert h.journal[1].detail[:2] == ("Normal", "SleeperBudget")
+    assert budget_actions(h, "deleted") == 1
 
 
 async def test_an_instance_too_big_for_the_host_budget_is_deleted_instead_of_sleeping(h: Harness) -> None:
@@ -866,6 +872,7 @@ async def test_an_instance_too_big_for_the_host_budget_is_deleted_instead_of_sle
         ("update", LAUNCHER),
         ("update", REQ),
     ]
+    assert budget_actions(h, "deleted") == 1
 
 
 async def test_a_wake_over_the_gpu_budget_first_deletes_the_gpus_least_recently_used_sleeper(h: Harness) -> None:
@@ -888,6 +895,7 @@ async def test_a_wake_over_the_gpu_budget_first_deletes_the_gpus_least_recently_
         ("delete_instance", "Isamegpui"),
     ]
     assert h.journal.of("wake") == []  # the DELETED event brings the next pass, and the wake
+    assert (budget_actions(h, "deleted"), budget_actions(h, "wake_refused")) == (1, None)
 
 
 async def test_a_wake_that_cannot_fit_the_gpu_budget_is_refused_with_a_status_error(h: Harness) -> None:
@@ -902,6 +910,7 @@ async def test_a_wake_that_cannot_fit_the_gpu_budget_is_refused_with_a_status_er
     (error,) = status_errors(h.pod(REQ)) or []
     assert error.startswith(f"not waking instance {WANTED}: its GPUs already hold more than the sleeper budget")
     assert h.journal.of("wake") == []
+    assert budget_actions(h, "wake_refused") == 1
 
 
 # ----- whole actuations, pass after pass: the fma_actuation_seconds path label

@@ -24,6 +24,7 @@ from api.launcher import MAX_ANNOTATIONS_BYTES, MAX_EVENT_BYTES, MAX_OPTIONS_BYT
 from e2e.cluster.ports import free_port
 from e2e.launcher_process import LauncherProcess
 from e2e.waiting import wait_for
+from launcher.app import ROUTES, UNAUTHENTICATED_PATHS
 from standin.engine_core import ENGINE_TITLE
 
 TOKEN = "s3cret-token"
@@ -241,15 +242,20 @@ async def _send(session: aiohttp.ClientSession, case: Case, headers: dict[str, s
         return response.status, await response.text(), response.headers
 
 
-async def test_health_needs_no_token_and_metrics_do(launcher: LauncherProcess) -> None:
+async def test_health_and_metrics_need_no_token(launcher: LauncherProcess) -> None:
+    """Prometheus scrapes /metrics without the write token (issue 25); every other route still refuses."""
     async with aiohttp.ClientSession(launcher.url) as anonymous:
         async with anonymous.get("/health") as response:
             assert (response.status, await response.json()) == (200, {"status": "OK"})
         async with anonymous.get("/metrics") as response:
-            assert response.status == 401
-        async with anonymous.get("/metrics", headers=launcher.headers) as response:
             assert response.status == 200
             assert "dualpods_launcher_instances" in await response.text()
+        for route in ROUTES:
+            if route.path in UNAUTHENTICATED_PATHS:
+                continue
+            path = route.path.replace("{instance_id}", DUP)
+            async with anonymous.request(route.method, path) as response:
+                assert response.status == 401, f"{route.method} {path} answered {response.status} without the token"
 
 
 async def test_index_lists_the_routes(http: aiohttp.ClientSession) -> None:

@@ -136,6 +136,7 @@ class DualPodsController:
         caches.pods.subscribe(self._count_requesters)
         caches.iscs.subscribe(self._count_iscs)
         caches.pods.subscribe(self._pod_changed)
+        caches.pods.subscribe(self._forget_deleted_pod)
         caches.nodes.subscribe(self._node_changed)
         caches.iscs.subscribe(self._isc_changed)
         caches.lcs.subscribe(self._lc_changed)
@@ -187,7 +188,9 @@ class DualPodsController:
         return (pods.node_name(pod) if pod else None) or ""
 
     def _enqueue(self, key: Key) -> None:
-        self.metrics.queue_adds.labels(self._node_of(key)).inc()
+        node = self._node_of(key)
+        self.metrics.queue_adds.labels(node).inc()
+        self.metrics.queue_retries.labels(node)  # 0 until a retry, as client-go's queue metrics are
         self.queue.add(key)
 
     def _enqueue_requester(self, name: str) -> None:
@@ -270,6 +273,11 @@ class DualPodsController:
         """`fma_requester_count` of each ISC the changed Pod names (kept at 0 once none do, as FMA's)."""
         for isc in {name for pod in (old, new) if pod is not None for name in _requester_isc(pod)}:
             self.metrics.requester_count.labels(isc).set(len(self.caches.pods.by_index(REQUESTERS_BY_ISC, isc)))
+
+    def _forget_deleted_pod(self, old: Obj | None, new: Obj | None) -> None:
+        """A deleted requester's or provider's fma_duality series go with it."""
+        if old is not None and new is None:
+            self.metrics.forget_pod(self.namespace, pods.name(old))
 
     def _count_iscs(self, old: Obj | None, new: Obj | None) -> None:
         """`fma_isc_count` of the LauncherConfig(s) the changed ISC names."""

@@ -1,11 +1,25 @@
-"""FMA's dual-pods controller metrics (E10: same names and labels, so dashboards carry over)."""
+"""FMA's dual-pods controller metrics (E10: same names and labels, so dashboards carry over), and ours.
+
+A Pod's series go with it (`forget_pod`: a deleted requester's or provider's fma_duality), so a cluster that
+churns Pods does not grow the scrape without bound. The counts per InferenceServerConfig and LauncherConfig
+stay at 0 once nothing is counted, as FMA's: there are as many as there are such objects.
+"""
+
+from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from controller.http import Purpose
 from controller.passclock import own_seconds_histogram
 
-__all__ = ["DualPodsMetrics", "Purpose"]
+__all__ = ["BudgetAction", "DualPodsMetrics", "Purpose"]
+
+
+class BudgetAction(StrEnum):
+    """What a sleeper budget (E3) did: the `action` of dualpods_sleeper_budget_actions_total."""
+
+    DELETED = "deleted"  # a sleeper, or an instance too big to keep asleep, deleted to stay within the budget
+    WAKE_REFUSED = "wake_refused"  # its GPUs hold more than the budget and no sleeper of the launcher can go
 
 
 ACTUATION_BUCKETS = (0, 1, 3, 5, 7.5, 10, 15, 30, 60, 120, 240, 480, 960, 1920)
@@ -90,3 +104,15 @@ class DualPodsMetrics:
             ["exported_namespace", "isc_name"],
             registry=registry,
         )
+        self.sleeper_budget_actions = Counter(
+            "dualpods_sleeper_budget_actions",
+            "What the sleeper budgets did: deleted (a sleeper, or an instance too big to keep asleep), "
+            "wake_refused (its GPUs over the budget and no sleeper could go).",
+            ["exported_namespace", "isc_name", "action"],
+            registry=registry,
+        )
+
+    def forget_pod(self, namespace: str, name: str) -> None:
+        """The Pod is gone: drop the fma_duality series that name it, as requester or as provider."""
+        for label in ("requester_name", "exported_pod"):
+            self.duality.remove_by_labels({"exported_namespace": namespace, label: name})

@@ -19,11 +19,12 @@ from api.launcher import ErrorReason, InstanceState, VllmConfig
 from controller import pods
 from controller.dualpods import instance_sleep
 from controller.dualpods.budget import gpu_victim, gpus_over_budget
+from controller.dualpods.metrics import BudgetAction
 from controller.dualpods.outcomes import DONE, Problem, StepResult, Wait
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, committed_routing, outdated_routing
 from controller.dualpods.selection import Candidate, plan_for
-from controller.dualpods.sleepers import note_budget, sleepers
+from controller.dualpods.sleepers import count_budget_action, note_budget, sleepers
 from controller.dualpods.status import reported_errors
 from controller.dualpods.writer import set_annotation, set_label
 from controller.http import HttpError
@@ -128,6 +129,7 @@ async def wake(p: Pass) -> StepResult:
             listing = await p.clients.launchers.list_instances(launcher_ip(p), s.isc_name)
             victim = gpu_victim(sleepers(listing.instances, exclude=s.wanted), over)
             if victim is None:
+                count_budget_action(p, BudgetAction.WAKE_REFUSED)
                 used = ", ".join(f"{gpu}: {mib} MiB" for gpu, mib in over.items())
                 return Problem.of(
                     f"not waking instance {s.wanted}: its GPUs already hold more than the sleeper budget "

@@ -1,9 +1,10 @@
 """The sleeping instances of a launcher as the memory budgets (E3, budget.py) count them, and the Event
-that says which one a budget made go."""
+that says which one a budget made go (counted in dualpods_sleeper_budget_actions_total)."""
 
 from api.launcher import InstanceState, InstanceStatus
 from controller import pods
 from controller.dualpods.budget import Sleeper
+from controller.dualpods.metrics import BudgetAction
 from controller.dualpods.passes import Pass
 
 
@@ -16,4 +17,10 @@ def sleepers(states: list[InstanceState], exclude: str) -> list[Sleeper]:
 
 
 async def note_budget(p: Pass, launcher: pods.Pod, message: str) -> None:
+    """An instance a budget made go: counted, and an Event on the launcher."""
+    count_budget_action(p, BudgetAction.DELETED)
     await p.event(launcher, "Normal", "SleeperBudget", message)
+
+
+def count_budget_action(p: Pass, action: BudgetAction) -> None:
+    p.world.metrics.sleeper_budget_actions.labels(p.world.namespace, p.s.isc_name, action.value).inc()
