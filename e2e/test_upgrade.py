@@ -3,10 +3,11 @@
 The previous release's chart is e2e/fixture_charts/dualpods-0.1.0.tgz: `helm package` of `charts/dualpods` at tag
 v0.1.0 (commit 5eec9d2; its CRDs were symlinks then, which `helm package` resolves), kept here so that a shallow
 clone can run this test. It is installed with a user's values and its own CRDs; a requester is served and scaled to
-0, which leaves its instance asleep in its launcher. Then the upgrade page's commands run as a user copies them
-(the namespace, release and tag filled in): the CRDs, then `helm upgrade --reset-then-reuse-values`, then `helm
-test`. Afterwards the controllers run the new chart with the user's values, the CRDs have the new fields, the same
-launcher still holds the same sleeping instance, and a scale-up wakes it: a hot start.
+0, which leaves its instance asleep in its launcher (kept by a population policy). Then the upgrade page's commands
+run as a user copies them (the namespace, release and tag filled in): the CRDs, then `helm upgrade
+--reset-then-reuse-values`, then `helm test`. Afterwards, once the controllers have rolled, they run the new chart
+with the user's values, the CRDs have the new fields, the same launcher still holds the same sleeping instance, and
+a scale-up wakes it: a hot start.
 
 The controllers run as local processes of this checkout whichever chart starts them (the loopback kubelet's image
 map), so this tests the chart, the CRDs and the documented procedure, and that the state left by the old release's
@@ -16,6 +17,7 @@ Pods carries over; not old controller code.
 import re
 import shlex
 import tarfile
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -26,7 +28,7 @@ from api.crdgen import DEFAULT_OUT_DIR as CRD_DIR
 from api.version import release
 from controller import pods
 from e2e.chart import DUAL_PODS, POPULATOR
-from e2e.cluster.cluster import LoopbackCluster
+from e2e.cluster.cluster import LoopbackCluster, pod_is_ready
 from e2e.crds import REPO, install_crds, kubectl
 from e2e.dualpods_env import NO_ADMISSION_POLICIES, PROCESSES, DualPodsEnv
 from e2e.fixtures import fresh_namespace
@@ -104,8 +106,10 @@ async def test_an_upgrade_from_the_previous_release_keeps_the_sleepers_and_the_u
             served = await env.ready_requester("requesters", within=300)
             launcher = await env.launcher_of(served)
             instance = pods.annotations(launcher)[keys.INSTANCE_ID_ANNOTATION]
+            await env.create_population_policy("keep-one", "lc", count=1)  # the launcher outlives its requester
             await env.scale("requesters", 0)
             await env.wait_gone("requesters")
+            await env.wait_launchers_unbound(within=60)
 
             for command in documented_commands():
                 words = filled_in(command, namespace)
@@ -118,8 +122,7 @@ async def test_an_upgrade_from_the_previous_release_keeps_the_sleepers_and_the_u
             (installed,) = yaml.safe_load(listing)
             assert (installed["chart"], installed["app_version"]) == (f"dualpods-{release()}", release())
             for component, old in before.items():
-                running = {p.metadata.name for p in await env.controllers.wait_running(component)}
-                assert running.isdisjoint(old), f"{component} was not rolled"
+                await wait_for(partial(rolled, env, component, old), what=f"{component} rolled", within=120)
             dual_pods = (await env.controllers.pods(DUAL_PODS))[0].spec.containers[0]
             assert dual_pods.image.endswith(f":{release()}")
             assert "--log-level=debug" in dual_pods.args, "the user's values came through"
@@ -146,6 +149,13 @@ async def test_an_upgrade_from_the_previous_release_keeps_the_sleepers_and_the_u
         finally:
             await env.teardown()
             await install_crds(cluster, api)  # this checkout's CRDs for the tests after this one
+
+
+async def rolled(env: DualPodsEnv, component: str, old: set[str]) -> bool:
+    """The rolling update is over, as `kubectl rollout status` would say: a new Pod Ready, none of the old left."""
+    found = await env.controllers.pods(component)
+    names = {p.metadata.name for p in found}
+    return names.isdisjoint(old) and any(pod_is_ready(p) for p in found)
 
 
 def _unpack_crds(into: Path) -> None:
