@@ -19,6 +19,7 @@ from controller import pods
 from e2e.chart import InstalledControllers
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import install_crds
+from e2e.dra import claim_gpus
 from e2e.model_cache import cache_root
 from e2e.waiting import wait_for
 from scripts.images import catalogue
@@ -245,12 +246,14 @@ class DualPodsEnv:
         node: str | None = None,
         gpu: str | None = None,
         probe_period: int = 1,
+        claim_template: str | None = None,
     ) -> None:
         """A ReplicaSet of server-requesting Pods asking for launchers' instances of `isc`, as FMA users write
         them. `gpu` pins one GPU the way FMA's tests do: no GPU requested from the scheduler, the UUID given in
-        NVIDIA_VISIBLE_DEVICES. `probe_period`: of their readiness probe, in seconds."""
+        NVIDIA_VISIBLE_DEVICES. `probe_period`: of their readiness probe, in seconds. `claim_template`: the
+        GPUs come from a ResourceClaim made from this ResourceClaimTemplate (DRA), not `nvidia.com/gpu`."""
         annotations = {keys.INFERENCE_SERVER_CONFIG_ANNOTATION: isc}
-        await self._create_requester_set(name, annotations, replicas, gpus, node, gpu, probe_period)
+        await self._create_requester_set(name, annotations, replicas, gpus, node, gpu, probe_period, claim_template)
 
     async def create_direct_requesters(
         self, name: str, patch: str, replicas: int = 1, gpus: int = 1, node: str | None = None, gpu: str | None = None
@@ -267,7 +270,11 @@ class DualPodsEnv:
         node: str | None,
         gpu: str | None,
         probe_period: int = 1,
+        claim_template: str | None = None,
     ) -> None:
+        spec = _requester_spec(self.images.requester, gpus, node, gpu, probe_period)
+        if claim_template is not None:
+            claim_gpus(spec, claim_template)
         await self.apps.create_namespaced_replica_set(self.namespace, {
             "metadata": {"name": name},
             "spec": {
@@ -275,7 +282,7 @@ class DualPodsEnv:
                 "selector": {"matchLabels": {"app": name}},
                 "template": {
                     "metadata": {"labels": {"app": name}, "annotations": annotations},
-                    "spec": _requester_spec(self.images.requester, gpus, node, gpu, probe_period),
+                    "spec": spec,
                 },
             },
         })  # fmt: skip

@@ -13,7 +13,6 @@ from e2e.kubelet.config import NodeConfig
 from e2e.kubelet.gpus import RESOURCE, gpu_uuid
 from e2e.kubelet.node import node_status
 
-
 _API: list[client.ApiClient] = []
 
 
