@@ -24,9 +24,22 @@ async def added_node(cluster: LoopbackCluster, name: str, gpu_mode: GpuMode, gpu
         await cluster.kubelet.lose_node(name)
 
 
-async def create_claim_template(api: client.ApiClient, namespace: str, name: str, gpus: int) -> None:
-    """A ResourceClaimTemplate for `gpus` GPUs of class `gpu.nvidia.com`, in one request named `gpus`."""
-    request = {"name": "gpus", "exactly": {"deviceClassName": DEVICE_CLASS, "count": gpus}}
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+
+
+async def allow_admin_access(api: client.ApiClient, namespace: str) -> None:
+    """Label `namespace` as a cluster admin does so that claims in it may take devices with admin access."""
+    await client.CoreV1Api(api).patch_namespace(namespace, {"metadata": {"labels": {ADMIN_ACCESS_LABEL: "true"}}})
+
+
+async def create_claim_template(api: client.ApiClient, namespace: str, name: str, gpus: int | None) -> None:
+    """A ResourceClaimTemplate for `gpus` GPUs of class `gpu.nvidia.com`, in one request named `gpus`. `gpus`
+    None: every GPU of the Node, with admin access (beside the claims that hold them), as a launcher on a DRA
+    Node takes them; the namespace must allow it (`allow_admin_access`)."""
+    exactly: dict[str, Any] = {"deviceClassName": DEVICE_CLASS, "count": gpus}
+    if gpus is None:
+        exactly = {"deviceClassName": DEVICE_CLASS, "allocationMode": "All", "adminAccess": True}
+    request = {"name": "gpus", "exactly": exactly}
     body = {"metadata": {"name": name}, "spec": {"spec": {"devices": {"requests": [request]}}}}
     await client.ResourceV1Api(api).create_namespaced_resource_claim_template(namespace, body)
 

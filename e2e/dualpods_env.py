@@ -145,11 +145,13 @@ class DualPodsEnv:
         env: dict[str, str] | None = None,
         verify_wakes: bool | None = None,
         restricted: bool = True,
+        claim_template: str | None = None,
     ) -> None:
         """`image`: another than the launcher's (a broken or foreign one, for fault tests); `env`: the
         launcher container's environment (e.g. LAUNCHER_FMA_ONLY=true); `verify_wakes`: its
         `spec.verifyWakes` (None: left out, the default); `restricted` False: no securityContext (a template as
-        FMA's e2e writes it)."""
+        FMA's e2e writes it); `claim_template`: the launcher sees the GPUs of a claim made from this
+        ResourceClaimTemplate (an admin-access one, on DRA Nodes)."""
         container: Obj = {
             "name": keys.INFERENCE_SERVER_CONTAINER,
             "image": image or self.images.launcher,
@@ -176,6 +178,8 @@ class DualPodsEnv:
                 {"name": "home", "mountPath": LAUNCHER_HOME},
                 {"name": "tmp", "mountPath": "/tmp"},
             ]
+        if claim_template is not None:
+            claim_gpus(pod_spec, claim_template)
         spec: Obj = {
             "maxInstances": max_instances,
             "podTemplate": {"metadata": {"labels": {"from-launcher-config": "yes"}}, "spec": pod_spec},
@@ -212,13 +216,19 @@ class DualPodsEnv:
         }
         await self._create(InferenceServerConfig, body)
 
-    async def create_population_policy(self, name: str, launcher_config: str, count: int) -> None:
+    async def create_population_policy(
+        self, name: str, launcher_config: str, count: int, dra_driver: str | None = None
+    ) -> None:
+        """Selecting the GPU Nodes by their label, or with `dra_driver` those it publishes devices for."""
+        selector: Obj = {"labelSelector": {"matchLabels": {"nvidia.com/gpu.present": "true"}}}
+        if dra_driver is not None:
+            selector = {"labelSelector": {}, "draDevices": {dra_driver: {"min": 1}}}
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "LauncherPopulationPolicy",
             "metadata": {"name": name},
             "spec": {
-                "enhancedNodeSelector": {"labelSelector": {"matchLabels": {"nvidia.com/gpu.present": "true"}}},
+                "enhancedNodeSelector": selector,
                 "countForLauncher": [{"launcherConfigName": launcher_config, "launcherCount": count}],
             },
         }

@@ -2,11 +2,12 @@
 
 The session's cluster has two device-plugin Nodes; each test adds one Node of another kind for itself.
 On a DRA Node (NVIDIA's driver played by the loopback kubelet: no `nvidia.com/gpu`, a ResourceSlice), a
-requester asking for two GPUs through one ResourceClaim is bound to a launcher instance pinned to exactly
-the two devices the scheduler allocated, while a device-plugin requester is served on another Node; a second
-DRA requester gets neither GPU while the first holds them. On a CDI-style device-plugin Node
-(`NVIDIA_VISIBLE_DEVICES=void`), the requester reports the injected GPU and swaps work. Launchers run
-stand-in model servers.
+LauncherPopulationPolicy selecting by the driver's devices puts a launcher that sees the Node's GPUs through
+an admin-access claim; a requester asking for two GPUs through one ResourceClaim is bound to that launcher,
+its instance pinned to exactly the two devices the scheduler allocated, while a device-plugin requester is
+served on another Node; a second DRA requester gets neither GPU while the first holds them. On a CDI-style
+device-plugin Node (`NVIDIA_VISIBLE_DEVICES=void`), the requester reports the injected GPU and swaps work.
+Launchers run stand-in model servers.
 """
 
 from collections.abc import AsyncIterator
@@ -17,12 +18,14 @@ from api import keys
 from controller import pods
 from e2e.actuation import release
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.dra import added_node, create_claim_template
+from e2e.dra import added_node, allow_admin_access, create_claim_template
 from e2e.dualpods_env import DualPodsEnv, Obj
 from e2e.kubelet.control import NodeInfo
+from e2e.kubelet.dra import DRIVER
 from e2e.waiting import wait_for
 
 PORTS = {"model-a": 8005, "model-b": 8006}
+DRA_PORTS = {"dra-a": 8007, "dra-b": 8008}
 READY_S = 120
 
 
@@ -65,19 +68,40 @@ async def unschedulable(env: DualPodsEnv, replica_set: str) -> bool:
     return len(found) == 1 and [c["status"] for c in conditions] == ["False"]
 
 
+async def ready_launchers_of(env: DualPodsEnv, config: str) -> list[Obj]:
+    return [
+        p
+        for p in await env.launchers()
+        if pods.labels(p).get(keys.LAUNCHER_CONFIG_NAME_LABEL) == config and pods.is_ready(p)
+    ]
+
+
 async def test_dra_and_device_plugin_requesters_side_by_side(dra_node: NodeInfo, stand_in_env: DualPodsEnv) -> None:
     env = stand_in_env
+    await allow_admin_access(env.api, env.namespace)
+    await create_claim_template(env.api, env.namespace, "all-gpus", None)
     await create_claim_template(env.api, env.namespace, "two-gpus", 2)
     await create_claim_template(env.api, env.namespace, "one-gpu", 1)
+    await env.create_launcher_config("lc-dra", max_instances=2, launcher_args=["--stand-in"], claim_template="all-gpus")
+    for isc, port in DRA_PORTS.items():
+        await env.create_isc(isc, "lc-dra", port=port, options=f"--model {isc}")
     dra_gpus = sorted(dra_node.gpus)
 
-    # One claim for two GPUs: both GPUs of the DRA Node, and an instance pinned to exactly those.
-    await env.create_requesters("dra", "model-a", node=dra_node.name, claim_template="two-gpus")
+    # Selected by the devices NVIDIA's driver publishes for it (it has no nvidia.com/gpu), the DRA Node and no
+    # other gets a launcher, which sees the Node's GPUs through its admin-access claim.
+    await env.create_population_policy("dra-nodes", "lc-dra", 1, dra_driver=DRIVER)
+    (populated,) = await wait_for(
+        lambda: ready_launchers_of(env, "lc-dra"), what="the DRA Node's launcher", within=READY_S
+    )
+    assert populated["spec"]["nodeName"] == dra_node.name
+
+    # One claim for two GPUs: both GPUs of the DRA Node, and an instance of that launcher pinned to exactly those.
+    await env.create_requesters("dra", "dra-a", node=dra_node.name, claim_template="two-gpus")
     requester = await env.ready_requester("dra", within=READY_S)
     assert requester["spec"]["nodeName"] == dra_node.name
     assert accelerators(requester) == dra_gpus
     assert await instance_gpus(env, requester) == dra_gpus
-    assert (await env.launcher_of(requester))["spec"]["nodeName"] == dra_node.name
+    assert pods.name(await env.launcher_of(requester)) == pods.name(populated)
 
     # A device-plugin requester in the same cluster is served on a device-plugin Node.
     plugin_node: NodeInfo = next(n for n in await env.cluster.kubelet.nodes() if n.name != dra_node.name)
@@ -88,7 +112,7 @@ async def test_dra_and_device_plugin_requesters_side_by_side(dra_node: NodeInfo,
     assert await instance_gpus(env, plugin) == [plugin_gpu]
 
     # No GPU is left on the DRA Node: a second DRA requester is not scheduled while the first holds both.
-    await env.create_requesters("dra-second", "model-b", node=dra_node.name, claim_template="one-gpu")
+    await env.create_requesters("dra-second", "dra-b", node=dra_node.name, claim_template="one-gpu")
     await wait_for(lambda: unschedulable(env, "dra-second"), what="the second DRA requester unschedulable")
     await release(env, "dra")
     second = await env.ready_requester("dra-second", within=READY_S)

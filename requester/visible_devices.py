@@ -16,10 +16,11 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
+from api.keys import SIMULATED_NVML_ENV
+
+__all__ = ["ENV_NAME", "SIMULATED_NVML_ENV", "Scope", "VisibleDevices", "parse"]
+
 ENV_NAME = "NVIDIA_VISIBLE_DEVICES"
-# Set only by the loopback test cluster's kubelet where it plays a CDI runtime: the UUIDs NVML would
-# report in this container, standing in for the device nodes CDI injects on a real GPU node.
-SIMULATED_NVML_ENV = "DUALPODS_SIMULATED_NVML_UUIDS"
 _UUID = re.compile(r"^(GPU|MIG)-[0-9A-Za-z-]+$")
 _INDEX = re.compile(r"^[0-9]+$")
 

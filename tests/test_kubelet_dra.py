@@ -1,5 +1,6 @@
 """The loopback kubelet as NVIDIA's GPU DRA driver, without a cluster: the objects it publishes, how it maps a
-Pod's allocated claims to its containers' devices, and the environment the runtime gives GPU containers."""
+Pod's allocated claims to its containers' devices, the environment the runtime gives GPU containers, and what
+the launcher's mock GPUs see under it."""
 
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,6 +13,8 @@ from e2e.kubelet.cdi import gpu_env
 from e2e.kubelet.config import NodeConfig
 from e2e.kubelet.gpus import RESOURCE, gpu_uuid
 from e2e.kubelet.node import node_status
+from launcher import gpus
+from launcher.errors import UnknownGpu
 
 _API: list[client.ApiClient] = []
 
@@ -126,3 +129,17 @@ def test_cdi_overwrites_the_visible_devices_with_void_and_declares_nvmls_view() 
         "NVIDIA_VISIBLE_DEVICES": "void",
         "DUALPODS_SIMULATED_NVML_UUIDS": "GPU-a,GPU-b",
     }
+    # A container holding no claim on a DRA-only Node: no CDI edit, and NVML sees nothing.
+    assert gpu_env([], cdi=True) == {"DUALPODS_SIMULATED_NVML_UUIDS": ""}
+
+
+async def test_a_mock_launcher_sees_only_the_gpus_injected_into_its_container() -> None:
+    """The launcher's FMA mock mode under the loopback kubelet's CDI stand-in: an admin-access claim for every
+    GPU of the Node shows all of them, no claim shows none (its instances then fail on an unknown UUID)."""
+    every = gpus.inventory(4, None, None, "GPU-0,GPU-1,GPU-2,GPU-3")
+    assert await every.mapping() == {"GPU-0": 0, "GPU-1": 1, "GPU-2": 2, "GPU-3": 3}
+    assert await gpus.inventory(4, None, None, "GPU-3,GPU-1").mapping() == {"GPU-1": 0, "GPU-3": 1}
+    nothing = gpus.inventory(4, None, None, "")
+    with pytest.raises(UnknownGpu, match=r"available .*: none"):
+        await nothing.indices(["GPU-0"])
+    assert await gpus.inventory(2, None, None).mapping() == {"GPU-0": 0, "GPU-1": 1}, "outside the loopback kubelet"

@@ -36,7 +36,9 @@ async def bind(p: Pass) -> float | None:
         raise RequesterProblem(str(s.isc.problem or s.launcher_config.problem))
     isc, lc = s.isc.value, s.launcher_config.value
     try:
-        template, template_hash = node_independent_pod(lc, p.world.options.launcher_token_secret)
+        template, template_hash = node_independent_pod(
+            lc, p.world.options.launcher_token_secret, p.world.options.launcher_runtime_class
+        )
     except TemplateError as err:
         raise RequesterProblem(str(err)) from None
     routing = from_isc(isc)

@@ -76,6 +76,7 @@ class DualPodsOptions:
     workers: int = 4
     launcher_token: TokenFile | None = None  # the bearer token launchers require, followed as its file changes
     launcher_token_secret: str | None = None  # the Secret holding it, mounted into launchers we create
+    launcher_runtime_class: str | None = None  # given to launchers we create whose template names none
     sleeper_limit: int = 1  # direct providers that may sleep on one GPU (FMA's binary default)
     requester_tokens: RequesterTokens | None = None  # E15: the credential of calls that change requesters
     drain_rewarm_timeout_s: float = DEFAULT_TIMEOUT_S  # how long a drain waits for a launcher's sleepers to be copied
@@ -125,7 +126,7 @@ class DualPodsController:
         index(GPU, gpu_keys)
         index(DIRECT_REQUESTERS, _direct_requester)
         caches.iscs.add_index(ISCS_BY_LAUNCHER_CONFIG, lambda isc: [_launcher_config_name(isc)])
-        options_ = Options(launcher_token_secret=options.launcher_token_secret, sleeper_limit=options.sleeper_limit)
+        options_ = Options(options.launcher_token_secret, options.launcher_runtime_class, options.sleeper_limit)
         self.reconciler = Reconciler(World(namespace, caches, views, clients, Memory(), metrics, options_))
         self.summaries = LauncherSummaries(namespace, caches.pods, views, clients.pods)
         self.drains = DrainRewarmer(namespace, caches, views, clients, options.drain_rewarm_timeout_s)

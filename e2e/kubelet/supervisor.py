@@ -129,8 +129,9 @@ class ContainerSupervisor:
         pod = self._pod.pod
         fields = PodFields(pod, self._pod.pod_ip, self._runtime.host_ip)
         pod_env = await resolve_env(self.spec, fields, self._runtime.service_env(), self._runtime.fetch)
-        if self.spec.name in self._pod.gpus:
-            pod_env.update(gpu_env(self._pod.gpus[self.spec.name], cdi=self._runtime.gpus_through_cdi))
+        held = self._pod.gpus.get(self.spec.name, [])
+        if held or self._runtime.gpu_mode == "dra":  # on a DRA Node only claims reach GPUs, `all` reaches none
+            pod_env.update(gpu_env(held, cdi=self._runtime.gpus_through_cdi))
         mounts = container_mounts(self.spec, self._pod.volumes)
         image = self.spec.image or ""
         command = [expand(a, pod_env) for a in self.spec.command] if self.spec.command else None
