@@ -21,7 +21,7 @@ from e2e.cluster.cluster import LoopbackCluster
 from e2e.dra import added_node, allow_admin_access, create_claim_template
 from e2e.dualpods_env import DualPodsEnv, Obj
 from e2e.kubelet.control import NodeInfo
-from e2e.kubelet.dra import DRIVER
+from e2e.kubelet.dra import DRIVER, device_name
 from e2e.waiting import wait_for
 
 PORTS = {"model-a": 8005, "model-b": 8006}
@@ -68,6 +68,17 @@ async def unschedulable(env: DualPodsEnv, replica_set: str) -> bool:
     return len(found) == 1 and [c["status"] for c in conditions] == ["False"]
 
 
+async def bound_event(env: DualPodsEnv, requester: Obj) -> str:
+    """The message of the requester's Bound Event."""
+    selector = f"involvedObject.name={pods.name(requester)},reason=Bound"
+
+    async def found() -> list[str]:
+        events = await env.core.list_namespaced_event(env.namespace, field_selector=selector)
+        return [str(e.message) for e in events.items]
+
+    return (await wait_for(found, what="the Bound Event"))[0]
+
+
 async def ready_launchers_of(env: DualPodsEnv, config: str) -> list[Obj]:
     return [
         p
@@ -102,6 +113,10 @@ async def test_dra_and_device_plugin_requesters_side_by_side(dra_node: NodeInfo,
     assert accelerators(requester) == dra_gpus
     assert await instance_gpus(env, requester) == dra_gpus
     assert pods.name(await env.launcher_of(requester)) == pods.name(populated)
+    # The requester's Event names the devices, as `kubectl get resourceslices` and its claim show them.
+    devices = [f"{DRIVER}/{dra_node.name}/{device_name(i)} ({u})" for u, i in dra_node.gpus.items()]
+    message = await bound_event(env, requester)
+    assert all(d in message for d in devices), message
 
     # A device-plugin requester in the same cluster is served on a device-plugin Node.
     plugin_node: NodeInfo = next(n for n in await env.cluster.kubelet.nodes() if n.name != dra_node.name)

@@ -21,6 +21,7 @@ from api.token_file import TokenFile
 from controller import pods
 from controller.dualpods.binding import LAUNCHERS_BY_CONFIG_HASH
 from controller.dualpods.collaborators import Clients
+from controller.dualpods.devices import SliceDevices
 from controller.dualpods.direct import GPU, NOMINAL
 from controller.dualpods.drains import DEFAULT_TIMEOUT_S, DrainRewarmer
 from controller.dualpods.isc_status import LAUNCHERS_BY_SUMMARY_ISC, REQUESTERS_BY_ISC, served, summary_iscs
@@ -290,6 +291,7 @@ async def run_dual_pods(
             servers=ProviderClient(http),
             events=EventRecorder(api, "dual-pods-controller"),
             statuses=StatusWriter(client.CustomObjectsApi(api), namespace),
+            devices=SliceDevices(api),
         )
         controller = DualPodsController(namespace, kube_caches(api, namespace), views, clients, metrics, options)
         async with asyncio.TaskGroup() as tasks:
