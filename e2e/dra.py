@@ -11,7 +11,7 @@ from api.keys import GPU_RESOURCE
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.kubelet.config import GpuMode
 from e2e.kubelet.control import NodeInfo
-from e2e.kubelet.dra import DEVICE_CLASS
+from e2e.kubelet.dra import DEVICE_CLASS, DRIVER
 
 
 @contextlib.asynccontextmanager
@@ -32,11 +32,15 @@ async def allow_admin_access(api: client.ApiClient, namespace: str) -> None:
     await client.CoreV1Api(api).patch_namespace(namespace, {"metadata": {"labels": {ADMIN_ACCESS_LABEL: "true"}}})
 
 
-async def create_claim_template(api: client.ApiClient, namespace: str, name: str, gpus: int | None) -> None:
-    """A ResourceClaimTemplate for `gpus` GPUs of class `gpu.nvidia.com`, in one request named `gpus`. `gpus`
-    None: every GPU of the Node, with admin access (beside the claims that hold them), as a launcher on a DRA
-    Node takes them; the namespace must allow it (`allow_admin_access`)."""
+async def create_claim_template(
+    api: client.ApiClient, namespace: str, name: str, gpus: int | None, uuid: str | None = None
+) -> None:
+    """A ResourceClaimTemplate for `gpus` GPUs of class `gpu.nvidia.com`, in one request named `gpus`; `uuid`:
+    only the device with that UUID. `gpus` None: every GPU of the Node, with admin access (beside the claims
+    that hold them), as a launcher on a DRA Node takes them; the namespace must allow it (`allow_admin_access`)."""
     exactly: dict[str, Any] = {"deviceClassName": DEVICE_CLASS, "count": gpus}
+    if uuid is not None:
+        exactly["selectors"] = [{"cel": {"expression": f"device.attributes['{DRIVER}'].uuid == '{uuid}'"}}]
     if gpus is None:
         exactly = {"deviceClassName": DEVICE_CLASS, "allocationMode": "All", "adminAccess": True}
     request = {"name": "gpus", "exactly": exactly}
