@@ -25,7 +25,7 @@ from api import keys
 from e2e.actuation import Actuation, actuate, release
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import kubectl
-from e2e.dra import allow_admin_access, create_claim_template
+from e2e.dra import DRA_NODES, allow_admin_access, create_claim_template
 from e2e.dualpods_env import ENFORCE, PROCESSES, RESTRICTED_NAMESPACE, WARN, DualPodsEnv, Images, built_images
 from e2e.kubelet import oci
 from e2e.kubelet.dra import DRIVER
@@ -184,7 +184,7 @@ async def run(state_dir: Path, namespace: str, images: Images, dra: bool) -> Non
         await step(env, "cold: model-a scaled to 1 — no launcher yet: a launcher Pod is created, it preloads "
                         "vLLM, then forks model-a", "model-a", timings)  # fmt: skip
         await env.create_population_policy(
-            "keep-a-launcher", "demo-launchers", count=1, dra_driver=DRIVER if dra else None
+            "keep-a-launcher", "demo-launchers", count=1, selector=DRA_NODES if dra else None
         )
         say("\ncreated LauncherPopulationPolicy keep-a-launcher: one launcher per GPU node, kept when unbound")
         await swap(env, "model-a", "model-b", "warm: model-b scaled to 1 — same launcher, new instance", timings)

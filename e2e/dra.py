@@ -25,6 +25,8 @@ async def added_node(cluster: LoopbackCluster, name: str, gpu_mode: GpuMode, gpu
 
 
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+# A LauncherPopulationPolicy's selector of the Nodes NVIDIA's DRA driver publishes GPUs for.
+DRA_NODES = {"labelSelector": {}, "draDevices": {DRIVER: {"min": 1}}}
 
 
 async def allow_admin_access(api: client.ApiClient, namespace: str) -> None:

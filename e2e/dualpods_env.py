@@ -217,12 +217,10 @@ class DualPodsEnv:
         await self._create(InferenceServerConfig, body)
 
     async def create_population_policy(
-        self, name: str, launcher_config: str, count: int, dra_driver: str | None = None
+        self, name: str, launcher_config: str, count: int, selector: Obj | None = None
     ) -> None:
-        """Selecting the GPU Nodes by their label, or with `dra_driver` those it publishes devices for."""
-        selector: Obj = {"labelSelector": {"matchLabels": {"nvidia.com/gpu.present": "true"}}}
-        if dra_driver is not None:
-            selector = {"labelSelector": {}, "draDevices": {dra_driver: {"min": 1}}}
+        """Selecting the Nodes by `selector` (an enhancedNodeSelector), by default the GPU Nodes by their label."""
+        selector = selector or {"labelSelector": {"matchLabels": {"nvidia.com/gpu.present": "true"}}}
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "LauncherPopulationPolicy",

@@ -15,10 +15,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from api import keys
+from api.keys import HOSTNAME_LABEL as HOSTNAME
 from controller import pods
 from e2e.actuation import release
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.dra import added_node, allow_admin_access, create_claim_template
+from e2e.dra import DRA_NODES, added_node, allow_admin_access, create_claim_template
 from e2e.dualpods_env import DualPodsEnv, Obj
 from e2e.kubelet.control import NodeInfo
 from e2e.kubelet.dra import DRIVER, device_name
@@ -100,7 +101,7 @@ async def test_dra_and_device_plugin_requesters_side_by_side(dra_node: NodeInfo,
 
     # Selected by the devices NVIDIA's driver publishes for it (it has no nvidia.com/gpu), the DRA Node and no
     # other gets a launcher, which sees the Node's GPUs through its admin-access claim.
-    await env.create_population_policy("dra-nodes", "lc-dra", 1, dra_driver=DRIVER)
+    await env.create_population_policy("dra-nodes", "lc-dra", 1, selector=DRA_NODES)
     (populated,) = await wait_for(
         lambda: ready_launchers_of(env, "lc-dra"), what="the DRA Node's launcher", within=READY_S
     )
@@ -129,7 +130,8 @@ async def test_dra_and_device_plugin_requesters_side_by_side(dra_node: NodeInfo,
     # No GPU is left on the DRA Node: a second DRA requester is not scheduled while the first holds both.
     await env.create_requesters("dra-second", "dra-b", node=dra_node.name, claim_template="one-gpu")
     await wait_for(lambda: unschedulable(env, "dra-second"), what="the second DRA requester unschedulable")
-    await release(env, "dra")
+    await env.scale("dra", 0)  # its claim goes with it (the plugin requester stays bound)
+    await env.wait_gone("dra", within=READY_S)
     second = await env.ready_requester("dra-second", within=READY_S)
     (second_gpu,) = accelerators(second)
     assert second_gpu in dra_gpus
@@ -140,6 +142,10 @@ async def test_cdi_node_requester_reports_the_injected_gpu_and_swaps(
     cdi_node: NodeInfo, stand_in_env: DualPodsEnv
 ) -> None:
     env = stand_in_env
+    # A launcher kept on the CDI Node while unbound, so that its sleeping instances are woken again.
+    await env.create_population_policy(
+        "cdi-node", "lc", 1, {"labelSelector": {"matchLabels": {HOSTNAME: cdi_node.name}}}
+    )
     await env.create_requesters("cdi", "model-a", node=cdi_node.name)
     requester = await env.ready_requester("cdi", within=READY_S)
     (gpu,) = accelerators(requester)
