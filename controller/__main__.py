@@ -70,6 +70,7 @@ def build_dual_pods(
         workers=args.num_workers,
         launcher_token=token,
         launcher_token_secret=args.launcher_token_secret,
+        launcher_runtime_class=args.launcher_runtime_class,
         sleeper_limit=args.sleeper_limit,
         requester_tokens=requester_tokens(api, args),
         drain_rewarm_timeout_s=args.drain_rewarm_timeout,
@@ -103,6 +104,7 @@ def build_populator(
         stuck_scheduling_threshold=args.stuck_scheduling_threshold,
         stuck_starting_threshold=args.stuck_starting_threshold,
         launcher_token_secret=args.launcher_token_secret,
+        launcher_runtime_class=args.launcher_runtime_class,
         launcher_token=token,
     )
     return functools.partial(run_populator, api, args.namespace, options, registry)
@@ -147,6 +149,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             "--create-launcher-token-secret",
             action="store_true",
             help="create --launcher-token-secret with a random token at start-up when it does not exist",
+        )
+        command.add_argument(
+            "--launcher-runtime-class",
+            help="RuntimeClass of the launcher Pods this controller creates whose LauncherConfig names none, "
+            "e.g. nvidia or nvidia-legacy where the GPU Operator injects GPUs through CDI (default: none)",
         )
         command.add_argument(
             "--launcher-token-file", help="file holding the launchers' bearer token (re-read when it changes)"

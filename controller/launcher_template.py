@@ -102,8 +102,12 @@ def template_hash(metadata: dict[str, Any], spec: dict[str, Any]) -> str:
     return go_hash(gojson.marshal(gojson.typed({"metadata": metadata, "spec": spec}, "core.Pod"), sort_keys=False))
 
 
-def node_independent_pod(config: LauncherConfig, token_secret: str | None = None) -> tuple[Pod, str]:
-    """The launcher Pod for `config` on any node, and its template hash."""
+def node_independent_pod(
+    config: LauncherConfig, token_secret: str | None = None, runtime_class: str | None = None
+) -> tuple[Pod, str]:
+    """The launcher Pod for `config` on any node, and its template hash. `runtime_class`: the cluster's
+    RuntimeClass through which launchers see every GPU (`nvidia`, `nvidia-legacy` under the GPU Operator's
+    CDI), for templates that name none; like the token, outside the hash, so it never makes launchers stale."""
     name = config.metadata.name
     canonical = _canonical_spec(config.spec.pod_template.spec)
     template = config.spec.pod_template.metadata
@@ -142,6 +146,8 @@ def node_independent_pod(config: LauncherConfig, token_secret: str | None = None
     _patch_launcher_container(launcher, token_secret)
     if isinstance(spec.get("overhead"), dict):
         spec["overhead"].pop(keys.GPU_RESOURCE, None)
+    if runtime_class and not spec.get("runtimeClassName"):
+        spec["runtimeClassName"] = runtime_class
     if token_secret:
         volumes = [v for v in spec.get("volumes", []) if v.get("name") != TOKEN_VOLUME]
         spec["volumes"] = [*volumes, {"name": TOKEN_VOLUME, "secret": {"secretName": token_secret}}]

@@ -5,7 +5,10 @@ LauncherConfig, two InferenceServerConfigs for two tiny models and a requester R
 (both asking for the same GPU), then swaps A -> B -> A -> B by scaling the sets, printing each step,
 how long it took and what the served model answered. The cluster is left up to look around. With
 `--images` (`make demo IMAGES=1`) the components run from the images `make images` builds, as real
-containers, instead of from this checkout as local processes.
+containers, instead of from this checkout as local processes. With `--dra` (`make demo DRA=1`, on a cluster
+whose Nodes NVIDIA's DRA driver serves: no `nvidia.com/gpu`, a ResourceSlice each) the requesters get their
+GPU from a ResourceClaim for that one device, the launchers see the Node's GPUs through an admin-access
+claim, and the population policy selects the Node by the devices the driver publishes.
 """
 
 import argparse
@@ -22,8 +25,10 @@ from api import keys
 from e2e.actuation import Actuation, actuate, release
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import kubectl
+from e2e.dra import DRA_NODES, allow_admin_access, create_claim_template
 from e2e.dualpods_env import ENFORCE, PROCESSES, RESTRICTED_NAMESPACE, WARN, DualPodsEnv, Images, built_images
 from e2e.kubelet import oci
+from e2e.kubelet.dra import DRIVER
 from e2e.tiny_model import ensure_tiny_model
 from e2e.waiting import wait_for, wait_service_account
 
@@ -120,7 +125,19 @@ async def hot_where(cluster: LoopbackCluster, namespace: str) -> str:
     return await kubectl(cluster, *status)
 
 
-async def run(state_dir: Path, namespace: str, images: Images) -> None:
+async def claim_the_gpu(env: DualPodsEnv, gpu: str) -> str:
+    """DRA: the ResourceClaimTemplate of the requesters (one GPU, the device whose UUID is `gpu`) after the
+    admin-access one of the launchers (every GPU of the Node); the name of the latter."""
+    await allow_admin_access(env.api, env.namespace)
+    await create_claim_template(env.api, env.namespace, "all-gpus", None)
+    await create_claim_template(env.api, env.namespace, "the-gpu", 1, uuid=gpu)
+    say("created ResourceClaimTemplates the-gpu (requesters: that one device) and all-gpus (launchers: every GPU")
+    say(f"of the Node, with admin access; namespace labelled for it). The Node's devices:\n"
+        f"{await kubectl(env.cluster, 'get', 'resourceslices', '-o', 'wide')}")  # fmt: skip
+    return "all-gpus"
+
+
+async def run(state_dir: Path, namespace: str, images: Images, dra: bool) -> None:
     cluster = LoopbackCluster(state_dir)
     if not cluster.is_up():
         raise SystemExit(f"no loopback cluster in {state_dir}: run `make cluster-up` first")
@@ -132,6 +149,10 @@ async def run(state_dir: Path, namespace: str, images: Images) -> None:
     async with await cluster.api_client() as api:
         version = (await client.VersionApi(api).get_code()).git_version
         say(f"the loopback cluster's API server: Kubernetes {version}")
+        slices = await client.ResourceV1Api(api).list_resource_slice(field_selector=f"spec.driver={DRIVER}")
+        if bool(slices.items) != dra:
+            kind, demo = ("device-plugin", "make demo DRA=1") if dra else ("DRA", "make demo")
+            raise SystemExit(f"the cluster's Nodes are {kind} Nodes: `make cluster-down`, then `{demo}`")
         labels = pod_security(images)
         await fresh_namespace(cluster, api, namespace, state_dir / "demo", labels)
         env = DualPodsEnv(cluster, api, namespace, state_dir / "demo", images)
@@ -143,20 +164,28 @@ async def run(state_dir: Path, namespace: str, images: Images) -> None:
         if images is not PROCESSES:
             say(f"  from the images of `make images`: {images.controller}, {images.launcher}, {images.requester}")
         await env.controllers.install(*images.chart_values())
-        await env.create_launcher_config("demo-launchers", max_instances=2, launcher_args=[])
         node = (await cluster.kubelet.nodes())[0]
         gpu = sorted(node.gpus)[0]
+        launchers_claim = await claim_the_gpu(env, gpu) if dra else None
+        await env.create_launcher_config(
+            "demo-launchers", max_instances=2, launcher_args=[], claim_template=launchers_claim
+        )
         for name, (_, port) in MODELS.items():
             options = f"--model {images.model(models[name])} --served-model-name {name} --max-model-len 256"
             await env.create_isc(name, "demo-launchers", port=port, options=options)
-            await env.create_requesters(name, name, replicas=0, node=node.name, gpu=gpu)
+            if dra:
+                await env.create_requesters(name, name, replicas=0, node=node.name, claim_template="the-gpu")
+            else:
+                await env.create_requesters(name, name, replicas=0, node=node.name, gpu=gpu)
         say(f"created LauncherConfig demo-launchers, InferenceServerConfigs and ReplicaSets {', '.join(MODELS)}")
-        say(f"(replicas 0; both sets pinned to {node.name}, GPU {gpu})")
+        say(f"(replicas 0; both sets pinned to {node.name}, GPU {gpu}{' by their claims' if dra else ''})")
 
         timings: list[tuple[str, Actuation]] = []
         await step(env, "cold: model-a scaled to 1 — no launcher yet: a launcher Pod is created, it preloads "
                         "vLLM, then forks model-a", "model-a", timings)  # fmt: skip
-        await env.create_population_policy("keep-a-launcher", "demo-launchers", count=1)
+        await env.create_population_policy(
+            "keep-a-launcher", "demo-launchers", count=1, selector=DRA_NODES if dra else None
+        )
         say("\ncreated LauncherPopulationPolicy keep-a-launcher: one launcher per GPU node, kept when unbound")
         await swap(env, "model-a", "model-b", "warm: model-b scaled to 1 — same launcher, new instance", timings)
         await swap(env, "model-b", "model-a", "hot: model-a scaled to 1 — its sleeping instance is woken", timings)
@@ -184,8 +213,11 @@ def main() -> None:
     parser.add_argument(
         "--images", action="store_true", help="run the components from the images of `make images` (real containers)"
     )
+    parser.add_argument(
+        "--dra", action="store_true", help="GPUs through ResourceClaims, on a cluster up with --gpu-mode dra"
+    )
     args = parser.parse_args()
-    asyncio.run(run(args.state_dir, args.namespace, built_images() if args.images else PROCESSES))
+    asyncio.run(run(args.state_dir, args.namespace, built_images() if args.images else PROCESSES, args.dra))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from controller import pods
 from e2e.chart import InstalledControllers
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import install_crds
+from e2e.dra import claim_gpus
 from e2e.waiting import wait_for
 from scripts.build_cache import cache_root
 from scripts.images import catalogue
@@ -144,11 +145,13 @@ class DualPodsEnv:
         env: dict[str, str] | None = None,
         verify_wakes: bool | None = None,
         restricted: bool = True,
+        claim_template: str | None = None,
     ) -> None:
         """`image`: another than the launcher's (a broken or foreign one, for fault tests); `env`: the
         launcher container's environment (e.g. LAUNCHER_FMA_ONLY=true); `verify_wakes`: its
         `spec.verifyWakes` (None: left out, the default); `restricted` False: no securityContext (a template as
-        FMA's e2e writes it)."""
+        FMA's e2e writes it); `claim_template`: the launcher sees the GPUs of a claim made from this
+        ResourceClaimTemplate (an admin-access one, on DRA Nodes)."""
         container: Obj = {
             "name": keys.INFERENCE_SERVER_CONTAINER,
             "image": image or self.images.launcher,
@@ -175,6 +178,8 @@ class DualPodsEnv:
                 {"name": "home", "mountPath": LAUNCHER_HOME},
                 {"name": "tmp", "mountPath": "/tmp"},
             ]
+        if claim_template is not None:
+            claim_gpus(pod_spec, claim_template)
         spec: Obj = {
             "maxInstances": max_instances,
             "podTemplate": {"metadata": {"labels": {"from-launcher-config": "yes"}}, "spec": pod_spec},
@@ -211,13 +216,17 @@ class DualPodsEnv:
         }
         await self._create(InferenceServerConfig, body)
 
-    async def create_population_policy(self, name: str, launcher_config: str, count: int) -> None:
+    async def create_population_policy(
+        self, name: str, launcher_config: str, count: int, selector: Obj | None = None
+    ) -> None:
+        """Selecting the Nodes by `selector` (an enhancedNodeSelector), by default the GPU Nodes by their label."""
+        selector = selector or {"labelSelector": {"matchLabels": {"nvidia.com/gpu.present": "true"}}}
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "LauncherPopulationPolicy",
             "metadata": {"name": name},
             "spec": {
-                "enhancedNodeSelector": {"labelSelector": {"matchLabels": {"nvidia.com/gpu.present": "true"}}},
+                "enhancedNodeSelector": selector,
                 "countForLauncher": [{"launcherConfigName": launcher_config, "launcherCount": count}],
             },
         }
@@ -245,12 +254,14 @@ class DualPodsEnv:
         node: str | None = None,
         gpu: str | None = None,
         probe_period: int = 1,
+        claim_template: str | None = None,
     ) -> None:
         """A ReplicaSet of server-requesting Pods asking for launchers' instances of `isc`, as FMA users write
         them. `gpu` pins one GPU the way FMA's tests do: no GPU requested from the scheduler, the UUID given in
-        NVIDIA_VISIBLE_DEVICES. `probe_period`: of their readiness probe, in seconds."""
+        NVIDIA_VISIBLE_DEVICES. `probe_period`: of their readiness probe, in seconds. `claim_template`: the
+        GPUs come from a ResourceClaim made from this ResourceClaimTemplate (DRA), not `nvidia.com/gpu`."""
         annotations = {keys.INFERENCE_SERVER_CONFIG_ANNOTATION: isc}
-        await self._create_requester_set(name, annotations, replicas, gpus, node, gpu, probe_period)
+        await self._create_requester_set(name, annotations, replicas, gpus, node, gpu, probe_period, claim_template)
 
     async def create_direct_requesters(
         self, name: str, patch: str, replicas: int = 1, gpus: int = 1, node: str | None = None, gpu: str | None = None
@@ -267,7 +278,11 @@ class DualPodsEnv:
         node: str | None,
         gpu: str | None,
         probe_period: int = 1,
+        claim_template: str | None = None,
     ) -> None:
+        spec = _requester_spec(self.images.requester, gpus, node, gpu, probe_period)
+        if claim_template is not None:
+            claim_gpus(spec, claim_template)
         await self.apps.create_namespaced_replica_set(self.namespace, {
             "metadata": {"name": name},
             "spec": {
@@ -275,7 +290,7 @@ class DualPodsEnv:
                 "selector": {"matchLabels": {"app": name}},
                 "template": {
                     "metadata": {"labels": {"app": name}, "annotations": annotations},
-                    "spec": _requester_spec(self.images.requester, gpus, node, gpu, probe_period),
+                    "spec": spec,
                 },
             },
         })  # fmt: skip

@@ -15,7 +15,7 @@ from pathlib import Path
 from aiohttp import web
 
 from api import log_format, version
-from api.keys import LAUNCHER_PORT
+from api.keys import LAUNCHER_PORT, SIMULATED_NVML_ENV
 from api.token_file import DEFAULT_GRACE_SECONDS, TokenFile
 
 from . import gpus, output_relay, process_control
@@ -231,7 +231,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m launcher") -> Non
     dialect = Dialect(fma_only=args.fma_only)
     if dialect.fma_only:
         log.info("serving FMA's launcher API alone (--fma-only): no sleep/wake routes, events or fields of dualpods")
-    inventory = gpus.inventory(args.mock_gpus, os.environ.get("NODE_NAME"), os.environ.get("NAMESPACE"))
+    inventory = gpus.inventory(
+        args.mock_gpus, os.environ.get("NODE_NAME"), os.environ.get("NAMESPACE"), os.environ.get(SIMULATED_NVML_ENV)
+    )
     log.info("GPUs come from %s", inventory.source)
     settings = ManagerSettings(
         host=args.host,

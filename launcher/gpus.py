@@ -1,7 +1,10 @@
 """Which GPU index (CUDA_VISIBLE_DEVICES) stands for each GPU UUID on this node.
 
 Three sources: NVML on a real GPU node; FMA's mock modes for machines without GPUs — the node's
-entry in the `gpu-map` ConfigMap when NODE_NAME and NAMESPACE are set, else GPU-0..GPU-(n-1).
+entry in the `gpu-map` ConfigMap when NODE_NAME and NAMESPACE are set, else GPU-0..GPU-(n-1). Where the
+loopback kubelet says which GPUs NVML would see in this container (`SIMULATED_NVML_ENV`: it plays CDI or a DRA
+driver, which inject device nodes), the mock sees only those, numbered as NVML numbers what it sees; so a
+launcher on a DRA node sees the GPUs of the claims it was granted, and none without.
 """
 
 import asyncio
@@ -9,7 +12,7 @@ import json
 import logging
 from collections.abc import Awaitable, Callable
 
-from api.keys import GPU_MAP_CONFIGMAP
+from api.keys import GPU_MAP_CONFIGMAP, SIMULATED_NVML_ENV
 
 from .errors import UnknownGpu
 
@@ -100,12 +103,28 @@ def gpu_map_entry(data: dict[str, str] | None, node_name: str, namespace: str) -
     return {str(uuid): int(index) for uuid, index in parsed.items()}
 
 
-def inventory(mock_count: int | None, node_name: str | None, namespace: str | None) -> GpuInventory:
-    """The inventory for the launcher's flags: NVML unless mock GPUs were asked for."""
+def injected_only(load: Loader, simulated_nvml: str) -> Loader:
+    """`load`'s GPUs restricted to the UUIDs listed in `simulated_nvml`, renumbered in their order."""
+    injected = {u.strip() for u in simulated_nvml.split(",") if u.strip()}
+
+    async def restricted() -> GpuMap:
+        seen = sorted((index, uuid) for uuid, index in (await load()).items() if uuid in injected)
+        return {uuid: number for number, (_, uuid) in enumerate(seen)}
+
+    return restricted
+
+
+def inventory(
+    mock_count: int | None, node_name: str | None, namespace: str | None, simulated_nvml: str | None = None
+) -> GpuInventory:
+    """The inventory for the launcher's flags: NVML unless mock GPUs were asked for. `simulated_nvml`: the
+    value of `SIMULATED_NVML_ENV`, where set."""
     if mock_count is None:
         return GpuInventory("NVML", load_from_nvml)
     if node_name and namespace:
-        return GpuInventory(
-            f"ConfigMap {namespace}/{GPU_MAP_CONFIGMAP}[{node_name}]", gpu_map_loader(node_name, namespace)
-        )
-    return GpuInventory(f"{mock_count} mock GPUs", naive_loader(mock_count))
+        source, load = f"ConfigMap {namespace}/{GPU_MAP_CONFIGMAP}[{node_name}]", gpu_map_loader(node_name, namespace)
+    else:
+        source, load = f"{mock_count} mock GPUs", naive_loader(mock_count)
+    if simulated_nvml is not None:
+        return GpuInventory(f"{source}, those in {SIMULATED_NVML_ENV}", injected_only(load, simulated_nvml))
+    return GpuInventory(source, load)

@@ -31,7 +31,7 @@ from .readiness import Readiness
 from .server import Listener, serve
 from .spi_auth import OpenSpi, SpiAuth, TokenReviewAuth, TrustedControllers, own_namespace, review_api
 from .upstream import Upstream
-from .visible_devices import ENV_NAME, parse
+from .visible_devices import ENV_NAME, SIMULATED_NVML_ENV, parse
 
 log = logging.getLogger("requester")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -222,7 +222,11 @@ def main(argv: list[str] | None = None) -> None:
     log_format.configure("requester", args.log_level, args.log_format, requester=args.pod_name)
     process_started = psutil.Process().create_time()
     try:
-        gpus = discover(SourceChoice(args.gpu_source), parse(os.environ.get(ENV_NAME)))
+        gpus = discover(
+            SourceChoice(args.gpu_source),
+            parse(os.environ.get(ENV_NAME)),
+            simulated_nvml=os.environ.get(SIMULATED_NVML_ENV),
+        )
     except GpuDiscoveryError as err:
         log.error("no usable GPU source", extra={"error": str(err)})
         sys.exit(2)

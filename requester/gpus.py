@@ -1,8 +1,9 @@
 """GPU discovery: the UUIDs of this container's GPUs (found once, at start) and their memory in use.
 
-Two sources. NVML (nvidia-ml-py) on a GPU node, restricted to `NVIDIA_VISIBLE_DEVICES`. Without
-NVML, the UUIDs listed in `NVIDIA_VISIBLE_DEVICES` themselves — a fake for machines with no GPU,
-such as the loopback test cluster, whose kubelet plays the device plugin and sets that variable.
+Two sources. NVML (nvidia-ml-py) on a GPU node, restricted to `NVIDIA_VISIBLE_DEVICES` (under CDI,
+`void`: every GPU NVML sees). Without NVML, the UUIDs listed in `NVIDIA_VISIBLE_DEVICES` themselves,
+or under CDI those the loopback kubelet declares in place of NVML — a fake for machines with no GPU,
+such as the loopback test cluster, whose kubelet plays the device plugin or a DRA driver.
 """
 
 import logging
@@ -11,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from .visible_devices import ENV_NAME, Scope, VisibleDevices
+from .visible_devices import ENV_NAME, SIMULATED_NVML_ENV, Scope, VisibleDevices
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024
@@ -104,13 +105,14 @@ class NvmlGpus(GpuSource):
 
 
 def _wanted(visible: VisibleDevices, index: int, uuid: str) -> bool:
-    return visible.scope is Scope.ALL or (
+    return visible.scope in (Scope.ALL, Scope.INJECTED) or (
         visible.scope is Scope.LISTED and (index in visible.indices or uuid in visible.uuids)
     )
 
 
 class DeclaredGpus(GpuSource):
-    """FAKE GPU discovery for machines without NVML: the UUIDs listed in `NVIDIA_VISIBLE_DEVICES`.
+    """FAKE GPU discovery for machines without NVML: the UUIDs listed in `NVIDIA_VISIBLE_DEVICES`, or
+    under CDI (`void`) those in `simulated_nvml` (the loopback kubelet's stand-in for NVML's view).
 
     Nothing checks that these GPUs exist, and nothing can measure them, so each reports 0 MiB in
     use. Used when `--gpu-source env` is given, or with `auto` when NVML cannot be initialized.
@@ -118,7 +120,13 @@ class DeclaredGpus(GpuSource):
 
     name = f"{ENV_NAME} (fake: no NVML)"
 
-    def __init__(self, visible: VisibleDevices) -> None:
+    def __init__(self, visible: VisibleDevices, simulated_nvml: str | None = None) -> None:
+        if visible.scope is Scope.INJECTED:
+            self.uuids = tuple(u.strip() for u in (simulated_nvml or "").split(",") if u.strip())
+            self.name = f"{SIMULATED_NVML_ENV} (fake: CDI-injected GPUs, no NVML)"
+            if not self.uuids:
+                log.warning("%s=void: the GPUs were injected by CDI, and only NVML can name them", ENV_NAME)
+            return
         self.uuids = visible.uuids
         unresolved = [str(i) for i in visible.indices] + list(visible.ignored)
         if visible.scope is Scope.ALL:
@@ -133,10 +141,13 @@ class DeclaredGpus(GpuSource):
         """Nothing was opened."""
 
 
-def discover(choice: SourceChoice, visible: VisibleDevices, nvml: Any = None) -> GpuSource:
-    """The GPU source for `choice`; `nvml` defaults to the pynvml module."""
+def discover(
+    choice: SourceChoice, visible: VisibleDevices, nvml: Any = None, simulated_nvml: str | None = None
+) -> GpuSource:
+    """The GPU source for `choice`; `nvml` defaults to the pynvml module. `simulated_nvml`: the value of
+    `SIMULATED_NVML_ENV`, the fake's only source under CDI."""
     if choice is SourceChoice.ENV:
-        return DeclaredGpus(visible)
+        return DeclaredGpus(visible, simulated_nvml)
     if nvml is None:
         import pynvml
 
@@ -147,5 +158,5 @@ def discover(choice: SourceChoice, visible: VisibleDevices, nvml: Any = None) ->
         if choice is SourceChoice.NVML:
             raise GpuDiscoveryError(f"NVML cannot be initialized: {err}") from None
         log.warning("NVML cannot be initialized (%s); falling back to %s", err, ENV_NAME)
-        return DeclaredGpus(visible)
+        return DeclaredGpus(visible, simulated_nvml)
     return NvmlGpus(nvml, visible)

@@ -14,6 +14,7 @@ import yaml
 
 from api import keys
 from api.version import release
+from controller.__main__ import parse_args
 from scripts.helm_chart import CHART, REPO, helm, render_chart, run_helm
 from tests.pod_security import restricted_violations
 
@@ -381,6 +382,15 @@ def test_an_existing_token_secret_is_used_as_it_is() -> None:
     assert not [r for r in role["rules"] if r["resources"] == ["secrets"]]
 
 
+def test_the_launcher_runtime_class_reaches_both_controllers() -> None:
+    """Both build identical launcher Pods, so both get the RuntimeClass, as the controllers' parser reads it."""
+    for workload in ("rel-dual-pods-controller", "rel-launcher-populator"):
+        arguments = container(deployment(render("launcherRuntimeClassName=nvidia-legacy"), workload))["args"]
+        assert parse_args(arguments).launcher_runtime_class == "nvidia-legacy"
+        assert parse_args(container(deployment(render(), workload))["args"]).launcher_runtime_class is None
+    assert template_fails("launcherRuntimeClassName=Not_A_Name")
+
+
 # --- RBAC and tenant installs ----------------------------------------------------------------------------------
 
 
@@ -388,7 +398,10 @@ def test_least_privilege() -> None:
     docs = render()
     cluster_roles = {role["metadata"]["name"]: role["rules"] for role in by_kind(docs, "ClusterRole")}
     assert cluster_roles == {
-        "models-rel-node-view": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}],
+        "models-rel-node-view": [
+            {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+            {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch"]},
+        ],
         "models-rel-requester-tokenreview": [
             {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}
         ],

@@ -441,6 +441,16 @@ def test_a_node_must_satisfy_every_range_and_the_labels() -> None:
     assert not both.matches({"gpu": "yes"}, {"cpu": "100m"})
 
 
+def test_dra_device_ranges_need_the_driver_to_publish_devices() -> None:
+    selector = EnhancedNodeSelector.model_validate({"labelSelector": {}, "draDevices": {"gpu.nvidia.com": {"min": 2}}})
+    assert selector.matches({}, {}, {"gpu.nvidia.com": 2})
+    assert not selector.matches({}, {}, {"gpu.nvidia.com": 1})
+    assert not selector.matches({}, GPU_NODE, {}), "a device-plugin Node"
+    anything = EnhancedNodeSelector.model_validate({"labelSelector": {}, "draDevices": {"gpu.nvidia.com": {}}})
+    assert anything.matches({}, {}, {"gpu.nvidia.com": 1})
+    assert not anything.matches({}, {}, {"gpu.nvidia.com": 0})
+
+
 LABELS = {"nvidia.com/gpu.present": "true", "node.kubernetes.io/instance-type": "gx3-48x240x2l40s", "zone": "a"}
 
 

@@ -95,6 +95,16 @@ def test_the_nominal_provider_is_the_patched_impersonal_requester() -> None:
     assert server_port(pod) == SERVER_PORT
 
 
+def test_a_dra_requesters_claims_stay_with_the_requester() -> None:
+    """Its GPUs come from a ResourceClaim the requester holds: the provider claims none (nor the same template)."""
+    requester = direct_requester_obj()
+    requester["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}]
+    container(requester)["resources"] = {"claims": [{"name": "gpus"}]}
+    pod = nominal_provider(requester, NODE, ["0", "1"], [GPU0, GPU1]).pod
+    assert "resourceClaims" not in pod["spec"]
+    assert container(pod)["resources"] == {"limits": {"nvidia.com/gpu": "0"}, "requests": {"nvidia.com/gpu": "0"}}
+
+
 def test_the_api_access_token_volume_is_left_out_but_a_users_volume_stays() -> None:
     requester = direct_requester_obj()
     spec = requester["spec"]

@@ -672,6 +672,17 @@ class FakeEvents:
         self.journal.append(Call("event", obj["metadata"]["name"], (type_, reason, message)))
 
 
+class FakeDevices:
+    """A fake Devices (the real one, SliceDevices, lists the Node's ResourceSlices through the API server): the
+    DRA device names of the UUIDs in `names`, on any Node."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+
+    async def named(self, node: str, uuids: list[str]) -> dict[str, str]:
+        return {u: self.names[u] for u in uuids if u in self.names}
+
+
 class FakeStatuses:
     """A fake StatusWrites: it keeps what the real one would write, as the API server would then show it."""
 
@@ -704,7 +715,10 @@ class Harness:
         self.providers = FakeProviderClient(self.journal)
         self.events = FakeEvents(self.journal)
         self.statuses = FakeStatuses(self.caches.iscs)
-        clients = Clients(self.writer, self.launchers, self.requesters, self.providers, self.events, self.statuses)
+        self.devices = FakeDevices()
+        clients = Clients(
+            self.writer, self.launchers, self.requesters, self.providers, self.events, self.statuses, self.devices
+        )
         settings = DualPodsOptions(
             launcher_token_secret=options.launcher_token_secret, sleeper_limit=options.sleeper_limit
         )

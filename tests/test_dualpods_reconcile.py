@@ -1033,6 +1033,38 @@ async def test_a_cold_actuation_creates_a_launcher_then_the_instance(h: Harness)
     assert actuations(h, "warm") is None
 
 
+def dra_requester(h: Harness) -> Obj:
+    """A requester whose GPU came through a ResourceClaim: NVIDIA's DRA driver publishes it as gpu-0 of NODE."""
+    requester = requester_obj(gpus=(GPU0, GPU1))
+    requester["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}]
+    h.devices.names = {GPU0: f"gpu.nvidia.com/{NODE}/gpu-0", GPU1: f"gpu.nvidia.com/{NODE}/gpu-1"}
+    return requester
+
+
+async def test_a_dra_requesters_bind_names_the_devices_its_instance_runs_on(h: Harness) -> None:
+    h.put(dra_requester(h), launcher_obj())
+    h.views.put(launcher_obj())
+    await h.drive()
+    (event,) = h.journal.of("event")
+    wanted = wanted_id(gpus=(GPU0, GPU1))
+    assert (event.target, event.detail) == (
+        REQ,
+        ("Normal", "Bound", f"instance {wanted} on launcher {LAUNCHER} runs on "
+         f"gpu.nvidia.com/{NODE}/gpu-0 ({GPU0}), gpu.nvidia.com/{NODE}/gpu-1 ({GPU1})"),
+    )  # fmt: skip
+
+
+async def test_a_cold_dra_bind_names_the_devices_and_the_launcher_made_for_it(h: Harness) -> None:
+    h.put(dra_requester(h))
+    h.devices.names.pop(GPU1)  # a GPU no driver publishes is named by its UUID alone
+    await h.drive()
+    (created,) = h.journal.of("create")
+    (event,) = h.journal.of("event")
+    assert event.detail[2].endswith(
+        f"on launcher {created.target} runs on gpu.nvidia.com/{NODE}/gpu-0 ({GPU0}), {GPU1}"
+    )
+
+
 # ----- §2.8: instances of a changed ISC
 
 

@@ -46,6 +46,43 @@ def test_the_target_is_the_largest_count_among_the_policies_that_select_the_node
     assert counts(digest, "b") == {"gpu-8": 3, "gpu-2": 3, "cpu": 0}
 
 
+def _slice(driver: str, pool: str, generation: int, devices: int) -> dict[str, Any]:
+    devices_ = [{"name": f"gpu-{i}"} for i in range(devices)]
+    return {
+        "spec": {
+            "driver": driver,
+            "nodeName": "dra",
+            "pool": {"name": pool, "generation": generation},
+            "devices": devices_,
+        }
+    }
+
+
+def test_dra_nodes_are_selected_by_the_devices_their_driver_publishes() -> None:
+    """A DRA Node has no `nvidia.com/gpu` allocatable; its ResourceSlices say how many GPUs it has. A pool's
+    slices of an older generation are being replaced and do not count."""
+    slices = [
+        _slice("gpu.nvidia.com", "dra", 1, 4),
+        _slice("gpu.nvidia.com", "dra", 0, 8),  # stale
+        _slice("gpu.nvidia.com", "other-pool", 0, 4),
+        _slice("net.example.com", "dra", 0, 2),
+    ]
+    facts = NodeFacts.from_k8s({"metadata": {"name": "dra", "labels": GPU}, "status": {"allocatable": {}}}, slices)
+    assert facts.dra_devices == {"gpu.nvidia.com": 8, "net.example.com": 2}
+    digest = digest_of(gpu_policy({"a": 1}, **{"nvidia.com/gpu": {"min": 1}}))
+    dra_policy = policy_manifest({"b": 2}, GPU)
+    dra_policy["spec"]["enhancedNodeSelector"]["draDevices"] = {"gpu.nvidia.com": {"min": 8}}
+    digest.set_policy("dra", digest_policy(dra_policy))
+    assert digest.set_node("dra", facts) == {LauncherKey("dra", "b")}
+    assert digest.policy_asks("dra") == {LauncherKey("dra", "b"): 2}
+    assert digest.target(LauncherKey("dra", "a")).count == 0  # type: ignore[union-attr]
+    # Its driver gone (a device-plugin Node again, say): no longer selected.
+    assert digest.set_node("dra", NodeFacts.from_k8s({"metadata": {"name": "dra", "labels": GPU}})) == {
+        LauncherKey("dra", "b")
+    }
+    assert digest.policy_asks("dra") == {}
+
+
 def test_a_negative_count_asks_for_none() -> None:
     assert counts(digest_of(gpu_policy({"a": -3})), "a") == {"gpu-8": 0, "gpu-2": 0, "cpu": 0}
 

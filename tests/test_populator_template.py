@@ -52,6 +52,18 @@ def test_the_hash_is_node_independent_and_the_config_hash_is_not() -> None:
     assert keys.NODE_NAME_LABEL not in pod["metadata"]["labels"], "the node-independent Pod is not modified"
 
 
+def test_the_runtime_class_knob_applies_where_the_template_names_none_and_is_outside_the_hash() -> None:
+    """launcherRuntimeClassName (the chart) gives launchers e.g. `nvidia-legacy`; a LauncherConfig's own wins, and
+    changing the knob makes no launcher stale."""
+    pod, hash_ = node_independent_pod(config(), runtime_class="nvidia-legacy")
+    assert pod["spec"]["runtimeClassName"] == "nvidia-legacy"
+    assert hash_ == template_hash(config())
+    own = config()
+    own.spec.pod_template.spec["runtimeClassName"] = "nvidia"
+    assert node_independent_pod(own, runtime_class="nvidia-legacy")[0]["spec"]["runtimeClassName"] == "nvidia"
+    assert "runtimeClassName" not in node_independent_pod(config())[0]["spec"]
+
+
 def test_the_launcher_container_gets_the_forced_environment_and_no_gpus() -> None:
     gpus = {"limits": {"nvidia.com/gpu": "8"}, "requests": {"nvidia.com/gpu": "8"}}
     pod, _ = node_independent_pod(config(env=[{"name": "VLLM_SERVER_DEV_MODE", "value": "0"}], resources=gpus))

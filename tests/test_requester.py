@@ -227,7 +227,7 @@ def test_bad_settings_are_refused(
         ("all", VisibleDevices(Scope.ALL)),
         (" ALL ", VisibleDevices(Scope.ALL)),
         ("", VisibleDevices(Scope.NONE)),
-        ("void", VisibleDevices(Scope.NONE)),
+        ("void", VisibleDevices(Scope.INJECTED)),  # CDI: the GPUs came as device nodes
         ("none", VisibleDevices(Scope.NONE)),
         ("GPU-aaa,GPU-bbb", VisibleDevices(Scope.LISTED, uuids=("GPU-aaa", "GPU-bbb"))),
         (" GPU-aaa , ,GPU-bbb,", VisibleDevices(Scope.LISTED, uuids=("GPU-aaa", "GPU-bbb"))),
@@ -312,6 +312,7 @@ def nvml_gpus(
         (None, ["GPU-000", "GPU-111", "GPU-222"]),
         ("all", ["GPU-000", "GPU-111", "GPU-222"]),
         ("none", []),
+        ("void", ["GPU-000", "GPU-111", "GPU-222"]),  # CDI injected exactly the GPUs NVML sees
         ("GPU-222,0", ["GPU-000", "GPU-222"]),  # NVML's order, as nvidia-smi lists them
         ("GPU-111,GPU-999,7", ["GPU-111"]),  # GPUs NVML does not see are left out (and logged)
     ],
@@ -352,3 +353,13 @@ def test_without_nvml_auto_falls_back_and_nvml_fails(caplog: pytest.LogCaptureFi
     working = FakeNvml([0])
     assert isinstance(discover(SourceChoice.ENV, parse("GPU-aaa"), working.module()), DeclaredGpus)
     assert not working.initialized, "--gpu-source env never touches NVML"
+
+
+def test_under_cdi_the_fake_takes_the_gpus_the_loopback_kubelet_declares(caplog: pytest.LogCaptureFixture) -> None:
+    """`void` lists no GPU: without NVML only the loopback kubelet's stand-in for NVML's view names them."""
+    gpus = discover(SourceChoice.ENV, parse("void"), simulated_nvml="GPU-aaa, GPU-bbb")
+    assert isinstance(gpus, DeclaredGpus)
+    assert (gpus.uuids, gpus.memory_usage().mib) == (("GPU-aaa", "GPU-bbb"), {"GPU-aaa": 0, "GPU-bbb": 0})
+    assert discover(SourceChoice.ENV, parse("GPU-ccc"), simulated_nvml="GPU-aaa").uuids == ("GPU-ccc",)
+    assert discover(SourceChoice.ENV, parse("void")).uuids == ()
+    assert "only NVML can name them" in caplog.text

@@ -5,7 +5,8 @@ instance it wants; the unbound launchers of that (LauncherConfig, node) whose in
 candidates, tidied first (a stopped or portless instance goes; an awake one that nobody serves is put to
 sleep, so an unbound launcher never holds its GPU awake); selection.py picks P1/P2/P3. The bind write is
 the claim: optimistic, so of two requesters choosing one launcher only one wins. Room for the instance is
-made afterwards, by the winner alone (serving.py).
+made afterwards, by the winner alone (serving.py). A requester whose GPUs come through ResourceClaims (DRA)
+gets a Normal Event naming the devices its instance runs on.
 """
 
 import logging
@@ -36,7 +37,9 @@ async def bind(p: Pass) -> StepResult:
         return Problem.of(str(s.isc.problem or s.launcher_config.problem))
     isc, lc = s.isc.value, s.launcher_config.value
     try:
-        template, template_hash = node_independent_pod(lc, p.world.options.launcher_token_secret)
+        template, template_hash = node_independent_pod(
+            lc, p.world.options.launcher_token_secret, p.world.options.launcher_runtime_class
+        )
     except TemplateError as err:
         return Problem.of(str(err))
     routing = from_isc(isc)
@@ -58,7 +61,8 @@ async def bind(p: Pass) -> StepResult:
         p.memory.paths[uid] = "cold"
         new = pod_for_node(template, template_hash, node)
         bind_metadata(new, requester, wanted, config, routing)  # bound from birth: never taken for a spare
-        await _create_launcher(p, new, lc.metadata.name)
+        created = await _create_launcher(p, new, lc.metadata.name)
+        await _announce_devices(p, pods.name(created), wanted, gpus, node)
         return DONE
     launcher = p.world.caches.pods.get(f"{s.namespace}/{plan.launcher}")
     assert launcher is not None
@@ -66,8 +70,18 @@ async def bind(p: Pass) -> StepResult:
         return Problem.of(f"InferenceServerConfig {s.isc_name} on launcher {plan.launcher}: " + "; ".join(found))
     p.memory.paths.setdefault(uid, "hot" if plan.priority == "P1" else "warm")
     log.info("binding requester %s to launcher %s (%s)", pods.name(requester), plan.launcher, plan.priority)
-    await p.update(launcher, lambda pod: bind_metadata(pod, requester, wanted, config, routing), "bind")
+    if await p.update(launcher, lambda pod: bind_metadata(pod, requester, wanted, config, routing), "bind"):
+        await _announce_devices(p, plan.launcher, wanted, gpus, node)
     return DONE
+
+
+async def _announce_devices(p: Pass, launcher: str, wanted: str, gpus: list[str], node: str) -> None:
+    """For a DRA requester, an Event naming each device its instance runs on: driver/pool/device and UUID."""
+    if not (p.requester.get("spec") or {}).get("resourceClaims"):
+        return
+    named = await p.clients.devices.named(node, gpus)
+    devices = ", ".join(f"{named[u]} ({u})" if u in named else u for u in gpus)
+    await p.event(p.requester, "Normal", "Bound", f"instance {wanted} on launcher {launcher} runs on {devices}")
 
 
 async def _candidates(p: Pass, config_hash: str, wanted: str) -> tuple[list[Candidate], bool]:
@@ -97,7 +111,7 @@ async def _candidates(p: Pass, config_hash: str, wanted: str) -> tuple[list[Cand
     return candidates, waiting
 
 
-async def _create_launcher(p: Pass, launcher: pods.Pod, lc_name: str) -> None:
+async def _create_launcher(p: Pass, launcher: pods.Pod, lc_name: str) -> pods.Pod:
     started = time.monotonic()
     success = "false"
     try:
@@ -108,6 +122,7 @@ async def _create_launcher(p: Pass, launcher: pods.Pod, lc_name: str) -> None:
             time.monotonic() - started
         )
     log.info("created launcher %s bound to requester %s", pods.name(created), pods.name(p.requester))
+    return created
 
 
 def bind_metadata(

@@ -1,7 +1,7 @@
 """What the dual-pods reconciler needs from outside its process, as Protocols: the API server's Pods,
-Events and ISC statuses, the launchers, the requesters and the model servers. The real implementations are
-PodWriter, LauncherClient, RequesterClient, ProviderClient, EventRecorder and StatusWriter; unit tests give
-in-memory fakes.
+Events, ISC statuses and ResourceSlices, the launchers, the requesters and the model servers. The real
+implementations are PodWriter, LauncherClient, RequesterClient, ProviderClient, EventRecorder, StatusWriter
+and SliceDevices; unit tests give in-memory fakes.
 """
 
 from collections.abc import Callable
@@ -56,6 +56,14 @@ class Requesters(Protocol):
     async def relay_readiness(self, requester: pods.Pod, ready: bool, isc_name: str) -> None: ...
 
 
+class Devices(Protocol):
+    """The DRA devices of a Node's GPUs (`devices.py`)."""
+
+    async def named(self, node: str, uuids: list[str]) -> dict[str, str]:
+        """UUID -> `<driver>/<pool>/<device>`, for those of `uuids` a DRA driver publishes on `node`."""
+        ...
+
+
 class ModelServers(Protocol):
     """A model server's own routes (controller.dualpods.provider_client.ProviderClient)."""
 
@@ -82,3 +90,4 @@ class Clients:
     servers: ModelServers
     events: EventSink
     statuses: StatusWrites
+    devices: Devices

@@ -21,6 +21,7 @@ from api.token_file import TokenFile
 from controller import pods
 from controller.dualpods.binding import LAUNCHERS_BY_CONFIG_HASH
 from controller.dualpods.collaborators import Clients
+from controller.dualpods.devices import SliceDevices
 from controller.dualpods.direct import GPU, NOMINAL
 from controller.dualpods.drains import DEFAULT_TIMEOUT_S, DrainRewarmer
 from controller.dualpods.isc_status import LAUNCHERS_BY_SUMMARY_ISC, REQUESTERS_BY_ISC, served, summary_iscs
@@ -78,6 +79,7 @@ class DualPodsOptions:
     workers: int = 4
     launcher_token: TokenFile | None = None  # the bearer token launchers require, followed as its file changes
     launcher_token_secret: str | None = None  # the Secret holding it, mounted into launchers we create
+    launcher_runtime_class: str | None = None  # given to launchers we create whose template names none
     sleeper_limit: int = 1  # direct providers that may sleep on one GPU (FMA's binary default)
     requester_tokens: RequesterTokens | None = None  # E15: the credential of calls that change requesters
     drain_rewarm_timeout_s: float = DEFAULT_TIMEOUT_S  # how long a drain waits for a launcher's sleepers to be copied
@@ -129,7 +131,12 @@ class DualPodsController:
         index(DIRECT_REQUESTERS, _direct_requester)
         caches.iscs.add_index(ISCS_BY_LAUNCHER_CONFIG, lambda isc: [_launcher_config_name(isc)])
         start = Budget(seconds=options.launcher_start_budget_s)
-        options_ = Options(options.launcher_token_secret, options.sleeper_limit, {Phase.LAUNCHER_STARTING.value: start})
+        options_ = Options(
+            options.launcher_token_secret,
+            options.launcher_runtime_class,
+            options.sleeper_limit,
+            {Phase.LAUNCHER_STARTING.value: start},
+        )
         self.reconciler = Reconciler(World(namespace, caches, views, clients, Memory(), metrics, options_))
         self.summaries = LauncherSummaries(namespace, caches.pods, views, clients.pods)
         self.drains = DrainRewarmer(namespace, caches, views, clients, options.drain_rewarm_timeout_s)
@@ -301,6 +308,7 @@ async def run_dual_pods(
             servers=ProviderClient(http),
             events=EventRecorder(api, "dual-pods-controller"),
             statuses=StatusWriter(client.CustomObjectsApi(api), namespace),
+            devices=SliceDevices(api),
         )
         controller = DualPodsController(namespace, kube_caches(api, namespace), views, clients, metrics, options)
         async with asyncio.TaskGroup() as tasks:

@@ -56,6 +56,10 @@ def nominal_provider(requester: pods.Pod, node: str, indices: list[str], gpus: l
     resources = container.setdefault("resources", {})
     for kind in ("limits", "requests"):
         resources[kind] = {**(resources.get(kind) or {}), keys.GPU_RESOURCE: "0"}  # the requester holds the GPUs
+    # A DRA requester holds them through its ResourceClaims: the provider claims nothing of its own.
+    spec.pop("resourceClaims", None)
+    for each in spec.get("containers") or []:
+        (each.get("resources") or {}).pop("claims", None)
     metadata = pod.setdefault("metadata", {})
     metadata["generateName"] = f"{pods.name(requester)}-dual-"
     metadata["annotations"] = {

@@ -27,6 +27,7 @@ RELAY_RECHECK_S = 10.0  # how long a relayed readiness is given to show on the r
 @dataclass
 class Options:
     launcher_token_secret: str | None = None
+    launcher_runtime_class: str | None = None  # for launcher templates that name no RuntimeClass
     sleeper_limit: int = 1  # direct providers that may sleep on one GPU (FMA's --sleeper-limit)
     budgets: dict[str, Budget] = field(default_factory=dict)  # phase value -> its budget, where a flag sets it
 

@@ -54,10 +54,12 @@ def describe(error: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'object'}: {e['msg']}" for e in error.errors())
 
 
-def digest_config(config: Mapping[str, Any], token_secret: str | None) -> ConfigDigest:
+def digest_config(
+    config: Mapping[str, Any], token_secret: str | None, runtime_class: str | None = None
+) -> ConfigDigest:
     name = config["metadata"]["name"]
     try:
-        template, template_hash = node_independent_pod(LauncherConfig.from_k8s(config), token_secret)
+        template, template_hash = node_independent_pod(LauncherConfig.from_k8s(config), token_secret, runtime_class)
     except ValidationError as error:
         return ConfigDigest(error=f"LauncherConfig {name}: {describe(error)}")
     except TemplateError as error:

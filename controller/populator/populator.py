@@ -1,7 +1,8 @@
 """The launcher-population controller (FMA's launcher-populator), wired: informers, queues, workers.
 
-Four informers feed two queues. The digest queue has one worker, the digest's only writer: it turns
-LauncherConfig, policy and Node changes into the digest and into those objects' statuses (status.py), and
+Five informers feed two queues. The digest queue has one worker, the digest's only writer: it turns
+LauncherConfig, policy, Node and ResourceSlice changes (the devices DRA drivers publish for a Node, which
+`draDevices` selectors read) into the digest and into those objects' statuses (status.py), and
 adds the keys whose target changed to the key queue; a launcher Pod change adds its own key, and the
 policies naming its LauncherConfig when it came, went, or changed readiness, schedulability or stuckness.
 The key queue's workers reconcile one (Node, LauncherConfig) key at a time each. Nothing polls: a key is
@@ -18,6 +19,7 @@ from datetime import UTC, datetime
 from typing import Literal, NamedTuple
 
 from kubernetes_asyncio import client
+from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from api import keys, launcher_summary
@@ -51,6 +53,7 @@ log = logging.getLogger(__name__)
 
 BY_KEY = "key"
 BY_CONFIG = "config"
+BY_NODE = "node"
 
 
 @dataclass
@@ -65,6 +68,8 @@ class PopulatorOptions:
     """Seconds a scheduled launcher may take to become Ready before it is stuck_starting."""
     launcher_token_secret: str | None = None
     """Secret holding the launchers' API token, mounted into every launcher Pod (E9)."""
+    launcher_runtime_class: str | None = None
+    """The RuntimeClass given to launcher Pods whose template names none."""
     launcher_token: TokenFile | None = None
     """The launchers' API token, to read their instances (which launcher holds the least warm state); followed
     as its file changes."""
@@ -96,6 +101,9 @@ class Populator:
         self._pods.add_index(BY_KEY, lambda pod: [str(key)] if (key := launcher_key(pod)) else [])
         self._pods.add_index(BY_CONFIG, lambda pod: [key.config] if (key := launcher_key(pod)) else [])
         self._nodes = Informer("nodes", core.list_node)
+        self._resource = client.ResourceV1Api(api)
+        self._slices = Informer("resourceslices", self._resource.list_resource_slice)
+        self._slices.add_index(BY_NODE, lambda s: [n] if (n := (s.get("spec") or {}).get("nodeName")) else [])
         self._configs = Informer("launcherconfigs", custom_objects(api, namespace, LauncherConfig))
         self._policies = Informer(
             "launcherpopulationpolicies", custom_objects(api, namespace, LauncherPopulationPolicy)
@@ -121,12 +129,15 @@ class Populator:
         )
         self._pods.subscribe(self._on_pod)
         self._nodes.subscribe(self._on_node)
+        self._slices.subscribe(self._on_slice)
         self._configs.subscribe(lambda old, new: self._on_object("config", old, new))
         self._policies.subscribe(lambda old, new: self._on_object("policy", old, new))
 
     async def run(self) -> None:
         """Run the informers and, once they have synced and the digest is built, the workers; until cancelled."""
-        informers = (self._pods, self._nodes, self._configs, self._policies)
+        informers: tuple[Informer, ...] = (self._pods, self._nodes, self._configs, self._policies)
+        if await self._slices_readable():
+            informers = (*informers, self._slices)
         log.info("launcher populator starting in namespace %s with %s", self._namespace, self._options)
         try:
             async with asyncio.TaskGroup() as tasks:
@@ -148,6 +159,19 @@ class Populator:
         finally:
             self._digest_queue.shutdown()
             self._key_queue.shutdown()
+
+    async def _slices_readable(self) -> bool:
+        """Whether ResourceSlices can be watched: not on Kubernetes before 1.34 (no resource.k8s.io/v1), nor
+        where the controllers' Node-reading ClusterRole (an admin's `global.nodeViewClusterRole`) does not grant
+        them. Without them, `draDevices` selectors select no Node, and the populator says so once."""
+        try:
+            await self._resource.list_resource_slice(limit=1)
+        except ApiException as error:
+            if error.status not in (403, 404):
+                raise
+            log.warning("cannot list ResourceSlices (%s %s): draDevices selects no Node", error.status, error.reason)
+            return False
+        return True
 
     # ----- the cache, as the key reconcile reads it
 
@@ -217,6 +241,11 @@ class Populator:
         if old is None or new is None or NodeFacts.from_k8s(old) != NodeFacts.from_k8s(new):
             self._digest_queue.add(DigestItem("node", (new or old or {})["metadata"]["name"]))
 
+    def _on_slice(self, old: Obj | None, new: Obj | None) -> None:
+        for each in (old, new):
+            if each is not None and (node := (each.get("spec") or {}).get("nodeName")):
+                self._digest_queue.add(DigestItem("node", node))
+
     def _on_object(self, kind: Literal["config", "policy"], old: Obj | None, new: Obj | None) -> None:
         self._digest_queue.add(DigestItem(kind, (new or old or {})["metadata"]["name"]))
 
@@ -246,7 +275,7 @@ class Populator:
         # garbage collector (or, orphaned, to the user).
         digest = None
         if config is not None and not pods.is_deleting(config):
-            digest = digest_config(config, self._options.launcher_token_secret)
+            digest = digest_config(config, self._options.launcher_token_secret, self._options.launcher_runtime_class)
         if self._digest.set_config(name, digest):
             state = "missing or being deleted" if digest is None else digest.error or f"template {digest.template_hash}"
             log.info("LauncherConfig %s: %s", name, state)
@@ -266,7 +295,8 @@ class Populator:
 
     def _update_node(self, name: str) -> None:
         node = self._nodes.get(name)
-        for key in self._digest.set_node(name, NodeFacts.from_k8s(node) if node is not None else None):
+        facts = NodeFacts.from_k8s(node, self._slices.by_index(BY_NODE, name)) if node is not None else None
+        for key in self._digest.set_node(name, facts):
             self._key_queue.add(key)
 
 

@@ -5,6 +5,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import get_args
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
@@ -12,17 +13,18 @@ from pydantic import TypeAdapter, ValidationError
 from e2e.cluster.binaries import MissingBinaryError
 from e2e.cluster.cluster import LoopbackCluster, default_nodes
 from e2e.cluster.readiness import StartupError
-from e2e.kubelet.config import NodeConfig
+from e2e.kubelet.config import GpuMode, NodeConfig
 from e2e.kubelet.control_client import ControlError
 
 # Preferred ports for a hand-started cluster (any free port is used when these are taken).
 DEFAULT_APISERVER_PORT = 26443
 DEFAULT_ETCD_PORT = 22379
+GPU_MODE_HELP = "how GPUs reach Pods: NVIDIA's device plugin, the same through CDI, or NVIDIA's DRA driver"
 
 
 def _nodes(args: argparse.Namespace) -> list[NodeConfig]:
     if args.node_config is None:
-        return default_nodes(args.nodes, args.gpus_per_node)
+        return default_nodes(args.nodes, args.gpus_per_node, args.gpu_mode)
     try:
         return TypeAdapter(list[NodeConfig]).validate_python(yaml.safe_load(args.node_config.read_text()))
     except (OSError, yaml.YAMLError, ValidationError) as error:
@@ -52,7 +54,8 @@ async def _run(args: argparse.Namespace) -> int:
     elif args.command == "lose-node":
         await cluster.kubelet.lose_node(args.name)
     elif args.command == "add-node":
-        print((await cluster.kubelet.add_node(args.name, args.gpus)).model_dump_json(by_alias=True))
+        node = await cluster.kubelet.add_node(args.name, args.gpus, args.gpu_mode)
+        print(node.model_dump_json(by_alias=True))
     return 0
 
 
@@ -62,7 +65,8 @@ def main() -> None:
     up = commands.add_parser("up", help="start the cluster and wait until its Nodes are Ready")
     up.add_argument("--nodes", type=int, default=2, help="number of GPU Nodes (default 2)")
     up.add_argument("--gpus-per-node", type=int, default=2)
-    up.add_argument("--node-config", type=Path, help="YAML list of {name, gpus, cpu, memory, pods}")
+    up.add_argument("--node-config", type=Path, help="YAML list of {name, gpus, gpuMode, cpu, memory, pods}")
+    up.add_argument("--gpu-mode", choices=get_args(GpuMode), default="device-plugin", help=GPU_MODE_HELP)
     up.add_argument("--apiserver-port", type=int, default=DEFAULT_APISERVER_PORT)
     up.add_argument(
         "--simulated",
@@ -76,6 +80,7 @@ def main() -> None:
     add = commands.add_parser("add-node", help="register another GPU Node")
     add.add_argument("name")
     add.add_argument("--gpus", type=int, default=2)
+    add.add_argument("--gpu-mode", choices=get_args(GpuMode), default="device-plugin", help=GPU_MODE_HELP)
     for sub in commands.choices.values():
         sub.add_argument("--state-dir", type=Path, default=Path(".cluster"))
     args = parser.parse_args()

@@ -21,7 +21,7 @@ from e2e.cluster import processes
 from e2e.cluster.binaries import Binaries
 from e2e.cluster.control_plane import LOOPBACK, MANY_NODES, ControlPlane, Ports, Tuning
 from e2e.cluster.readiness import StartupError, log_tail, wait_http_ok
-from e2e.kubelet.config import KubeletConfig, NodeConfig, SimulationConfig
+from e2e.kubelet.config import GpuMode, KubeletConfig, NodeConfig, SimulationConfig
 from e2e.kubelet.control_client import KubeletControl
 from e2e.kubelet.logs import read_container_log
 from e2e.kubelet.simulation import SimulationClient, url_file
@@ -202,5 +202,5 @@ def pod_is_ready(pod: client.V1Pod) -> bool:
     return _ready(pod.status.conditions)
 
 
-def default_nodes(count: int = 2, gpus: int = 2) -> list[NodeConfig]:
-    return [NodeConfig(name=f"gpu-node-{i + 1}", gpus=gpus) for i in range(count)]
+def default_nodes(count: int = 2, gpus: int = 2, gpu_mode: GpuMode = "device-plugin") -> list[NodeConfig]:
+    return [NodeConfig(name=f"gpu-node-{i + 1}", gpus=gpus, gpu_mode=gpu_mode) for i in range(count)]

@@ -6,6 +6,7 @@ import logging
 
 from kubernetes_asyncio import client
 
+from e2e.kubelet import dra
 from e2e.kubelet.addresses import AddressBlock
 from e2e.kubelet.config import KubeletConfig, NodeConfig
 from e2e.kubelet.events import EventRecorder
@@ -44,6 +45,7 @@ class NodeAgent:
             config=config,
             oci_owner=oci_owner,
             simulations=simulations,
+            gpu_mode=node.gpu_mode,
         )
         self.registration = NodeRegistration(
             api, node, self.runtime.host_ip, kubelet_version, config.lease_renew_seconds, config.node_status_seconds
@@ -53,6 +55,8 @@ class NodeAgent:
 
     async def start(self) -> None:
         await self.registration.register()
+        if self.config.gpu_mode == "dra":
+            await dra.publish(self.runtime.core.api_client, self.config.name, self.gpus.uuids)
         self._tasks = [
             asyncio.create_task(self.registration.heartbeat(), name=f"heartbeat {self.config.name}"),
             asyncio.create_task(self._sync.run(), name=f"pod sync {self.config.name}"),

@@ -15,11 +15,18 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True)
 
 
+# How a Node's GPUs reach Pods: NVIDIA's device plugin (`nvidia.com/gpu` allocatable, NVIDIA_VISIBLE_DEVICES
+# holding UUIDs), the same through CDI (GPU Operator >= v25.10: `void` plus CDI edits), or NVIDIA's DRA driver
+# (no `nvidia.com/gpu`; a ResourceSlice, claims allocated by the scheduler, CDI edits). See `dra.py`, `cdi.py`.
+GpuMode = Literal["device-plugin", "device-plugin-cdi", "dra"]
+
+
 class NodeConfig(_Model):
     """One fake GPU Node."""
 
     name: str
     gpus: int = Field(default=2, ge=0)
+    gpu_mode: GpuMode = "device-plugin"
     cpu: str = "32"
     memory: str = "128Gi"
     pods: int = 110

@@ -1,7 +1,7 @@
 """A small HTTP endpoint on 127.0.0.1 through which tests and the cluster CLI steer a running kubelet.
 
     GET    /nodes                 -> {"nodes": [{"name", "hostIP", "gpus": {uuid: index}}]}
-    PUT    /nodes/{name}          body {"gpus": 2} (optional) -> add a Node (201), 409 if it exists
+    PUT    /nodes/{name}          body {"gpus": 2, "gpuMode": "dra"} (optional) -> add a Node (201), 409 if it exists
     DELETE /nodes/{name}          -> lose the Node (its processes die, its Node object is deleted)
     PUT    /gpu-map/{namespace}   -> publish the gpu-map ConfigMap there and keep it current
 Its URL is written to the kubelet's `control-url` file once it listens.
@@ -12,10 +12,13 @@ from typing import Protocol
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from e2e.kubelet.config import GpuMode
+
 
 class AddNodeBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
     gpus: int = Field(default=2, ge=0)
+    gpu_mode: GpuMode = Field(default="device-plugin", alias="gpuMode")
 
 
 class NodeInfo(BaseModel):
@@ -35,7 +38,7 @@ class ConflictError(ValueError):
 
 class Controllable(Protocol):
     def nodes(self) -> list[NodeInfo]: ...
-    async def add_node(self, name: str, gpus: int) -> NodeInfo: ...
+    async def add_node(self, name: str, gpus: int, gpu_mode: GpuMode = "device-plugin") -> NodeInfo: ...
     async def lose_node(self, name: str) -> None: ...
     async def publish_gpu_map(self, namespace: str) -> None: ...
 
@@ -51,7 +54,7 @@ def control_app(kubelet: Controllable) -> web.Application:
     async def add_node(request: web.Request) -> web.Response:
         try:
             body = AddNodeBody.model_validate_json(await request.text() or "{}")
-            info = await kubelet.add_node(request.match_info["name"], body.gpus)
+            info = await kubelet.add_node(request.match_info["name"], body.gpus, body.gpu_mode)
         except ValidationError as error:
             return _error(400, str(error))
         except ConflictError as error:

@@ -2,6 +2,7 @@
 
 import aiohttp
 
+from e2e.kubelet.config import GpuMode
 from e2e.kubelet.control import NodeInfo
 
 
@@ -13,7 +14,7 @@ class KubeletControl:
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
 
-    async def _call(self, method: str, path: str, body: dict[str, int] | None = None) -> object:
+    async def _call(self, method: str, path: str, body: dict[str, int | str] | None = None) -> object:
         async with (
             aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session,
             session.request(method, self.url + path, json=body) as response,
@@ -28,8 +29,9 @@ class KubeletControl:
         assert isinstance(payload, dict)
         return [NodeInfo.model_validate(n) for n in payload["nodes"]]
 
-    async def add_node(self, name: str, gpus: int = 2) -> NodeInfo:
-        return NodeInfo.model_validate(await self._call("PUT", f"/nodes/{name}", {"gpus": gpus}))
+    async def add_node(self, name: str, gpus: int = 2, gpu_mode: GpuMode = "device-plugin") -> NodeInfo:
+        body: dict[str, int | str] = {"gpus": gpus, "gpuMode": gpu_mode}
+        return NodeInfo.model_validate(await self._call("PUT", f"/nodes/{name}", body))
 
     async def lose_node(self, name: str) -> None:
         await self._call("DELETE", f"/nodes/{name}")

@@ -14,7 +14,7 @@ from e2e.kubelet import oci
 from e2e.kubelet.addresses import AddressBlock, SubnetCarver
 from e2e.kubelet.agent import NodeAgent
 from e2e.kubelet.apierrors import UNREACHABLE
-from e2e.kubelet.config import KubeletConfig, NodeConfig
+from e2e.kubelet.config import GpuMode, KubeletConfig, NodeConfig
 from e2e.kubelet.control import ConflictError, NodeInfo, NotFoundError, control_app
 from e2e.kubelet.gpumap import publish_gpu_map
 from e2e.kubelet.images import ImageMap
@@ -52,8 +52,8 @@ class Kubelet:
             for name, agent in sorted(self._agents.items())
         ]
 
-    async def add_node(self, name: str, gpus: int) -> NodeInfo:
-        return await self._add(NodeConfig(name=name, gpus=gpus))
+    async def add_node(self, name: str, gpus: int, gpu_mode: GpuMode = "device-plugin") -> NodeInfo:
+        return await self._add(NodeConfig(name=name, gpus=gpus, gpu_mode=gpu_mode))
 
     async def _add(self, node: NodeConfig) -> NodeInfo:
         # Nodes register concurrently (hundreds of simulated ones at start-up); one name only once.

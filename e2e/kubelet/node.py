@@ -63,8 +63,9 @@ def node_status(config: NodeConfig, host_ip: str, kubelet_version: str) -> dict[
         "memory": config.memory,
         "pods": str(config.pods),
         "ephemeral-storage": "100Gi",
-        RESOURCE: str(config.gpus),
     }
+    if config.gpu_mode != "dra":  # NVIDIA's DRA driver publishes ResourceSlices instead (`dra.py`)
+        resources[RESOURCE] = str(config.gpus)
     return {
         "capacity": resources,
         "allocatable": resources,

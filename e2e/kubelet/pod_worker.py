@@ -17,6 +17,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from controller.listwatch import Backoff
+from e2e.kubelet import dra
 from e2e.kubelet.apierrors import API_ERRORS, describe
 from e2e.kubelet.env import ContainerConfigError, PodFields
 from e2e.kubelet.gpus import RESOURCE, InsufficientGpusError
@@ -159,6 +160,8 @@ class PodWorker:
             offset += gpu_request(container)
         for container in spec.init_containers or []:
             env.gpus[container.name] = uuids[: gpu_request(container)]
+        for container_name, devices in (await self._claimed_devices()).items():
+            env.gpus[container_name] = env.gpus.get(container_name, []) + devices
         env.gpus = {name: held for name, held in env.gpus.items() if held}
         policy = spec.restart_policy or "Always"
         init = [
@@ -189,6 +192,15 @@ class PodWorker:
         self._notify()
         await asyncio.gather(*(s.run() for s in main))
         self._release_gpus()
+
+    async def _claimed_devices(self) -> dict[str, list[str]]:
+        """Container name -> the UUIDs of the GPUs its ResourceClaims were allocated on this Node (`dra.py`)."""
+        if not self.pod.spec.resource_claims:
+            return {}
+        resource = client.ResourceV1Api(self._runtime.core.api_client)
+        devices = await dra.allocated_devices(resource, lambda: self.pod, self._runtime.node)
+        uuids = self._runtime.gpus.uuids
+        return {name: [uuids[dra.device_index(d)] for d in held] for name, held in devices.items()}
 
     async def _volumes(self) -> dict[str, Path]:
         """Retry until every volume is in place (a Secret may appear later), reporting FailedMount."""

@@ -7,7 +7,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from e2e.kubelet.addresses import AddressBlock
-from e2e.kubelet.config import KubeletConfig
+from e2e.kubelet.config import GpuMode, KubeletConfig
 from e2e.kubelet.events import EventRecorder
 from e2e.kubelet.gpus import GpuAllocator
 from e2e.kubelet.images import ImageMap
@@ -28,6 +28,12 @@ class NodeRuntime:
     oci_owner: str | None = None
     # Simulated Nodes: the simulation processes that run the containers of their images.
     simulations: Simulations | None = None
+    gpu_mode: GpuMode = "device-plugin"
+
+    @property
+    def gpus_through_cdi(self) -> bool:
+        """GPUs reach containers as CDI edits (`void`), not as a UUID list (`cdi.py`)."""
+        return self.gpu_mode != "device-plugin"
 
     @property
     def host_ip(self) -> str:

@@ -13,9 +13,9 @@ from kubernetes_asyncio import client
 
 from e2e.kubelet import oci, probes
 from e2e.kubelet.apierrors import API_ERRORS, describe
+from e2e.kubelet.cdi import gpu_env
 from e2e.kubelet.container import ContainerProcess
 from e2e.kubelet.env import ContainerConfigError, PodFields, expand, resolve_env
-from e2e.kubelet.gpus import VISIBLE_DEVICES_ENV
 from e2e.kubelet.http_probe import HttpProbe
 from e2e.kubelet.images import REPO_ROOT, command_line
 from e2e.kubelet.logs import container_log
@@ -131,8 +131,9 @@ class ContainerSupervisor:
         pod = self._pod.pod
         fields = PodFields(pod, self._pod.pod_ip, self._runtime.host_ip)
         pod_env = await resolve_env(self.spec, fields, self._runtime.service_env(), self._runtime.fetch)
-        if self.spec.name in self._pod.gpus:
-            pod_env[VISIBLE_DEVICES_ENV] = ",".join(self._pod.gpus[self.spec.name])
+        held = self._pod.gpus.get(self.spec.name, [])
+        if held or self._runtime.gpu_mode == "dra":  # on a DRA Node only claims reach GPUs, `all` reaches none
+            pod_env.update(gpu_env(held, cdi=self._runtime.gpus_through_cdi))
         mounts = container_mounts(self.spec, self._pod.volumes)
         image = self.spec.image or ""
         command = [expand(a, pod_env) for a in self.spec.command] if self.spec.command else None

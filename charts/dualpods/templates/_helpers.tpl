@@ -169,6 +169,9 @@ spec:
             - --launcher-token-file=/var/run/secrets/dualpods/launcher-token/token
             {{- end }}
             {{- end }}
+            {{- with $root.Values.launcherRuntimeClassName }}
+            - --launcher-runtime-class={{ . }}
+            {{- end }}
             {{- range .args }}
             - {{ . }}
             {{- end }}
