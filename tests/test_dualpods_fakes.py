@@ -37,6 +37,7 @@ from api.launcher import (
 from controller.conditions import current
 from controller.dualpods.collaborators import Clients
 from controller.dualpods.controller import DualPodsController, DualPodsOptions, kube_caches
+from controller.dualpods.devices import Device
 from controller.dualpods.identity import instance_id, vllm_config
 from controller.dualpods.metrics import DualPodsMetrics
 from controller.dualpods.nominal import nominal_provider
@@ -677,9 +678,9 @@ class FakeDevices:
     DRA device names of the UUIDs in `names`, on any Node."""
 
     def __init__(self) -> None:
-        self.names: dict[str, str] = {}
+        self.names: dict[str, Device] = {}
 
-    async def named(self, node: str, uuids: list[str]) -> dict[str, str]:
+    async def named(self, node: str, uuids: list[str]) -> dict[str, Device]:
         return {u: self.names[u] for u in uuids if u in self.names}
 
 

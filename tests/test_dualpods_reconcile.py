@@ -14,6 +14,7 @@ import pytest
 
 from api import keys
 from api.launcher import InstanceStatus, VllmConfig
+from controller.dualpods.devices import Device
 from controller.dualpods.passes import RELAY_RECHECK_S
 from controller.dualpods.release import RELEASE_POLL_S
 from controller.dualpods.requester_client import RequesterError
@@ -1037,8 +1038,14 @@ def dra_requester(h: Harness) -> Obj:
     """A requester whose GPU came through a ResourceClaim: NVIDIA's DRA driver publishes it as gpu-0 of NODE."""
     requester = requester_obj(gpus=(GPU0, GPU1))
     requester["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}]
-    h.devices.names = {GPU0: f"gpu.nvidia.com/{NODE}/gpu-0", GPU1: f"gpu.nvidia.com/{NODE}/gpu-1"}
+    h.devices.names = {GPU0: Device("gpu.nvidia.com", NODE, "gpu-0"), GPU1: Device("gpu.nvidia.com", NODE, "gpu-1")}
     return requester
+
+
+def device_info(h: Harness, uuid: str, device: str) -> float | None:
+    """dualpods_requester_device_info of REQ's GPU `uuid`, device `device` of NVIDIA's driver on NODE."""
+    labels = {"exported_namespace": NS, "requester_name": REQ, "UUID": uuid}
+    return h.metric("dualpods_requester_device_info", **labels, driver="gpu.nvidia.com", pool=NODE, device=device)
 
 
 async def test_a_dra_requesters_bind_names_the_devices_its_instance_runs_on(h: Harness) -> None:
@@ -1052,6 +1059,9 @@ async def test_a_dra_requesters_bind_names_the_devices_its_instance_runs_on(h: H
         ("Normal", "Bound", f"instance {wanted} on launcher {LAUNCHER} runs on "
          f"gpu.nvidia.com/{NODE}/gpu-0 ({GPU0}), gpu.nvidia.com/{NODE}/gpu-1 ({GPU1})"),
     )  # fmt: skip
+    assert (device_info(h, GPU0, "gpu-0"), device_info(h, GPU1, "gpu-1")) == (1, 1)
+    h.remove(h.pod(REQ))  # the requester is deleted
+    assert device_info(h, GPU0, "gpu-0") is None, "no series left behind"
 
 
 async def test_a_cold_dra_bind_names_the_devices_and_the_launcher_made_for_it(h: Harness) -> None:

@@ -76,10 +76,15 @@ async def bind(p: Pass) -> StepResult:
 
 
 async def _announce_devices(p: Pass, launcher: str, wanted: str, gpus: list[str], node: str) -> None:
-    """For a DRA requester, an Event naming each device its instance runs on: driver/pool/device and UUID."""
+    """For a DRA requester, an Event naming each device its instance runs on (driver/pool/device and UUID), and
+    dualpods_requester_device_info for each (its GPUs are its claims': the same for the requester's life)."""
     if not (p.requester.get("spec") or {}).get("resourceClaims"):
         return
     named = await p.clients.devices.named(node, gpus)
+    for uuid, device in named.items():
+        p.world.metrics.requester_devices.labels(
+            p.world.namespace, pods.name(p.requester), uuid, device.driver, device.pool, device.name
+        ).set(1)
     devices = ", ".join(f"{named[u]} ({u})" if u in named else u for u in gpus)
     await p.event(p.requester, "Normal", "Bound", f"instance {wanted} on launcher {launcher} runs on {devices}")
 

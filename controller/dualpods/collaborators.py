@@ -10,6 +10,7 @@ from typing import Protocol
 
 from api.launcher import AllInstancesState, InstanceState, VllmConfig
 from controller import pods
+from controller.dualpods.devices import Device
 from controller.events import EventSink
 from controller.status_writer import StatusWrites
 
@@ -59,7 +60,7 @@ class Requesters(Protocol):
 class Devices(Protocol):
     """The DRA devices of a Node's GPUs (`devices.py`)."""
 
-    async def named(self, node: str, uuids: list[str]) -> dict[str, str]:
+    async def named(self, node: str, uuids: list[str]) -> dict[str, Device]:
         """UUID -> `<driver>/<pool>/<device>`, for those of `uuids` a DRA driver publishes on `node`."""
         ...
 

@@ -8,7 +8,7 @@ so only requesters with ResourceClaims pay it.
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -18,9 +18,20 @@ log = logging.getLogger(__name__)
 UUID_ATTRIBUTE = "uuid"
 
 
-def device_names(slices: Iterable[Mapping[str, Any]], uuids: Iterable[str]) -> dict[str, str]:
-    """UUID -> `<driver>/<pool>/<device>` for the devices of these slices (API JSON) whose `uuid` attribute,
-    unprefixed or in their driver's domain, is one of `uuids`."""
+class Device(NamedTuple):
+    """A device of a ResourceSlice: its driver, its pool (which may hold slashes) and its own name."""
+
+    driver: str
+    pool: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.driver}/{self.pool}/{self.name}"
+
+
+def device_names(slices: Iterable[Mapping[str, Any]], uuids: Iterable[str]) -> dict[str, Device]:
+    """UUID -> its device, for the devices of these slices (API JSON) whose `uuid` attribute, unprefixed or in
+    their driver's domain, is one of `uuids`."""
     wanted, named = set(uuids), {}
     for each in slices:
         spec = each.get("spec") or {}
@@ -29,7 +40,7 @@ def device_names(slices: Iterable[Mapping[str, Any]], uuids: Iterable[str]) -> d
             attributes = device.get("attributes") or {}
             uuid = (attributes.get(UUID_ATTRIBUTE) or attributes.get(f"{driver}/{UUID_ATTRIBUTE}") or {}).get("string")
             if uuid in wanted:
-                named[uuid] = f"{driver}/{pool}/{device['name']}"
+                named[uuid] = Device(driver, pool, device["name"])
     return named
 
 
@@ -40,7 +51,7 @@ class SliceDevices:
         self._api = api
         self._resource = client.ResourceV1Api(api)
 
-    async def named(self, node: str, uuids: list[str]) -> dict[str, str]:
+    async def named(self, node: str, uuids: list[str]) -> dict[str, Device]:
         """`device_names` of `node`'s slices; none where slices cannot be read (before Kubernetes 1.34, or
         without the right), which costs the Event its device names only."""
         try:

@@ -1,6 +1,7 @@
 """FMA's dual-pods controller metrics (E10: same names and labels, so dashboards carry over), and ours.
 
-A Pod's series go with it (`forget_pod`: a deleted requester's or provider's fma_duality), so a cluster that
+A Pod's series go with it (`forget_pod`: a deleted requester's or provider's fma_duality, a requester's DRA
+devices), so a cluster that
 churns Pods does not grow the scrape without bound. The counts per InferenceServerConfig and LauncherConfig
 stay at 0 once nothing is counted, as FMA's: there are as many as there are such objects.
 """
@@ -65,6 +66,13 @@ class DualPodsMetrics:
             ],
             registry=registry,
         )
+        self.requester_devices = Gauge(
+            "dualpods_requester_device_info",
+            "1 for each DRA device a requester's GPUs come from (requesters with ResourceClaims), from its first "
+            "bind until it is deleted; join on UUID with fma_duality for the instance that runs on it.",
+            ["exported_namespace", "requester_name", "UUID", "driver", "pool", "device"],
+            registry=registry,
+        )
         self.requester_count = Gauge(
             "fma_requester_count", "Requesters carrying each InferenceServerConfig.", ["isc_name"], registry=registry
         )
@@ -113,6 +121,7 @@ class DualPodsMetrics:
         )
 
     def forget_pod(self, namespace: str, name: str) -> None:
-        """The Pod is gone: drop the fma_duality series that name it, as requester or as provider."""
+        """The Pod is gone: drop the series that name it (fma_duality as requester or as provider, its devices)."""
         for label in ("requester_name", "exported_pod"):
             self.duality.remove_by_labels({"exported_namespace": namespace, label: name})
+        self.requester_devices.remove_by_labels({"exported_namespace": namespace, "requester_name": name})
