@@ -437,6 +437,8 @@ class FakeWriter:
         self.cache = cache
         self._versions = itertools.count(100)
         self._serial = itertools.count(1)
+        self.created_unseen: list[Obj] = []  # with `watch_lags`: created Pods the cache does not show yet
+        self.watch_lags = False  # created Pods reach the cache only at `deliver_created`, as a lagging watch
 
     def _store(self, pod: Obj) -> None:
         pod = copy.deepcopy(pod)
@@ -462,8 +464,17 @@ class FakeWriter:
         metadata = created["metadata"]
         metadata.update(name=f"{metadata['generateName']}{serial}", uid=f"created-{serial}-uid", namespace=NS)
         self.journal.append(Call("create", metadata["name"], copy.deepcopy(created)))
-        self._store(created)
+        if self.watch_lags:
+            self.created_unseen.append(created)
+        else:
+            self._store(created)
         return created
+
+    def deliver_created(self) -> None:
+        """The lagging watch catches up: the Pods created since show in the cache."""
+        for created in self.created_unseen:
+            self._store(created)
+        self.created_unseen.clear()
 
     async def delete(self, pod: Obj, why: str) -> None:
         metadata = pod["metadata"]

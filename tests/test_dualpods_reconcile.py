@@ -14,15 +14,17 @@ import pytest
 
 from api import keys
 from api.launcher import InstanceStatus, VllmConfig
+from controller.dualpods.binding import LAUNCHER_SEEN_RECHECK_S
 from controller.dualpods.devices import Device
 from controller.dualpods.passes import RELAY_RECHECK_S
+from controller.dualpods.phases import Phase
 from controller.dualpods.release import RELEASE_POLL_S
 from controller.dualpods.requester_client import RequesterError
 from controller.dualpods.requester_steps import SPI_STARTUP_RETRY_S
 from controller.dualpods.status import RequesterProblem
 from controller.http import HttpError, Reply
 from controller.informer import Obj
-from controller.pods import annotations, labels
+from controller.pods import annotations, binding, labels
 from tests.test_dualpods_fakes import (
     GPU0,
     GPU1,
@@ -1032,6 +1034,24 @@ async def test_a_cold_actuation_creates_a_launcher_then_the_instance(h: Harness)
     assert [c.kind for c in calls] == ["update", "relay"]
     assert actuations(h, "cold") == 1
     assert actuations(h, "warm") is None
+
+
+async def test_a_pass_before_the_watch_shows_the_created_launcher_does_not_create_another(h: Harness) -> None:
+    """Bound to two launchers, a requester would be stuck (conflicted) for good: the next passes wait instead."""
+    h.writer.watch_lags = True
+    h.put(requester_obj())
+    await h.reconcile()
+    (created,) = h.journal.of("create")
+    for _ in range(3):
+        assert await h.reconcile() == LAUNCHER_SEEN_RECHECK_S
+    assert len(h.journal.of("create")) == 1, "no second launcher"
+    h.writer.deliver_created()
+    await h.drive()
+    assert len(h.journal.of("create")) == 1
+    assert h.phase() not in (Phase.UNBOUND, Phase.CONFLICTED)
+    bound = binding(h.pod(created.target))
+    assert bound is not None
+    assert bound.requester_name == REQ
 
 
 def dra_requester(h: Harness) -> Obj:

@@ -17,7 +17,7 @@ from api.launcher import InstanceStatus, VllmConfig
 from controller import pods
 from controller.dualpods import instance_sleep
 from controller.dualpods.identity import instance_id, launcher_instance_config, runtime_of
-from controller.dualpods.outcomes import DONE, Problem, StepResult
+from controller.dualpods.outcomes import DONE, Problem, StepResult, Wait
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, from_isc, problems
 from controller.dualpods.selection import Candidate, choose
@@ -28,6 +28,10 @@ from controller.launcher_template import TemplateError, launcher_config_hash, no
 log = logging.getLogger(__name__)
 
 LAUNCHERS_BY_CONFIG_HASH = "launchers-by-config-hash"  # pod index: launcher config hash -> launchers
+# A launcher created for a requester is awaited in the Pod cache this long (the watch's lag) before the requester
+# may get another; each look waits LAUNCHER_SEEN_RECHECK_S.
+LAUNCHER_SEEN_WITHIN_S = 30.0
+LAUNCHER_SEEN_RECHECK_S = 0.2
 
 
 async def bind(p: Pass) -> StepResult:
@@ -54,6 +58,8 @@ async def bind(p: Pass) -> StepResult:
     config = launcher_instance_config(isc, lc, gpus, runtime)
     candidates, waiting = await _candidates(p, launcher_config_hash(template_hash, node), wanted)
     uid = pods.uid(requester)
+    if (awaited := _launcher_awaited(p, uid)) is not None:
+        return Wait(LAUNCHER_SEEN_RECHECK_S, f"launcher {awaited} was created for it; waiting for the watch to show it")
     plan = choose(candidates, wanted, isc.spec.model_server_config.port, lc.spec.max_instances, uid)
     if plan is None:
         if waiting:
@@ -62,6 +68,7 @@ async def bind(p: Pass) -> StepResult:
         new = pod_for_node(template, template_hash, node)
         bind_metadata(new, requester, wanted, config, routing)  # bound from birth: never taken for a spare
         created = await _create_launcher(p, new, lc.metadata.name)
+        p.memory.launching[uid] = (pods.name(created), time.monotonic())
         await _announce_devices(p, pods.name(created), wanted, gpus, node)
         return DONE
     launcher = p.world.caches.pods.get(f"{s.namespace}/{plan.launcher}")
@@ -73,6 +80,19 @@ async def bind(p: Pass) -> StepResult:
     if await p.update(launcher, lambda pod: bind_metadata(pod, requester, wanted, config, routing), "bind"):
         await _announce_devices(p, plan.launcher, wanted, gpus, node)
     return DONE
+
+
+def _launcher_awaited(p: Pass, uid: str) -> str | None:
+    """The launcher this pass created for the requester that the Pod cache does not show yet (a pass right after
+    the create sees the requester unbound still, and would create a second launcher, leaving it bound to two)."""
+    launching = p.memory.launching.get(uid)
+    if launching is None:
+        return None
+    name, since = launching
+    if p.world.caches.pods.get(f"{p.s.namespace}/{name}") is None and time.monotonic() - since < LAUNCHER_SEEN_WITHIN_S:
+        return name
+    del p.memory.launching[uid]  # seen (and since unbound or gone), or lost: plan afresh
+    return None
 
 
 async def _announce_devices(p: Pass, launcher: str, wanted: str, gpus: list[str], node: str) -> None:

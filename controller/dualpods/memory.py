@@ -1,5 +1,6 @@
 """What the dual-pods controller keeps only in memory: losing it on restart costs at most a metric label, a
-re-sent readiness, one question to a provider whether it sleeps, or a phase change logged again. Nothing
+re-sent readiness, one question to a provider whether it sleeps, a phase change logged again, or (within a
+moment of a launcher's creation) the wait for the watch to show it. Nothing
 about what a requester's status shows lives here: that is read from the requester itself (status.py)."""
 
 from dataclasses import dataclass, field
@@ -22,6 +23,9 @@ class Memory:
     # requester UID -> (phase, since when (monotonic) its passes wait or fail in it, failed passes): a
     # restart starts a phase's budget afresh (reconcile.py)
     troubles: dict[str, tuple[str, float, int]] = field(default_factory=dict)
+    # requester UID -> (the launcher created for it, when (monotonic)): until the Pod cache shows that launcher,
+    # a pass that still finds the requester unbound must not create another (binding.py)
+    launching: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     def keep_only(self, uids: set[str]) -> None:
         """Forget the Pods not among `uids` (FMA drops an inference server's state once both Pods are gone)."""
@@ -32,6 +36,7 @@ class Memory:
             self.proxied,
             self.asleep,
             self.troubles,
+            self.launching,
         ]
         for table in tables:
             for uid in [u for u in table if u not in uids]:
