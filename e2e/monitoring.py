@@ -13,6 +13,8 @@ from typing import Any
 import promql_parser
 from prometheus_client.parser import text_string_to_metric_families
 
+from api.selectors import LabelSelector
+
 Obj = dict[str, Any]
 META = "__meta_kubernetes_"
 # Grafana's variables, as a query reaches Prometheus (the interval: any duration).
@@ -44,21 +46,9 @@ class Target:
 
 
 def selects(selector: Obj | None, labels: dict[str, str]) -> bool:
-    """Whether a label selector (matchLabels, matchExpressions) matches `labels`; an empty one matches all."""
-    selector = selector or {}
-    if any(labels.get(key) != value for key, value in (selector.get("matchLabels") or {}).items()):
-        return False
-    for term in selector.get("matchExpressions") or []:
-        key, operator, values = term["key"], term["operator"], term.get("values") or []
-        matched = {
-            "In": key in labels and labels[key] in values,
-            "NotIn": key not in labels or labels[key] not in values,
-            "Exists": key in labels,
-            "DoesNotExist": key not in labels,
-        }[operator]
-        if not matched:
-            return False
-    return True
+    """Whether a label selector (API JSON) matches `labels`, as the API's own LabelSelector; an empty one matches
+    all."""
+    return LabelSelector.model_validate(selector or {}).matches(labels)
 
 
 def _labels(obj: Obj) -> dict[str, str]:
