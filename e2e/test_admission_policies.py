@@ -214,32 +214,46 @@ async def policies(cluster: LoopbackCluster, api: client.ApiClient) -> AsyncIter
 
     try:
         found = await wait_for(checked, what="the policies type-checked by the API server", within=60)
-        await _wait_enforced(api)
+        await _wait_admission(api, enforced=True)
         yield found
     finally:
         await kubectl(cluster, "delete", "--ignore-not-found", "-f", str(CONCATENATED))
+        await _wait_admission(api, enforced=False)
 
 
-async def _wait_enforced(api: client.ApiClient) -> None:
-    """Until the API server's admission uses the policies (it learns of them through a watch of its own): a
-    dry-run edit of a managed label by the admin, who is not exempt, is refused."""
+# Edits of a bound requester that only one policy refuses, each: the probes of _wait_admission.
+PROBES = {IMMUTABLE: {STATUS: '{"Errors":["forged"]}'}, BOUND: {ISC: "other"}}
+
+
+async def _wait_admission(api: client.ApiClient, enforced: bool) -> None:
+    """Until the API server's admission (which learns of policies through a watch of its own) enforces both policies,
+    or neither: for each policy, a dry-run edit by the admin (not exempt) that only it refuses is refused by it, or
+    admitted. Each test applies and deletes the policies, so without the wait for neither a test could be judged by
+    the previous test's policies, still in that cache, and then by none (seen under load: an edit admitted)."""
     core = client.CoreV1Api(api)
     name = "policy-probe"
+    metadata = {k: BOUND_REQUESTER["metadata"][k] for k in ("labels", "annotations")}
     await core.create_namespaced_pod("default", {
-        "metadata": {"name": name, "labels": {keys.DUAL_LABEL: "x"}},
-        "spec": {"containers": [{"name": "c", "image": "registry.example/app:1"}], "schedulingGates": [HOLD]},
+        "metadata": {"name": name, **metadata},
+        "spec": {**BOUND_REQUESTER["spec"], "schedulingGates": [HOLD]},
     })  # fmt: skip
 
-    async def refused() -> bool:
+    async def refused_by(policy: str) -> bool:
+        edit = {"metadata": {"annotations": PROBES[policy]}}
         try:
-            await core.patch_namespaced_pod(name, "default", {"metadata": {"labels": {keys.DUAL_LABEL: "y"}}},
-                                            dry_run="All")  # fmt: skip
+            await core.patch_namespaced_pod(name, "default", edit, dry_run="All")
         except ApiException as error:
-            return error.status == 422
+            message = json.loads(error.body).get("message", "") if error.body else ""
+            if error.status == 422 and [p for p, _ in DENIED.findall(message)] == [policy]:
+                return True
+            raise
         return False
 
+    async def settled() -> bool:
+        return all([await refused_by(policy) == enforced for policy in PROBES])
+
     try:
-        await wait_for(refused, what="the policies enforced", within=30)
+        await wait_for(settled, what=f"the policies {'enforced' if enforced else 'lifted'}", within=30)
     finally:
         await core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
 
