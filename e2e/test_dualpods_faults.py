@@ -269,6 +269,7 @@ async def test_an_api_server_outage_keeps_the_launcher_and_its_sleepers(faults: 
         await env.wait_launchers_unbound(within=60)
         kept = await env.pod(name)
         assert pods.uid(kept) == pods.uid(launcher), "the launcher was kept"
+        print(f"launcher restarts: {pods.restart_count(launcher)} before the outage, {pods.restart_count(kept)} after")
         listing = await env.instances(kept)
         assert sorted(i["annotations"]["isc-name"] for i in listing["instances"] if i["sleeping"]) == ["isc-a", "isc-b"]
         await env.set_requester_isc(rs, "isc-a")
