@@ -243,7 +243,7 @@ async def _wait_admission(api: client.ApiClient, enforced: bool) -> None:
         try:
             await core.patch_namespaced_pod(name, "default", edit, dry_run="All")
         except ApiException as error:
-            message = json.loads(error.body).get("message", "") if error.body else ""
+            message = _message(error)
             if error.status == 422 and [p for p, _ in DENIED.findall(message)] == [policy]:
                 return True
             raise
@@ -256,6 +256,11 @@ async def _wait_admission(api: client.ApiClient, enforced: bool) -> None:
         await wait_for(settled, what=f"the policies {'enforced' if enforced else 'lifted'}", within=30)
     finally:
         await core.delete_namespaced_pod(name, "default", grace_period_seconds=0)
+
+
+def _message(error: ApiException) -> str:
+    """The message of the API server's Status in a refusal ("" when it sent none)."""
+    return str(json.loads(error.body).get("message", "")) if error.body else ""
 
 
 async def _as(cluster: LoopbackCluster, username: str) -> client.ApiClient:
@@ -306,7 +311,7 @@ async def _verdict(cluster: LoopbackCluster, api: client.ApiClient, namespace: s
         try:
             await client.CoreV1Api(acting).replace_namespaced_pod(name, namespace, body)
         except ApiException as error:
-            message = json.loads(error.body).get("message", "") if error.body else ""
+            message = _message(error)
             status, denials = error.status, DENIED.findall(message)
         else:
             return Verdict([])
