@@ -11,7 +11,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
-from controller.dualpods.writer import FIELD_MANAGER, PodWriter, set_label
+from controller.dualpods.writer import FIELD_MANAGER, PodWriter, set_annotation, set_finalizer, set_label
 from controller.informer import LAST_APPLIED, Informer, Obj
 from controller.kube import ApiLimits, api_client
 from controller.leader import LeaderElection, LostLeadership
@@ -124,6 +124,61 @@ async def test_pod_writes_patch_only_their_change(api: client.ApiClient, namespa
     assert not await writer.update(cached, lambda pod: None, "nothing to change")
     with pytest.raises(ValueError, match="metadata only"):
         await writer.update(cached, lambda pod: pod.update(spec={}), "not metadata")
+
+
+async def test_a_write_guarded_by_the_uid_alone(api: client.ApiClient, namespace: str) -> None:
+    """A requester's metadata write (`if_unchanged=False`) lands over another client's write made since the
+    read (a kubelet's status write, at scale), removes only its own finalizer, answers with the version the
+    API server stored, and is refused on a Pod of the same name made since."""
+    core = client.CoreV1Api(api)
+    pod = {
+        "metadata": {"name": "guarded"},
+        "spec": {"nodeName": "no-such-node", "containers": [{"name": "c", "image": "pause"}]},
+    }
+    await core.create_namespaced_pod(namespace, pod)
+    informer = Informer("pods", functools.partial(core.list_namespaced_pod, namespace))
+    await informer.list()
+    cached = informer.get(f"{namespace}/guarded")
+    assert cached is not None
+    writer = PodWriter(api, namespace)
+
+    def live() -> Any:
+        return core.read_namespaced_pod("guarded", namespace)
+
+    def finalized_and_annotated(pod: Obj) -> None:
+        set_finalizer(pod, "example.com/mine", True)
+        set_annotation(pod, "k", "v")
+
+    await core.patch_namespaced_pod("guarded", namespace, {"metadata": {"finalizers": ["example.com/others"]}})
+    version = await writer.update(cached, finalized_and_annotated, "test", if_unchanged=False)
+    written = await live()
+    assert version == written.metadata.resource_version
+    assert sorted(written.metadata.finalizers) == ["example.com/mine", "example.com/others"]
+    assert written.metadata.annotations == {"k": "v"}
+
+    await informer.list()
+    cached = informer.get(f"{namespace}/guarded")
+    assert cached is not None
+    await core.patch_namespaced_pod("guarded", namespace, {"metadata": {"labels": {"meanwhile": "yes"}}})
+    await writer.update(cached, lambda p: set_finalizer(p, "example.com/mine", False), "test", if_unchanged=False)
+    assert (await live()).metadata.finalizers == ["example.com/others"]
+
+    await core.patch_namespaced_pod("guarded", namespace, {"metadata": {"finalizers": None}})
+    await core.delete_namespaced_pod("guarded", namespace, grace_period_seconds=0)
+    await wait_for(lambda: _gone(core, namespace, "guarded"), what="the Pod deleted")
+    await core.create_namespaced_pod(namespace, pod)
+    with pytest.raises(ApiException) as other_pod:
+        await writer.update(cached, lambda p: set_annotation(p, "k", "stale"), "test", if_unchanged=False)
+    assert other_pod.value.status == 409, other_pod.value  # a conflict, as with a resourceVersion
+    assert (await live()).metadata.annotations is None
+
+
+async def _gone(core: client.CoreV1Api, namespace: str, name: str) -> bool:
+    try:
+        await core.read_namespaced_pod(name, namespace)
+    except ApiException as err:
+        return err.status == 404
+    return False
 
 
 async def test_the_api_client_is_rate_limited_and_counted(cluster: LoopbackCluster) -> None:

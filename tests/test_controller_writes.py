@@ -1,9 +1,11 @@
-"""What the controllers cache of an object and what they send back: trimmed caches, metadata patches."""
+"""What the controllers cache of an object and what they send back: trimmed caches, metadata patches, and
+when a cached copy is older than the controller's own write."""
 
 import aiohttp
 import pytest
 
-from controller.dualpods.writer import merge_patch
+from controller.dualpods.memory import Memory
+from controller.dualpods.writer import merge_patch, metadata_patch
 from controller.informer import LAST_APPLIED, Informer, trim
 
 
@@ -67,3 +69,44 @@ def test_merge_patch_carries_only_the_change(
     old: dict[str, object], new: dict[str, object], patch: dict[str, object]
 ) -> None:
     assert merge_patch(old, new) == patch
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "patch"),
+    [
+        ({"annotations": {"k": "v"}}, {"annotations": {"k": "w"}}, {"annotations": {"k": "w"}}),
+        ({"finalizers": ["x"]}, {"finalizers": ["x", "y"]}, {"finalizers": ["y"]}),
+        ({"finalizers": ["x", "y"]}, {"finalizers": ["y"]}, {"$deleteFromPrimitiveList/finalizers": ["x"]}),
+        ({}, {"finalizers": ["x"], "labels": {"a": "1"}}, {"finalizers": ["x"], "labels": {"a": "1"}}),
+        ({"finalizers": ["x"]}, {"finalizers": ["x"]}, {}),
+    ],
+)
+def test_a_metadata_patch_adds_and_removes_finalizers_one_by_one(
+    old: dict[str, object], new: dict[str, object], patch: dict[str, object]
+) -> None:
+    """The finalizers of a strategic merge patch merge with the Pod's: what another client added stays."""
+    assert metadata_patch(old, new) == patch
+
+
+def _versioned(uid: str, version: str) -> dict[str, object]:
+    return {"metadata": {"name": uid, "uid": uid, "resourceVersion": version}}
+
+
+def test_a_cached_pod_is_behind_until_it_shows_the_controllers_write() -> None:
+    memory = Memory()
+    memory.wrote(_versioned("a", "10"), "12")
+    assert memory.behind(_versioned("a", "10")), "the copy the write was made from"
+    assert memory.behind(_versioned("a", "11")), "a copy between the read and the write"
+    assert not memory.behind(_versioned("b", "1")), "a Pod not written"
+    assert not memory.behind(_versioned("a", "13")), "a copy that shows the write and more"
+    assert not memory.behind(_versioned("a", "10")), "caught up once, the write is forgotten"
+    assert not memory.behind(None)
+
+
+@pytest.mark.parametrize("version", ["", "0012", "abc", "\uff11\uff12"])
+def test_a_version_that_is_not_an_integer_is_never_behind(version: str) -> None:
+    memory = Memory()
+    memory.wrote(_versioned("a", "10"), "12")
+    assert not memory.behind(_versioned("a", version))
+    memory.wrote(_versioned("a", "10"), version)
+    assert not memory.behind(_versioned("a", "1"))

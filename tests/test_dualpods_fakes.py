@@ -440,23 +440,26 @@ class FakeWriter:
         self.created_unseen: list[Obj] = []  # with `watch_lags`: created Pods the cache does not show yet
         self.watch_lags = False  # created Pods reach the cache only at `deliver_created`, as a lagging watch
 
-    def _store(self, pod: Obj) -> None:
+    def _store(self, pod: Obj) -> str:
+        """Keep `pod` as its new version (or drop it, if that ends its deletion); its resourceVersion."""
         pod = copy.deepcopy(pod)
-        pod["metadata"]["resourceVersion"] = str(next(self._versions))
+        version = pod["metadata"]["resourceVersion"] = str(next(self._versions))
         gone = pod["metadata"].get("deletionTimestamp") and not pod["metadata"].get("finalizers")
         if gone:
             self.cache.remove(object_key(pod))
         else:
             self.cache.upsert(pod)
+        return version
 
-    async def update(self, pod: Obj, mutate: Callable[[Obj], None], why: str) -> bool:
+    async def update(
+        self, pod: Obj, mutate: Callable[[Obj], None], why: str, *, if_unchanged: bool = True
+    ) -> str | None:
         changed = copy.deepcopy(pod)
         mutate(changed)
         if changed == pod:
-            return False
+            return None
         self.journal.append(Call("update", pod["metadata"]["name"], changed))
-        self._store(changed)
-        return True
+        return self._store(changed)
 
     async def create(self, pod: Obj) -> Obj:
         created = copy.deepcopy(pod)
@@ -736,6 +739,7 @@ class Harness:
         )
         self.controller = DualPodsController(NS, self.caches, self.views, clients, DualPodsMetrics(self.registry),
                                              settings)  # fmt: skip
+        self.controller.isc_status_settle_s = 0.0  # queued at once: the tests read the queue without waiting
         self.reconciler = self.controller.reconciler
 
     def informer(self, obj: Obj) -> Informer:

@@ -18,8 +18,11 @@ from controller.status_writer import StatusWrites
 class PodWrites(Protocol):
     """Optimistic writes of Pods (controller.dualpods.writer.PodWriter)."""
 
-    async def update(self, pod: pods.Pod, mutate: Callable[[pods.Pod], None], why: str) -> bool:
-        """Write `mutate`(a copy of `pod`) if it changed anything; True if written."""
+    async def update(
+        self, pod: pods.Pod, mutate: Callable[[pods.Pod], None], why: str, *, if_unchanged: bool = True
+    ) -> str | None:
+        """Write `mutate`(a copy of `pod`) if it changed anything, only if the Pod is as cached (or, with
+        `if_unchanged=False`, the same incarnation); the written resourceVersion, None if nothing changed."""
         ...
 
     async def create(self, pod: pods.Pod) -> pods.Pod: ...

@@ -1,10 +1,20 @@
 """What the dual-pods controller keeps only in memory: losing it on restart costs at most a metric label, a
-re-sent readiness, one question to a provider whether it sleeps, a phase change logged again, or (within a
-moment of a launcher's creation) the wait for the watch to show it. Nothing
-about what a requester's status shows lives here: that is read from the requester itself (status.py)."""
+re-sent readiness, one question to a provider whether it sleeps, a phase change logged again, (within a
+moment of a launcher's creation) the wait for the watch to show it, or a pass made on a cache that does not
+show the controller's last write yet. Nothing about what a requester's status shows lives here: that is read
+from the requester itself (status.py).
+
+The last: a pass that read a Pod from a cache older than this controller's own write of it would decide
+again what that write decided (ask a requester for its GPUs again, write the same annotations again, or
+fail with a conflict), so it waits for the write's watch event instead (reconcile.py). Which copy is older
+is told by comparing resourceVersions, as integers (KEP-5504, GA in Kubernetes 1.35); a version that is
+not one is never taken as older.
+"""
 
 from dataclasses import dataclass, field
 from typing import Any
+
+from controller import pods
 
 
 @dataclass
@@ -26,6 +36,21 @@ class Memory:
     # requester UID -> (the launcher created for it, when (monotonic)): until the Pod cache shows that launcher,
     # a pass that still finds the requester unbound must not create another (binding.py)
     launching: dict[str, tuple[str, float]] = field(default_factory=dict)
+    written: dict[str, int] = field(default_factory=dict)  # Pod UID -> the resourceVersion of its last write
+
+    def wrote(self, pod: pods.Pod, version: str) -> None:
+        if (number := _version(version)) is not None:
+            self.written[pods.uid(pod)] = number
+
+    def behind(self, pod: pods.Pod | None) -> bool:
+        """Whether `pod`, as cached, is older than this controller's last write of it."""
+        if pod is None or (written := self.written.get(pods.uid(pod))) is None:
+            return False
+        cached = _version(pods.meta(pod).get("resourceVersion", ""))
+        if cached is not None and cached < written:
+            return True
+        del self.written[pods.uid(pod)]
+        return False
 
     def keep_only(self, uids: set[str]) -> None:
         """Forget the Pods not among `uids` (FMA drops an inference server's state once both Pods are gone)."""
@@ -37,8 +62,14 @@ class Memory:
             self.asleep,
             self.troubles,
             self.launching,
+            self.written,
         ]
         for table in tables:
             for uid in [u for u in table if u not in uids]:
                 del table[uid]
         self.actuated &= uids
+
+
+def _version(text: str) -> int | None:
+    """A resourceVersion as the integer it is on Kubernetes 1.35+ (no sign, no leading zero), else None."""
+    return int(text) if text.isascii() and text.isdigit() and not text.startswith("0") else None

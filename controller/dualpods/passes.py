@@ -15,7 +15,7 @@ from controller.dualpods.collaborators import Clients
 from controller.dualpods.memory import Memory
 from controller.dualpods.metrics import DualPodsMetrics
 from controller.dualpods.outcomes import DONE, Budget, Done, Wait
-from controller.dualpods.snapshot import Caches, Snapshot
+from controller.dualpods.snapshot import BoundNow, Caches, Snapshot
 from controller.dualpods.status import RequesterWants, desired_requester
 from controller.launcher_views import ViewSource
 
@@ -75,11 +75,14 @@ class Pass:
 
     # ----- writes, recorded
 
-    async def update(self, pod: pods.Pod, mutate: Callable[[pods.Pod], None], why: str) -> bool:
-        written = await self.world.clients.pods.update(pod, mutate, why)
-        if written:
+    async def update(
+        self, pod: pods.Pod, mutate: Callable[[pods.Pod], None], why: str, *, if_unchanged: bool = True
+    ) -> bool:
+        version = await self.world.clients.pods.update(pod, mutate, why, if_unchanged=if_unchanged)
+        if version is not None:
             self._note(pod, f"updated {pods.name(pod)}: {why}")
-        return written
+            self.memory.wrote(pod, version)
+        return version is not None
 
     async def create(self, pod: pods.Pod) -> pods.Pod:
         created = await self.world.clients.pods.create(pod)
@@ -95,6 +98,7 @@ class Pass:
         why: str,
         *,
         settled: bool = False,
+        bound_now: BoundNow | None = None,
         finalizer: bool | None = None,
         gpus: list[str] | None = None,
         unserved: bool = False,
@@ -102,6 +106,7 @@ class Pass:
         """A change to the requester's metadata, written with its status at the end of the pass (one write)."""
         w = self.wants
         w.settled, w.unserved = w.settled or settled, w.unserved or unserved
+        w.bound_now = bound_now or w.bound_now
         w.finalizer = finalizer if finalizer is not None else w.finalizer
         w.gpus = gpus if gpus is not None else w.gpus
         w.why.append(why)
@@ -113,7 +118,8 @@ class Pass:
         assert pods.name(requester) not in self.written, "the requester is written at most once a pass"
         desired = desired_requester(requester, self.s, self.wants, errors)
         if desired != requester:
-            await self.update(requester, lambda pod: pod.update(desired), "; ".join(self.wants.why) or "status")
+            why = "; ".join(self.wants.why) or "status"
+            await self.update(requester, lambda pod: pod.update(desired), why, if_unchanged=False)
 
     async def event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
         """The one object logger: what is said about `obj` goes to the log (a Warning at WARNING, else INFO,

@@ -6,7 +6,8 @@ does the work and returns Done, Wait or Problem (outcomes.py), and the pass ends
 the errors it met, when to look again, what it changed. A wait or a transient failure that stands past its
 phase's budget becomes an error too. Every line a pass logs carries the requester, the phase and the pass's
 ID (api/log_format.log_context). A step makes one decisive change (a write, a launcher call) and returns;
-the watch event that change causes brings the next pass. The few steps that must do more say so in their
+the watch event that change causes brings the next pass (a pass that comes earlier, its cache not showing
+the change yet, waits for it: memory.py). The few steps that must do more say so in their
 docstrings; each of their parts is idempotent. Every durable fact lives in API objects — the binding in the provider's
 `requester` annotation, the instance in the launcher's annotations, the GPUs in the requester's
 `accelerators` annotation, what the user was told in its status annotation — so a restarted controller
@@ -43,6 +44,9 @@ from controller.kube import refusal
 log = logging.getLogger(__name__)
 
 LAUNCHERS = "launchers"  # pod index: "true" -> every launcher Pod
+# A pass whose cache does not show this controller's last write of its Pods yet waits for that write's
+# watch event (which brings the next pass); this long at most, should the event not come.
+BEHIND_RECHECK_S = 1.0
 
 
 class Reconciler:
@@ -62,6 +66,9 @@ class Reconciler:
         w = self.world
         with log_context(**{REQUESTER_FIELD: name, PASS_FIELD: str(next(self._pass_ids))}):
             p = Pass(w, observe(w.namespace, name, w.caches, w.views))
+            if self.memory.behind(p.s.requester) or self.memory.behind(p.s.provider):
+                log.debug("the cache does not show this controller's last write yet")
+                return BEHIND_RECHECK_S
             row = ROW[classify(p.s)]
             with log_context(**{PHASE_FIELD: row.phase.value}):
                 self._note_phase(name, row.phase)
