@@ -5,6 +5,7 @@ hand with their public `upsert` and `remove`) and its launcher views (the fake's
 the test reads the keys the controller put in its work queue after the change.
 """
 
+import asyncio
 import copy
 from collections.abc import AsyncIterator
 
@@ -129,6 +130,23 @@ async def test_an_isc_metadata_change_queues_only_its_requesters(h: Harness) -> 
 @pytest.mark.usefixtures("requesters")
 async def test_a_new_isc_queues_its_requesters(h: Harness) -> None:
     assert await change(h, None, isc_obj()) == {(REQUESTER, "a"), (REQUESTER, "c"), (ISC_STATUS, ISC)}
+
+
+async def test_an_iscs_status_is_queued_once_for_a_burst_of_changes(h: Harness) -> None:
+    """A wave of requesters changes an ISC's counts hundreds of times: its status is computed once, a
+    moment after the first change."""
+    h.controller.isc_status_settle_s = 0.2
+    h.put(isc_obj())
+    await h.queued()
+    await asyncio.sleep(0.3)  # the ISC's own arrival, settled
+    assert await h.queued() == {(ISC_STATUS, ISC)}
+    for name in ("a", "b", "c"):
+        h.put(requester_obj(name))
+    assert (ISC_STATUS, ISC) not in await h.queued(), "not at once"
+    await asyncio.sleep(0.3)
+    assert await h.queued() == {(ISC_STATUS, ISC)}
+    await asyncio.sleep(0.3)
+    assert await h.queued() == set(), "once for the three"
 
 
 @pytest.mark.usefixtures("requesters")

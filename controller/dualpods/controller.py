@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 REQUESTERS_ON_NODE = "requesters-on-node"
 DIRECT_REQUESTERS = "direct-requesters"
 ISCS_BY_LAUNCHER_CONFIG = "iscs-by-launcher-config"
+ISC_STATUS_SETTLE_S = 1.0  # an ISC status is written at most this often (its counts change in bursts)
 
 
 class KeyKind(StrEnum):
@@ -119,6 +120,7 @@ class DualPodsController:
         self.views = views
         self.metrics = metrics
         self.queue: WorkQueue[Key] = WorkQueue("dual-pods", observe_wait=self._observe_queue_wait)
+        self.isc_status_settle_s = ISC_STATUS_SETTLE_S
         index = caches.pods.add_index
         index(BOUND_TO, _bound_to)
         index(REQUESTERS_ON_NODE, _requester_node)
@@ -194,11 +196,16 @@ class DualPodsController:
         pod = self.caches.pods.get(f"{self.namespace}/{key.name}") if key.kind is KeyKind.REQUESTER else None
         return (pods.node_name(pod) if pod else None) or ""
 
-    def _enqueue(self, key: Key) -> None:
+    def _enqueue(self, key: Key, after: float = 0.0) -> None:
         node = self._node_of(key)
         self.metrics.queue_adds.labels(node).inc()
         self.metrics.queue_retries.labels(node)  # 0 until a retry, as client-go's queue metrics are
-        self.queue.add(key)
+        self.queue.add_after(key, after)
+
+    def _enqueue_isc_status(self, isc: str) -> None:
+        """An ISC's status counts its requesters and instances, which change by the hundred in a wave: it is
+        computed ISC_STATUS_SETTLE_S after the first change, once for all the changes meanwhile."""
+        self._enqueue(Key(KeyKind.ISC_STATUS, isc), after=self.isc_status_settle_s)
 
     def _enqueue_requester(self, name: str) -> None:
         self._enqueue(Key(KeyKind.REQUESTER, name))
@@ -212,12 +219,12 @@ class DualPodsController:
     def _pod_changed(self, old: Obj | None, new: Obj | None) -> None:
         if _service_facts(old) != _service_facts(new):
             for isc in {name for pod in (old, new) if pod is not None for name in _requester_isc(pod)}:
-                self._enqueue(Key(KeyKind.ISC_STATUS, isc))
+                self._enqueue_isc_status(isc)
         if launcher_summary.annotation_on(old) != launcher_summary.annotation_on(
             new
         ):  # its instances' counts may have changed
             for isc in {name for pod in (old, new) if pod is not None for name in summary_iscs(pod)}:
-                self._enqueue(Key(KeyKind.ISC_STATUS, isc))
+                self._enqueue_isc_status(isc)
         for pod in (p for p in (old, new) if p is not None):
             if pods.is_requester(pod):
                 self._enqueue_requester(pods.name(pod))
@@ -260,7 +267,7 @@ class DualPodsController:
         for requester in self.caches.pods.by_index(REQUESTERS_BY_ISC, name):
             self._enqueue_requester(pods.name(requester))
         if new is not None:
-            self._enqueue(Key(KeyKind.ISC_STATUS, name))
+            self._enqueue_isc_status(name)
         if old is not None and (new is None or old.get("spec") != new.get("spec")):
             self._enqueue(Key(KeyKind.ISC, name))
 
