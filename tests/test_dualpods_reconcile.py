@@ -14,6 +14,7 @@ import pytest
 
 from api import keys
 from api.launcher import InstanceStatus, VllmConfig
+from controller import pods
 from controller.dualpods.binding import LAUNCHER_SEEN_RECHECK_S
 from controller.dualpods.devices import Device
 from controller.dualpods.passes import RELAY_RECHECK_S
@@ -458,7 +459,8 @@ async def test_p1_binds_the_launcher_that_holds_the_wanted_instance(h: Harness) 
     h.views.put(empty)
     h.views.put(holder, inst(WANTED), inst("Iotheri", isc="isc2", port=8006))
     await h.reconcile()
-    assert h.journal.kinds() == [("update", "launcher-b")]
+    assert h.journal.kinds() == [("update", "launcher-b"), ("update", REQ)]  # the bind, then the requester settled
+    assert pods.labels(h.pod(REQ))[keys.INSTANCE_LABEL] == WANTED, "its running instance named in the same write"
 
 
 async def test_the_bind_write_carries_the_binding_and_the_instance(h: Harness) -> None:
@@ -496,7 +498,9 @@ async def test_p2_binds_a_launcher_with_room_without_deleting_anything(h: Harnes
     h.put(requester_obj(), launcher_obj())
     h.views.put(launcher_obj(), inst("Iotheri", isc="isc2", port=8006))
     await h.reconcile()
-    assert h.journal.kinds() == [("update", LAUNCHER)]
+    assert h.journal.kinds() == [("update", LAUNCHER), ("update", REQ)]
+    assert pods.labels(h.pod(REQ))[keys.DUAL_LABEL] == LAUNCHER
+    assert keys.REQUESTER_FINALIZER in pods.finalizers(h.pod(REQ))
 
 
 async def test_p3_binds_first_and_then_deletes_the_port_conflict_before_creating(h: Harness) -> None:
@@ -505,7 +509,7 @@ async def test_p3_binds_first_and_then_deletes_the_port_conflict_before_creating
     h.put(requester_obj(), launcher_obj())
     h.views.put(launcher_obj(), inst("Iconflicti", isc="isc2", port=PORT))
     await h.reconcile()
-    assert h.journal.kinds() == [("update", LAUNCHER)]
+    assert h.journal.kinds() == [("update", LAUNCHER), ("update", REQ)]
     calls = await h.drive()
     kinds = [(c.kind, c.target) for c in calls]
     assert kinds.index(("delete_instance", "Iconflicti")) < kinds.index(("create_instance", WANTED))
@@ -572,6 +576,7 @@ async def test_stopped_and_portless_instances_on_a_candidate_are_deleted_and_not
         ("delete_instance", "Istoppedi"),
         ("delete_instance", "Iportlessi"),
         ("update", LAUNCHER),  # P2: the two did not count against maxInstances 2
+        ("update", REQ),
     ]
 
 
@@ -611,7 +616,7 @@ async def test_an_absent_instance_never_known_is_created_from_the_committed_conf
     await h.reconcile()  # settles the requester
     h.journal.clear()
     await h.reconcile()
-    assert h.journal.kinds() == [("create_instance", WANTED)]
+    assert h.journal.kinds() == [("create_instance", WANTED), ("update", REQ)]  # the instance label with it
     pod_ip, config, isc_name, requester_name = h.journal[0].detail
     committed = VllmConfig.model_validate_json(annotations(launcher)[keys.VLLM_CONFIG_ANNOTATION])
     assert (pod_ip, config, isc_name, requester_name) == ("127.0.1.1", committed, ISC, REQ)
@@ -954,8 +959,7 @@ async def test_a_wake_that_fails_its_check_is_never_served_and_a_fresh_instance_
         ("event", REQ),  # WakeCheckFailed
         ("delete_instance", WANTED),  # the dead instance goes...
         ("create_instance", WANTED),  # ...and a fresh one is made for the same requester
-        ("update", REQ),  # the status clean
-        ("update", REQ),  # its instance label, once the launcher reports the fresh instance
+        ("update", REQ),  # the status clean and the fresh instance's label, in the pass that created it
     ]
     assert [c.detail[1] for c in h.journal.of("event")] == ["WakeCheckFailed"]
     error = h.journal.of("event")[0].detail[2]

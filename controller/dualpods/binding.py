@@ -21,6 +21,7 @@ from controller.dualpods.outcomes import DONE, Problem, StepResult, Wait
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, from_isc, problems
 from controller.dualpods.selection import Candidate, choose
+from controller.dualpods.snapshot import BoundNow
 from controller.dualpods.writer import set_annotation, set_binding
 from controller.instance_probe import instance_port
 from controller.launcher_template import TemplateError, launcher_config_hash, node_independent_pod, pod_for_node
@@ -78,6 +79,9 @@ async def bind(p: Pass) -> StepResult:
     p.memory.paths.setdefault(uid, "hot" if plan.priority == "P1" else "warm")
     log.info("binding requester %s to launcher %s (%s)", pods.name(requester), plan.launcher, plan.priority)
     if await p.update(launcher, lambda pod: bind_metadata(pod, requester, wanted, config, routing), "bind"):
+        view = p.world.views.get(plan.launcher)
+        instance = view.instances.get(wanted) if view is not None else None
+        p.want("binding", settled=True, bound_now=BoundNow(launcher, instance))  # one requester write fewer
         await _announce_devices(p, plan.launcher, wanted, gpus, node)
     return DONE
 

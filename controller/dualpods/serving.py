@@ -25,6 +25,7 @@ from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, committed_routing, outdated_routing
 from controller.dualpods.selection import Candidate, plan_for
 from controller.dualpods.sleepers import count_budget_action, note_budget, sleepers
+from controller.dualpods.snapshot import BoundNow
 from controller.dualpods.status import reported_errors
 from controller.dualpods.writer import set_annotation, set_label
 from controller.http import HttpError
@@ -90,13 +91,16 @@ async def create(p: Pass) -> StepResult:
     config = VllmConfig.model_validate_json(pods.annotations(launcher)[keys.VLLM_CONFIG_ANNOTATION])
     p.memory.paths.setdefault(pods.uid(p.requester), "warm")
     try:
-        await p.clients.launchers.create_instance(launcher_ip(p), s.wanted, config, s.isc_name, pods.name(p.requester))
+        created = await p.clients.launchers.create_instance(
+            launcher_ip(p), s.wanted, config, s.isc_name, pods.name(p.requester)
+        )
     except HttpError as err:
         if error_reason(err) is ErrorReason.ALREADY_EXISTS:
             return DONE  # created by an earlier pass; its events have not arrived yet
         if err.reply is not None and err.reply.status < 500:
             return Problem.of(f"launcher {pods.name(launcher)} refused the instance: {err}")
         raise
+    p.want("instance created", settled=True, bound_now=BoundNow(launcher, created))  # its label, in this pass
     return DONE
 
 

@@ -222,15 +222,27 @@ def own_metadata(pod: pods.Pod) -> pods.Pod:
     return {**pod, "metadata": copy.deepcopy(pod["metadata"])}
 
 
-def settled(requester: pods.Pod, s: Snapshot) -> pods.Pod:
+@dataclass(frozen=True)
+class BoundNow:
+    """The binding as a pass has just made it, which its snapshot does not show yet: the launcher it bound
+    the requester to, and the wanted instance as that launcher reports or has just created it (None: absent)."""
+
+    launcher: pods.Pod
+    instance: InstanceState | None
+
+
+def settled(requester: pods.Pod, s: Snapshot, bound_now: BoundNow | None = None) -> pods.Pod:
     """A copy of `requester` with the metadata its binding gives it: its finalizer while the provider's
-    container runs, the dual label, the instance label once the instance runs, the GPUs."""
-    assert s.provider is not None
+    container runs, the dual label, the instance label once the instance runs, the GPUs. The binding is the
+    snapshot's, or the one the pass has just made."""
+    provider = bound_now.launcher if bound_now is not None else s.provider
+    assert provider is not None
     pod = own_metadata(requester)
-    set_finalizer(pod, keys.REQUESTER_FINALIZER, pods.container_running(s.provider))
-    set_label(pod, keys.DUAL_LABEL, pods.name(s.provider))
-    if not s.direct_provider and s.instance is not None and s.instance.status is InstanceStatus.RUNNING:
-        set_label(pod, keys.INSTANCE_LABEL, s.wanted)
+    set_finalizer(pod, keys.REQUESTER_FINALIZER, pods.container_running(provider))
+    set_label(pod, keys.DUAL_LABEL, pods.name(provider))
+    instance = bound_now.instance if bound_now is not None else None if s.direct_provider else s.instance
+    if instance is not None and instance.status is InstanceStatus.RUNNING:
+        set_label(pod, keys.INSTANCE_LABEL, instance.instance_id)
     set_annotation(pod, keys.ACCELERATORS_ANNOTATION, ",".join(s.gpus or []))
     return pod
 

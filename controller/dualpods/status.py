@@ -15,7 +15,7 @@ from enum import StrEnum
 
 from api import keys
 from controller import pods
-from controller.dualpods.snapshot import Snapshot, own_metadata, settled
+from controller.dualpods.snapshot import BoundNow, Snapshot, own_metadata, settled
 from controller.dualpods.writer import set_annotation, set_finalizer, set_label
 
 
@@ -75,6 +75,7 @@ class RequesterWants:
     """What a pass's steps want changed on the requester's metadata; `desired_requester` adds the status."""
 
     settled: bool = False  # in line with its binding (snapshot.settled)
+    bound_now: BoundNow | None = None  # the binding this pass made (the snapshot shows it unbound)
     finalizer: bool | None = None  # the requester finalizer set or dropped (None: as it is)
     gpus: list[str] | None = None  # recorded in its accelerators annotation
     unserved: bool = False  # no instance label: not served by the bound instance (any more)
@@ -88,7 +89,7 @@ def desired_requester(requester: pods.Pod, s: Snapshot, wants: RequesterWants, e
     """The whole requester a pass wants: its metadata as the steps asked, and its status showing `errors`
     (None: leave the status as it is). A status that already shows `errors` is left as it is, unless the
     metadata is settled (a settled requester always carries a status)."""
-    pod = settled(requester, s) if wants.settled else own_metadata(requester)
+    pod = settled(requester, s, wants.bound_now) if wants.settled else own_metadata(requester)
     if wants.finalizer is not None:
         set_finalizer(pod, keys.REQUESTER_FINALIZER, wants.finalizer)
     if wants.gpus is not None:
