@@ -380,6 +380,14 @@ class DualPodsEnv:
             lambda: self._none_left(replica_set), what=f"all requesters of {replica_set} gone", within=within
         )
 
+    async def wait_deleting(self, replica_set: str, within: float) -> None:
+        """Until every requester of `replica_set` is being deleted (or gone)."""
+
+        async def deleting() -> bool:
+            return all(pods.is_deleting(p) for p in await self.pods(f"app={replica_set}"))
+
+        await wait_for(deleting, what=f"all requesters of {replica_set} being deleted", within=within)
+
     async def _none_left(self, replica_set: str) -> bool:
         return not await self.pods(f"app={replica_set}")
 
