@@ -16,7 +16,7 @@ from controller.informer import LAST_APPLIED, Informer, Obj
 from controller.kube import ApiLimits, api_client
 from controller.leader import LeaderElection, LostLeadership
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.waiting import wait_for
+from e2e.waiting import wait_for, wait_pod_gone
 
 
 def configmap(name: str, **labels: str) -> dict[str, Any]:
@@ -165,20 +165,12 @@ async def test_a_write_guarded_by_the_uid_alone(api: client.ApiClient, namespace
 
     await core.patch_namespaced_pod("guarded", namespace, {"metadata": {"finalizers": None}})
     await core.delete_namespaced_pod("guarded", namespace, grace_period_seconds=0)
-    await wait_for(lambda: _gone(core, namespace, "guarded"), what="the Pod deleted")
+    await wait_pod_gone(core, namespace, "guarded")
     await core.create_namespaced_pod(namespace, pod)
     with pytest.raises(ApiException) as other_pod:
         await writer.update(cached, lambda p: set_annotation(p, "k", "stale"), "test", if_unchanged=False)
     assert other_pod.value.status == 409, other_pod.value  # a conflict, as with a resourceVersion
     assert (await live()).metadata.annotations is None
-
-
-async def _gone(core: client.CoreV1Api, namespace: str, name: str) -> bool:
-    try:
-        await core.read_namespaced_pod(name, namespace)
-    except ApiException as err:
-        return err.status == 404
-    return False
 
 
 async def test_the_api_client_is_rate_limited_and_counted(cluster: LoopbackCluster) -> None:

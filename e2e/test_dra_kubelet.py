@@ -18,7 +18,7 @@ from e2e.dra import added_node, claim_gpus, create_claim_template
 from e2e.kubelet.dra import DEVICE_CLASS, DRIVER
 from e2e.kubelet.gpus import RESOURCE
 from e2e.test_requester_pod import SPI_PORT, http, requester_pod
-from e2e.waiting import wait_for
+from e2e.waiting import wait_for, wait_pod_gone
 
 NODE = "dra-node-1"
 
@@ -79,10 +79,7 @@ async def test_dra_node_publishes_its_gpus_and_serves_claims_exclusively(
 
         await core.delete_namespaced_pod("first", namespace)
 
-        async def gone() -> bool:
-            return not (await core.list_namespaced_pod(namespace, field_selector="metadata.name=first")).items
-
-        await wait_for(gone, what="the first requester to be gone", within=60)
+        await wait_pod_gone(core, namespace, "first", within=60)
         second = await wait_for(lambda: running("second"), what="the second requester to run", within=90)
         status, body = await wait_for(
             lambda: http("GET", f"http://{second.status.pod_ip}:{SPI_PORT}/v1/dual-pods/accelerators"),

@@ -23,7 +23,7 @@ from e2e.crds import kubectl
 from e2e.dualpods_env import DualPodsEnv, Obj, installed
 from e2e.fixtures import fresh_namespace
 from e2e.tiny_model import ensure_tiny_model
-from e2e.waiting import wait_for
+from e2e.waiting import wait_for, wait_pod_gone
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -96,14 +96,7 @@ async def test_01_gpu_probe(scenario: Scenario) -> None:
     await wait_for(scheduled, what="the GPU probe scheduled")
     await env.core.delete_namespaced_pod("gpu-probe", env.namespace, grace_period_seconds=0)
 
-    async def gone() -> bool:
-        try:
-            await env.pod("gpu-probe")
-        except ApiException as err:
-            return err.status == 404
-        return False
-
-    await wait_for(gone, what="the GPU probe gone")
+    await wait_pod_gone(env.core, env.namespace, "gpu-probe")
 
 
 async def test_02_basic_creation(scenario: Scenario) -> None:

@@ -23,7 +23,7 @@ from e2e.kubelet import oci
 from e2e.kubelet.config import KubeletConfig
 from e2e.kubelet.logs import container_log
 from e2e.test_loopback_cluster import get_json, is_running_and_ready, pod_manifest, wait_pod
-from e2e.waiting import wait_for
+from e2e.waiting import wait_pod_gone
 from scripts.images import rootfs, tools
 
 PORT = 8080
@@ -121,13 +121,9 @@ async def test_a_pod_from_a_local_image_runs_as_a_real_container(
     assert "serving on" in cluster.container_log(pod, "web"), "its output is the kubelet's container log"
 
     await core.delete_namespaced_pod("real", namespace)
-    await wait_for(lambda: _gone(core, namespace, "real"), what="the Pod deleted", within=30)
+    await wait_pod_gone(core, namespace, "real")
     assert containers_of(pod.metadata.uid) == [], "the container is removed with its Pod"
     assert "got signal 15" in cluster.container_log(pod, "web"), "it was stopped with SIGTERM"
-
-
-async def _gone(core: client.CoreV1Api, namespace: str, name: str) -> bool:
-    return name not in {p.metadata.name for p in (await core.list_namespaced_pod(namespace)).items}
 
 
 async def test_restarts_probes_and_grace_as_the_process_runtime(

@@ -59,6 +59,15 @@ async def wait_service_account(core: Any, namespace: str, name: str = "default",
     await wait_for(exists, what=f"the ServiceAccount {namespace}/{name}", within=within)
 
 
+async def wait_pod_gone(core: Any, namespace: str, name: str, within: float = 30.0) -> None:
+    """Until no Pod `name` exists in `namespace` (a field-selected list: no 404 to tell from other errors)."""
+
+    async def gone() -> bool:
+        return not (await core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}")).items
+
+    await wait_for(gone, what=f"the Pod {namespace}/{name} gone", within=within)
+
+
 async def cancel_while_waiting(task: "asyncio.Task[Any]", settle: float = 0.1, within: float = 2.0) -> None:
     """Cancel `task` once it has waited `settle` seconds; the cancellation must come back out of it (not be
     swallowed, as `asyncio.wait_for` could), within `within` seconds."""
