@@ -347,8 +347,8 @@ async def test_a_drive_across_an_edge_the_table_does_not_declare_fails(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     setup_needs_gpus(h)
-    monkeypatch.setattr(RECORDER, "declared", RECORDER.declared - {(Phase.NEEDS_GPUS, Phase.UNBOUND)})
-    with pytest.raises(UndeclaredTransition, match="needs-gpus → unbound"):
+    monkeypatch.setattr(RECORDER, "declared", {edge for edge in RECORDER.declared if edge[0] is not Phase.NEEDS_GPUS})
+    with pytest.raises(UndeclaredTransition, match=r"needs-gpus → [a-z-]+ is not declared"):
         await h.drive()
 
 

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from api import keys
+from api import keys, launcher_summary
 from api.launcher import InstanceStatus, VllmConfig
 from controller import pods
 from controller.dualpods.binding import LAUNCHER_SEEN_RECHECK_S
@@ -357,7 +357,8 @@ async def test_gpus_are_asked_once_and_recorded_in_the_accelerators_annotation(h
     h.requesters.gpus = [GPU0, GPU1]
     h.put(requester_obj(gpus=None))
     assert await h.reconcile() is None
-    assert h.journal.kinds() == [("gpu_uuids", REQ), ("update", REQ)]
+    # No launcher yet: one is created for it, in the same pass, and the requester is written once.
+    assert h.journal.kinds() == [("gpu_uuids", REQ), ("create", "launcher-lc-1"), ("update", REQ)]
     assert annotations(h.pod(REQ))[keys.ACCELERATORS_ANNOTATION] == f"{GPU0},{GPU1}"
 
     h.journal.clear()
@@ -944,6 +945,24 @@ async def test_a_hot_actuation_binds_wakes_serves_and_relays(h: Harness) -> None
     ]
     assert actuations(h, "hot") == 1
     assert actuations(h, "warm") is None
+
+
+async def test_the_pass_that_records_the_gpus_binds_and_writes_the_requester_once(h: Harness) -> None:
+    h.put(requester_obj(gpus=None), launcher_obj())
+    h.views.put(launcher_obj(), inst(WANTED, sleeping=True))
+    await h.reconcile()
+    assert h.journal.kinds() == [("gpu_uuids", REQ), ("update", LAUNCHER), ("update", REQ)]
+    requester = h.pod(REQ)
+    assert annotations(requester)[keys.ACCELERATORS_ANNOTATION] == GPU0
+    assert labels(requester)[keys.DUAL_LABEL] == LAUNCHER
+    assert finalizers(requester) == [keys.REQUESTER_FINALIZER]
+    calls = await h.drive()
+    assert [(c.kind, c.target) for c in calls] == [("wake", WANTED), ("update", LAUNCHER), ("relay", REQ)]
+    assert actuations(h, "hot") == 1
+    # The one launcher write that makes it an endpoint brings its instance summary up to date too.
+    summary = launcher_summary.of_pod(h.pod(LAUNCHER))
+    assert summary is not None
+    assert [(e.id, e.state) for e in summary.instances] == [(WANTED, launcher_summary.SummaryState.SERVING)]
 
 
 async def test_a_wake_that_fails_its_check_is_never_served_and_a_fresh_instance_is_made(h: Harness) -> None:

@@ -1,4 +1,5 @@
-"""The UNBOUND step: bind a requester to a launcher, or create one bound from birth (fma.md §2.7).
+"""The UNBOUND step: bind a requester to a launcher, or create one bound from birth (fma.md §2.7). The
+NEEDS_GPUS step binds too, in the pass that records the requester's GPUs: one requester write for both.
 
 The requester's ISC and LauncherConfig (parsed in the snapshot) give the launcher Pod it needs and the
 instance it wants; the unbound launchers of that (LauncherConfig, node) whose instances are known are the
@@ -19,9 +20,10 @@ from controller.dualpods import instance_sleep
 from controller.dualpods.identity import instance_id, launcher_instance_config, runtime_of
 from controller.dualpods.outcomes import DONE, Problem, StepResult, Wait
 from controller.dualpods.passes import Pass
+from controller.dualpods.requester_steps import record_gpus
 from controller.dualpods.routing import RoutingMetadata, from_isc, problems
 from controller.dualpods.selection import Candidate, choose
-from controller.dualpods.snapshot import BoundNow
+from controller.dualpods.snapshot import BoundNow, Mode
 from controller.dualpods.writer import set_annotation, set_binding
 from controller.instance_probe import instance_port
 from controller.launcher_template import TemplateError, launcher_config_hash, node_independent_pod, pod_for_node
@@ -35,8 +37,19 @@ LAUNCHER_SEEN_WITHIN_S = 30.0
 LAUNCHER_SEEN_RECHECK_S = 0.2
 
 
-async def bind(p: Pass) -> StepResult:
-    """Bind the best unbound launcher, or create one: one write, whose event brings the next pass."""
+async def record_gpus_and_bind(p: Pass) -> StepResult:
+    """NEEDS_GPUS: ask the requester for its GPUs and, where UNBOUND would follow (launcher mode, unbound, its
+    Node not cordoned), bind it in the same pass: its GPUs and its binding go in one requester write."""
+    result = await record_gpus(p)
+    gpus, s = p.wants.gpus, p.s
+    if gpus is None or s.mode is not Mode.LAUNCHER or s.provider is not None or s.node_cordoned:
+        return result
+    return await bind(p, gpus)
+
+
+async def bind(p: Pass, gpus: list[str] | None = None) -> StepResult:
+    """Bind the best unbound launcher, or create one: one write, whose event brings the next pass. `gpus`: the
+    requester's, asked in this pass (its snapshot does not show them yet)."""
     s, requester = p.s, p.requester
     if s.isc.value is None or s.launcher_config.value is None:
         return Problem.of(str(s.isc.problem or s.launcher_config.problem))
@@ -54,7 +67,7 @@ async def bind(p: Pass) -> StepResult:
         runtime = runtime_of(pods.annotations(requester), isc.metadata.annotations)
     except ValueError as err:
         return Problem.of(str(err))
-    gpus, node = s.gpus or [], str(pods.node_name(requester))
+    gpus, node = gpus if gpus is not None else s.gpus or [], str(pods.node_name(requester))
     wanted = instance_id(isc, gpus, runtime)
     config = launcher_instance_config(isc, lc, gpus, runtime)
     candidates, waiting = await _candidates(p, launcher_config_hash(template_hash, node), wanted)

@@ -6,7 +6,8 @@ of a launcher) and by the launcher Pods (a new one, or a summary someone else ed
 when the summary differs from the annotation, so a launcher whose instances do not change is not written,
 and SETTLE_S after the change that asked for it: a change of an instance comes with the reconciler's own
 writes to the same Pod (binding, routing labels), which a summary written at that moment would make fail
-their optimistic concurrency check and retry.
+their optimistic concurrency check and retry. The reconciler's "instance serving" write carries the
+summary of that moment too (serving.py), so an actuation's summary is mostly found written already.
 Only a synced view is summarized: a launcher that is not reachable keeps its last summary (what it held
 when last seen), and a launcher Pod that goes takes its summary with it.
 """
@@ -23,6 +24,13 @@ from controller.launcher_views import LauncherView, ViewSource
 from controller.workqueue import WorkQueue, run_workers
 
 SETTLE_S = 1.0
+
+
+def summary_text(launcher: pods.Pod, view: LauncherView, now: datetime) -> str:
+    """The summary annotation the launcher Pod should carry for its view (each unchanged state keeping the
+    `since` its current annotation gives it)."""
+    written = launcher_summary.of_pod(launcher)
+    return launcher_summary.summarize(view.instances.values(), written, now).annotation()
 
 
 class LauncherSummaries:
@@ -53,10 +61,8 @@ class LauncherSummaries:
         view = self._views.get(launcher)
         if pod is None or pods.is_deleting(pod) or not pods.is_launcher(pod) or view is None or not view.synced:
             return None
-        written = pods.annotations(pod).get(launcher_summary.ANNOTATION)
-        summary = launcher_summary.summarize(view.instances.values(), launcher_summary.parse(written), self._now())
-        text = summary.annotation()
-        if text != written:
+        text = summary_text(pod, view, self._now())
+        if text != launcher_summary.annotation_on(pod):
             await self._writer.update(pod, lambda p: set_annotation(p, launcher_summary.ANNOTATION, text), "summary")
         return None
 

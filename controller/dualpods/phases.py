@@ -114,7 +114,7 @@ def _node_gone(s: Snapshot) -> bool:
 
 
 def _cordoned(s: Snapshot) -> bool:
-    return s.provider is None and bool(((s.node or {}).get("spec") or {}).get("unschedulable"))
+    return s.provider is None and s.node_cordoned
 
 
 def _lost(s: Snapshot) -> bool:
@@ -151,8 +151,9 @@ ROWS: tuple[Row, ...] = (
     Row(Phase.STARTING, "no Pod IP yet", lambda s: s.requester is not None and pods.pod_ip(s.requester) is None,
         requester_steps.nothing, (Phase.NEEDS_GPUS,)),
     Row(Phase.INVALID, "both a server patch and an ISC", lambda s: s.mode is Mode.BOTH, requester_steps.invalid, ()),
-    Row(Phase.NEEDS_GPUS, "its GPUs are not recorded", lambda s: s.gpus is None, requester_steps.record_gpus,
-        (Phase.UNBOUND, Phase.ACQUIRING, Phase.SETTLING)),
+    Row(Phase.NEEDS_GPUS, "its GPUs are not recorded", lambda s: s.gpus is None, binding.record_gpus_and_bind,
+        (Phase.UNBOUND, Phase.ACQUIRING, Phase.SETTLING, Phase.LAUNCHER_STARTING, Phase.CREATING,
+         Phase.LOADING, Phase.ASLEEP, Phase.SERVING)),
     Row(Phase.CORDONED, "unbound on a cordoned Node", _cordoned, requester_steps.cordoned, (Phase.DEPARTING,)),
     Row(Phase.ACQUIRING, "direct mode, unbound", lambda s: s.provider is None and s.mode is Mode.DIRECT,
         direct.acquire, (Phase.SETTLING,)),

@@ -12,20 +12,22 @@ server (E7).
 """
 
 import logging
+from datetime import UTC, datetime
 
-from api import keys
+from api import keys, launcher_summary
 from api.crds import InferenceServerConfig
 from api.launcher import ErrorReason, InstanceState, VllmConfig
 from controller import pods
 from controller.dualpods import instance_sleep
 from controller.dualpods.budget import gpu_victim, gpus_over_budget
+from controller.dualpods.launcher_summaries import summary_text
 from controller.dualpods.metrics import BudgetAction
 from controller.dualpods.outcomes import DONE, Problem, StepResult, Wait
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, committed_routing, outdated_routing
 from controller.dualpods.selection import Candidate, plan_for
 from controller.dualpods.sleepers import count_budget_action, note_budget, sleepers
-from controller.dualpods.snapshot import BoundNow
+from controller.dualpods.snapshot import BoundNow, own_metadata
 from controller.dualpods.status import reported_errors
 from controller.dualpods.writer import set_annotation, set_label
 from controller.http import HttpError
@@ -162,13 +164,17 @@ async def misrouted(p: Pass) -> StepResult:
 
 
 async def serve(p: Pass) -> StepResult:
-    """The instance serves: make the launcher an endpoint (one write), keep its LoRA adapters in step,
-    and relay readiness (two requester calls). Each part is idempotent, so a pass that fails part-way
-    is simply run again."""
+    """The instance serves: make the launcher an endpoint (one write, which brings its instance summary up to
+    date too), keep its LoRA adapters in step, and relay readiness (two requester calls). Each part is
+    idempotent, so a pass that fails part-way is simply run again."""
     launcher, s = p.provider, p.s
     assert s.instance is not None
-    routing = committed_routing(launcher)
-    await p.update(launcher, lambda pod: _serving_metadata(pod, routing), "instance serving")
+    assert s.view is not None
+    endpoint = own_metadata(launcher)
+    _serving_metadata(endpoint, committed_routing(launcher))
+    if endpoint != launcher:
+        set_annotation(endpoint, launcher_summary.ANNOTATION, summary_text(launcher, s.view, datetime.now(UTC)))
+        await p.update(launcher, lambda pod: pod.update(endpoint), "instance serving")
     p.set_duality(launcher, 1)
     port = server_port(launcher)
     await _sync_lora(p, port, s.instance)
