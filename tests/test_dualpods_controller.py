@@ -15,6 +15,7 @@ from api import keys
 from controller.dualpods.controller import ISC as ISC_KEY
 from controller.dualpods.controller import ISC_STATUS, REQUESTER
 from controller.dualpods.direct import GPU, NOMINAL
+from controller.dualpods.phases import Phase
 from controller.informer import Obj
 from controller.launcher_views import LauncherView
 from tests.test_dualpods_fakes import (
@@ -92,6 +93,15 @@ async def test_a_bound_launcher_change_queues_only_its_requester(h: Harness) -> 
 @pytest.mark.usefixtures("requesters")
 async def test_a_spare_launcher_change_queues_the_requesters_on_its_node(h: Harness) -> None:
     assert await change(h, None, launcher_obj()) == {(REQUESTER, "a"), (REQUESTER, "b")}
+
+
+@pytest.mark.usefixtures("requesters")
+async def test_a_spare_launcher_change_leaves_out_a_requester_its_instance_serves(h: Harness) -> None:
+    h.reconciler.memory.phases["a"] = Phase.SERVING  # its last pass found its instance serving
+    h.reconciler.memory.phases["b"] = Phase.ASLEEP
+    assert await change(h, None, launcher_obj()) == {(REQUESTER, "b")}
+    h.views.changed(LAUNCHER)  # the spare launcher's instances changed
+    assert await h.queued() == {(REQUESTER, "b")}
 
 
 @pytest.mark.usefixtures("requesters")
