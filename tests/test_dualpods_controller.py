@@ -131,6 +131,13 @@ async def test_an_isc_spec_change_queues_its_requesters_and_its_instance_gc(h: H
 
 
 @pytest.mark.usefixtures("requesters")
+async def test_an_isc_status_change_queues_no_requester(h: Harness) -> None:
+    changed = isc_obj(rv="2")
+    changed["status"] = {"requesters": 2}
+    assert await change(h, isc_obj(), changed) == {(ISC_STATUS, ISC)}
+
+
+@pytest.mark.usefixtures("requesters")
 async def test_an_isc_metadata_change_queues_only_its_requesters(h: Harness) -> None:
     changed = isc_obj(rv="2")
     changed["metadata"]["labels"] = {"team": "x"}

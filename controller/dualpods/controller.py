@@ -272,8 +272,8 @@ class DualPodsController:
 
     def _isc_changed(self, old: Obj | None, new: Obj | None) -> None:
         name = pods.name(new or old or {"metadata": {"name": ""}})
-        for requester in self.caches.pods.by_index(REQUESTERS_BY_ISC, name):
-            self._enqueue_requester(pods.name(requester))
+        if old is None or new is None or _isc_facts(old) != _isc_facts(new):  # not its status alone
+            self._enqueue_requesters_of(name)
         if new is not None:
             self._enqueue_isc_status(name)
         if old is not None and (new is None or old.get("spec") != new.get("spec")):
@@ -287,7 +287,12 @@ class DualPodsController:
     def _lc_changed(self, old: Obj | None, new: Obj | None) -> None:
         name = pods.name(new or old or {"metadata": {"name": ""}})
         for isc in self.caches.iscs.by_index(ISCS_BY_LAUNCHER_CONFIG, name):
-            self._isc_changed(isc, isc)
+            self._enqueue_requesters_of(pods.name(isc))
+            self._enqueue_isc_status(pods.name(isc))
+
+    def _enqueue_requesters_of(self, isc: str) -> None:
+        for requester in self.caches.pods.by_index(REQUESTERS_BY_ISC, isc):
+            self._enqueue_requester(pods.name(requester))
 
     # ----- FMA's object counts
 
@@ -339,6 +344,13 @@ def _incarnation(pod: Obj) -> tuple[str, int]:
 def _node_facts(node: Obj) -> tuple[bool, bool]:
     """What the reconciler reads of a Node besides its existence: being deleted, being cordoned."""
     return pods.is_deleting(node), bool((node.get("spec") or {}).get("unschedulable"))
+
+
+def _isc_facts(isc: Obj) -> tuple[Obj, Obj]:
+    """What the requesters' passes read of an ISC: its metadata (less its resourceVersion) and its spec, not
+    its status, which this controller writes once a second in a wave (each write would queue them all)."""
+    metadata = {k: v for k, v in (isc.get("metadata") or {}).items() if k != "resourceVersion"}
+    return metadata, isc.get("spec") or {}
 
 
 def _service_facts(pod: Obj | None) -> tuple[tuple[str, ...], bool] | None:
