@@ -1,5 +1,6 @@
 """The UNBOUND step: bind a requester to a launcher, or create one bound from birth (fma.md §2.7). The
-NEEDS_GPUS step binds too, in the pass that records the requester's GPUs: one requester write for both.
+NEEDS_GPUS step binds too, in the pass that records the requester's GPUs (phases.py): one requester write
+for both.
 
 The requester's ISC and LauncherConfig (parsed in the snapshot) give the launcher Pod it needs and the
 instance it wants; the unbound launchers of that (LauncherConfig, node) whose instances are known are the
@@ -20,10 +21,9 @@ from controller.dualpods import instance_sleep
 from controller.dualpods.identity import instance_id, launcher_instance_config, runtime_of
 from controller.dualpods.outcomes import DONE, Problem, StepResult, Wait
 from controller.dualpods.passes import Pass
-from controller.dualpods.requester_steps import record_gpus
 from controller.dualpods.routing import RoutingMetadata, from_isc, problems
 from controller.dualpods.selection import Candidate, choose
-from controller.dualpods.snapshot import BoundNow, Mode
+from controller.dualpods.snapshot import BoundNow
 from controller.dualpods.writer import set_annotation, set_binding
 from controller.instance_probe import instance_port
 from controller.launcher_template import TemplateError, launcher_config_hash, node_independent_pod, pod_for_node
@@ -35,16 +35,6 @@ LAUNCHERS_BY_CONFIG_HASH = "launchers-by-config-hash"  # pod index: launcher con
 # may get another; each look waits LAUNCHER_SEEN_RECHECK_S.
 LAUNCHER_SEEN_WITHIN_S = 30.0
 LAUNCHER_SEEN_RECHECK_S = 0.2
-
-
-async def record_gpus_and_bind(p: Pass) -> StepResult:
-    """NEEDS_GPUS: ask the requester for its GPUs and, where UNBOUND would follow (launcher mode, unbound, its
-    Node not cordoned), bind it in the same pass: its GPUs and its binding go in one requester write."""
-    result = await record_gpus(p)
-    gpus, s = p.wants.gpus, p.s
-    if gpus is None or s.mode is not Mode.LAUNCHER or s.provider is not None or s.node_cordoned:
-        return result
-    return await bind(p, gpus)
 
 
 async def bind(p: Pass, gpus: list[str] | None = None) -> StepResult:

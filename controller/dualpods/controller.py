@@ -210,16 +210,13 @@ class DualPodsController:
     def _enqueue_requester(self, name: str) -> None:
         self._enqueue(Key(KeyKind.REQUESTER, name))
 
-    def _enqueue_requesters_on(self, node: str | None) -> None:
-        for requester in self.caches.pods.by_index(REQUESTERS_ON_NODE, node or ""):
-            self._enqueue_requester(pods.name(requester))
-
-    def _enqueue_unserved_requesters_on(self, node: str | None) -> None:
-        """A spare provider came, went or changed: that matters to the requesters of its Node that bind, make
-        room or wake, not to one that its instance serves (that pass reads its own provider alone)."""
+    def _enqueue_requesters_on(self, node: str | None, *, serving_too: bool = True) -> None:
+        """The requesters of a Node; `serving_too=False` leaves out those whose last pass found their instance
+        serving: a spare provider's change matters to requesters that bind, make room or wake, not to one
+        that its instance serves (that pass reads its own provider alone)."""
         phases = self.reconciler.memory.phases
         for requester in self.caches.pods.by_index(REQUESTERS_ON_NODE, node or ""):
-            if phases.get(pods.name(requester)) != Phase.SERVING:
+            if serving_too or phases.get(pods.name(requester)) != Phase.SERVING:
                 self._enqueue_requester(pods.name(requester))
 
     # ----- which inference servers a change concerns
@@ -240,7 +237,7 @@ class DualPodsController:
             if binding is not None:
                 self._enqueue_requester(binding.requester_name)
             elif pods.is_launcher(pod) or pods.is_direct_provider(pod):
-                self._enqueue_unserved_requesters_on(pods.node_name(pod))
+                self._enqueue_requesters_on(pods.node_name(pod), serving_too=False)
         if new is not None and pods.is_launcher(new):
             running = pods.container_running(new) and not pods.is_failed(new)
             # A restarted container is a new launcher process: its view starts afresh.
@@ -257,7 +254,7 @@ class DualPodsController:
         if binding is not None:
             self._enqueue_requester(binding.requester_name)
         else:
-            self._enqueue_unserved_requesters_on(pods.node_name(pod))
+            self._enqueue_requesters_on(pods.node_name(pod), serving_too=False)
 
     def _launcher_listed(self, launcher: str, view: LauncherView) -> None:
         """A launcher's instances seen in full: check those of each ISC for obsolescence (an ISC may

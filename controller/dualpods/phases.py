@@ -114,7 +114,7 @@ def _node_gone(s: Snapshot) -> bool:
 
 
 def _cordoned(s: Snapshot) -> bool:
-    return s.provider is None and s.node_cordoned
+    return s.provider is None and bool(((s.node or {}).get("spec") or {}).get("unschedulable"))
 
 
 def _lost(s: Snapshot) -> bool:
@@ -124,6 +124,15 @@ def _lost(s: Snapshot) -> bool:
 
 def _awake_and_ready(s: Snapshot) -> bool:
     return s.instance is not None and s.instance.ready and not s.instance.sleeping
+
+
+async def _record_gpus_and_bind(p: Pass) -> StepResult:
+    """NEEDS_GPUS: ask the requester for its GPUs and, where UNBOUND's row would come next (the rows between
+    do not read the GPUs), bind it in the same pass: its GPUs and its binding go in one requester write."""
+    result = await requester_steps.record_gpus(p)
+    if p.wants.gpus is None or _cordoned(p.s) or not ROW[Phase.UNBOUND].holds(p.s):
+        return result
+    return await binding.bind(p, p.wants.gpus)
 
 
 ROWS: tuple[Row, ...] = (
@@ -151,7 +160,7 @@ ROWS: tuple[Row, ...] = (
     Row(Phase.STARTING, "no Pod IP yet", lambda s: s.requester is not None and pods.pod_ip(s.requester) is None,
         requester_steps.nothing, (Phase.NEEDS_GPUS,)),
     Row(Phase.INVALID, "both a server patch and an ISC", lambda s: s.mode is Mode.BOTH, requester_steps.invalid, ()),
-    Row(Phase.NEEDS_GPUS, "its GPUs are not recorded", lambda s: s.gpus is None, binding.record_gpus_and_bind,
+    Row(Phase.NEEDS_GPUS, "its GPUs are not recorded", lambda s: s.gpus is None, _record_gpus_and_bind,
         (Phase.UNBOUND, Phase.ACQUIRING, Phase.SETTLING, Phase.LAUNCHER_STARTING, Phase.CREATING,
          Phase.LOADING, Phase.ASLEEP, Phase.SERVING)),
     Row(Phase.CORDONED, "unbound on a cordoned Node", _cordoned, requester_steps.cordoned, (Phase.DEPARTING,)),

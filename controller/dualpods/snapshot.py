@@ -139,11 +139,6 @@ class Snapshot:
     def requester_deleting(self) -> bool:
         return self.requester is not None and pods.is_deleting(self.requester)
 
-    @property
-    def node_cordoned(self) -> bool:
-        """The requester's Node takes no new Pods: no instance is started for it there."""
-        return bool(((self.node or {}).get("spec") or {}).get("unschedulable"))
-
     # ----- the provider
 
     @property
