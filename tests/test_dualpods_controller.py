@@ -72,6 +72,16 @@ def with_rv(obj: Obj, rv: str) -> Obj:
     return obj
 
 
+def status_write(old: Obj, new: Obj, manager: str) -> tuple[Obj, Obj]:
+    """`new` as the API server makes it of `old` for a status write by `manager`: the status, the
+    resourceVersion, and the time of the manager's managedFields entry, changed."""
+    for obj, at in ((old, "2026-12-02T10:00:00Z"), (new, "2026-12-02T10:00:01Z")):
+        obj["metadata"]["managedFields"] = [{"manager": manager, "operation": "Update", "subresource": "status",
+                                             "time": at}]  # fmt: skip
+    new["status"] = {"observedGeneration": 1}
+    return old, new
+
+
 @pytest.fixture
 def requesters(h: Harness) -> None:
     """Requesters "a" and "b" on NODE ("b" with another ISC), "c" on another node."""
@@ -132,9 +142,7 @@ async def test_an_isc_spec_change_queues_its_requesters_and_its_instance_gc(h: H
 
 @pytest.mark.usefixtures("requesters")
 async def test_an_isc_status_change_queues_no_requester(h: Harness) -> None:
-    changed = isc_obj(rv="2")
-    changed["status"] = {"requesters": 2}
-    assert await change(h, isc_obj(), changed) == {(ISC_STATUS, ISC)}
+    assert await change(h, *status_write(isc_obj(), isc_obj(rv="2"), "dual-pods-controller")) == {(ISC_STATUS, ISC)}
 
 
 @pytest.mark.usefixtures("requesters")
@@ -178,6 +186,14 @@ async def test_a_launcher_config_change_queues_the_requesters_of_its_iscs(h: Har
     h.put(isc_obj(), other)
     queued = await change(h, lc_obj(), with_rv(lc_obj(max_instances=3), "2"))
     assert queued == {(REQUESTER, "a"), (REQUESTER, "c"), (ISC_STATUS, ISC)}, "not the other ISC's"
+
+
+@pytest.mark.usefixtures("requesters")
+async def test_a_launcher_config_status_change_queues_nothing(h: Harness) -> None:
+    """The populator writes a LauncherConfig's counts once a second in a wave; no pass reads them."""
+    h.put(isc_obj())
+    await h.queued()
+    assert await change(h, *status_write(lc_obj(), with_rv(lc_obj(), "2"), "launcher-populator")) == set()
 
 
 @pytest.mark.usefixtures("requesters")

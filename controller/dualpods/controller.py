@@ -269,7 +269,7 @@ class DualPodsController:
 
     def _isc_changed(self, old: Obj | None, new: Obj | None) -> None:
         name = pods.name(new or old or {"metadata": {"name": ""}})
-        if old is None or new is None or _isc_facts(old) != _isc_facts(new):  # not its status alone
+        if old is None or new is None or _read_facts(old) != _read_facts(new):  # not its status alone
             self._enqueue_requesters_of(name)
         if new is not None:
             self._enqueue_isc_status(name)
@@ -282,6 +282,8 @@ class DualPodsController:
             self._enqueue_requester(pods.name(requester))
 
     def _lc_changed(self, old: Obj | None, new: Obj | None) -> None:
+        if old is not None and new is not None and _read_facts(old) == _read_facts(new):
+            return  # its status alone: the populator's counts
         name = pods.name(new or old or {"metadata": {"name": ""}})
         for isc in self.caches.iscs.by_index(ISCS_BY_LAUNCHER_CONFIG, name):
             self._enqueue_requesters_of(pods.name(isc))
@@ -343,11 +345,16 @@ def _node_facts(node: Obj) -> tuple[bool, bool]:
     return pods.is_deleting(node), bool((node.get("spec") or {}).get("unschedulable"))
 
 
-def _isc_facts(isc: Obj) -> tuple[Obj, Obj]:
-    """What the requesters' passes read of an ISC: its metadata (less its resourceVersion) and its spec, not
-    its status, which this controller writes once a second in a wave (each write would queue them all)."""
-    metadata = {k: v for k, v in (isc.get("metadata") or {}).items() if k != "resourceVersion"}
-    return metadata, isc.get("spec") or {}
+_WRITE_BOOKKEEPING = frozenset({"resourceVersion", "managedFields"})
+
+
+def _read_facts(obj: Obj) -> tuple[Obj, Obj]:
+    """What the passes read of an ISC or a LauncherConfig: its metadata and its spec, not its status, which
+    a controller writes once a second in a wave (this one an ISC's, the populator a LauncherConfig's; each
+    write would queue every requester of them). A status write changes the metadata's resourceVersion and
+    managedFields too (the time of the status manager's entry): left out."""
+    metadata = {k: v for k, v in (obj.get("metadata") or {}).items() if k not in _WRITE_BOOKKEEPING}
+    return metadata, obj.get("spec") or {}
 
 
 def _service_facts(pod: Obj | None) -> tuple[tuple[str, ...], bool] | None:
