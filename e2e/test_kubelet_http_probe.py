@@ -80,6 +80,10 @@ def kept() -> Iterator[HttpProbe]:
     http.close()
 
 
+async def _no_exec(argv: list[str], limit: float) -> tuple[int, str]:
+    return 126, ""
+
+
 async def test_a_kept_connection_is_reused_and_answers_are_judged(server: Server, kept: HttpProbe) -> None:
     assert await kept.get("http", HOST, server.port, "/ready", {}, 1.0) == 200
     server.status = 503
@@ -178,14 +182,32 @@ async def test_garbage_is_not_an_answer() -> None:
 async def test_a_probe_reports_the_status_that_failed_it(server: Server, kept: HttpProbe) -> None:
     server.status = 500
     probe = client.V1Probe(http_get=client.V1HTTPGetAction(path="/ready", port=server.port), timeout_seconds=1)
-
-    async def no_exec(argv: list[str], limit: float) -> tuple[int, str]:
-        return 126, ""
-
-    target = probes.ProbeTarget(HOST, {}, no_exec, keep_alive=True)
+    target = probes.ProbeTarget(HOST, {}, _no_exec, keep_alive=True)
     assert await probes.check(probe, target, kept) == (False, "HTTP probe failed with statuscode: 500")
     server.status = 200
     assert (await probes.check(probe, target, kept))[0]
+
+
+async def test_a_due_probe_runs_at_once_and_the_period_keeps_its_phase(server: Server) -> None:
+    """A sync's trigger (a Pod's annotations changed) probes now, not a period later; the ticks that follow
+    stay where they were, as the kubelet's ticker does."""
+    server.status = 503
+    get = client.V1HTTPGetAction(path="/ready", port=server.port)
+    probe = client.V1Probe(http_get=get, period_seconds=2, failure_threshold=1, timeout_seconds=1)
+    due = asyncio.Event()
+    outcomes = probes.results(probe, probes.ProbeTarget(HOST, {}, _no_exec), due)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert (await anext(outcomes))[0] is False
+    server.status = 200
+    await asyncio.sleep(0.3)
+    due.set()
+    assert await anext(outcomes) == (True, "")
+    assert loop.time() - started < 1.0, "the trigger probed at once"
+    server.status = 503
+    assert (await anext(outcomes))[0] is False
+    assert 1.9 < loop.time() - started < 2.5, "the next tick, two seconds after the first attempt"
+    await outcomes.aclose()
 
 
 async def test_a_cancellation_as_the_connection_attempt_fails_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@ readiness calls carry a controller ServiceAccount's token for this Pod's audienc
 requester checks with a TokenReview using its Pod's own ServiceAccount files, as in any cluster.
 """
 
+import asyncio
 import ipaddress
 import json
 from typing import Any
@@ -24,7 +25,7 @@ SPI_PORT, PROBES_PORT = 8081, 8080
 GRACE_SECONDS = 30  # far longer than the requester needs: a prompt exit shows SIGTERM was handled
 
 
-def requester_pod(name: str) -> dict[str, Any]:
+def requester_pod(name: str, period_seconds: int = 1, env: tuple[dict[str, str], ...] = ()) -> dict[str, Any]:
     """As in FMA's examples (one GPU, the /ready probe), plus POD_IP so it binds the Pod's own address."""
     return {
         "apiVersion": "v1",
@@ -36,12 +37,15 @@ def requester_pod(name: str) -> dict[str, Any]:
                 {
                     "name": "inference-server",
                     "image": IMAGE,
-                    "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
+                    "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}, *env],
                     "ports": [
                         {"name": "probes", "containerPort": PROBES_PORT},
                         {"name": "spi", "containerPort": SPI_PORT},
                     ],
-                    "readinessProbe": {"httpGet": {"path": "/ready", "port": PROBES_PORT}, "periodSeconds": 1},
+                    "readinessProbe": {
+                        "httpGet": {"path": "/ready", "port": PROBES_PORT},
+                        "periodSeconds": period_seconds,
+                    },
                     "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "200m", "memory": "250Mi"}},
                 }
             ],
@@ -80,6 +84,11 @@ async def unready_probes(spi: str) -> float:
     return sum(float(line.removeprefix(sample)) for line in text.splitlines() if line.startswith(sample))
 
 
+async def running(core: client.CoreV1Api, namespace: str, name: str) -> client.V1Pod | None:
+    pod = await core.read_namespaced_pod(name, namespace)
+    return pod if pod.status.phase == "Running" and pod.status.pod_ip else None
+
+
 async def test_requester_pod_reports_its_gpu_and_relays_readiness(
     api: client.ApiClient, namespace: str, cluster: LoopbackCluster
 ) -> None:
@@ -87,11 +96,8 @@ async def test_requester_pod_reports_its_gpu_and_relays_readiness(
     token = await controller_token(api, namespace, "requester")
     await core.create_namespaced_pod(namespace, requester_pod("requester"))
 
-    async def running() -> client.V1Pod | None:
-        pod = await core.read_namespaced_pod("requester", namespace)
-        return pod if pod.status.phase == "Running" and pod.status.pod_ip else None
-
-    pod = await wait_for(running, what="the requester Pod to be Running", within=60)
+    pod = await wait_for(lambda: running(core, namespace, "requester"), what="the requester Pod to be Running",
+                         within=60)  # fmt: skip
     assert ipaddress.ip_address(pod.status.pod_ip) in ipaddress.ip_network("127.0.0.0/8")
     spi = f"http://{pod.status.pod_ip}:{SPI_PORT}"
 
@@ -141,3 +147,34 @@ async def test_requester_pod_reports_its_gpu_and_relays_readiness(
 
     await wait_for(gone, what="the requester Pod to be deleted", within=GRACE_SECONDS / 3)
     await client.RbacAuthorizationV1Api(api).delete_cluster_role_binding(f"{namespace}-tokenreview")
+
+
+async def test_a_write_to_the_pod_after_its_readiness_makes_it_ready_at_once(
+    api: client.ApiClient, namespace: str
+) -> None:
+    """A kubelet probes a container that is not ready whenever it syncs its Pod, as on any change to the
+    Pod's metadata: the controller's write that follows its become-ready call (the requester's status)
+    makes the Pod Ready then, not at the probe's next period (30 s here)."""
+    core = client.CoreV1Api(api)
+    open_spi = ({"name": "REQUESTER_SPI_AUTH", "value": "none"},)
+    await core.create_namespaced_pod(namespace, requester_pod("slow-probe", period_seconds=30, env=open_spi))
+    pod = await wait_for(lambda: running(core, namespace, "slow-probe"), what="the requester Pod to be Running",
+                         within=60)  # fmt: skip
+    spi = f"http://{pod.status.pod_ip}:{SPI_PORT}"
+
+    async def listening() -> bool:
+        try:
+            return (await http("POST", f"{spi}/v1/become-ready"))[0] == 200
+        except aiohttp.ClientConnectionError:
+            return False
+
+    await wait_for(listening, what="the requester to take its become-ready", within=30, interval=0.1)
+    await asyncio.sleep(2)
+    assert not pod_is_ready(await core.read_namespaced_pod("slow-probe", namespace)), "no sync, no probe yet"
+    await core.patch_namespaced_pod("slow-probe", namespace, {"metadata": {"annotations": {"told": "ready"}}})
+
+    async def ready() -> bool:
+        return pod_is_ready(await core.read_namespaced_pod("slow-probe", namespace))
+
+    await wait_for(ready, what="the Pod to become Ready after the write", within=5, interval=0.1)
+    await core.delete_namespaced_pod("slow-probe", namespace, grace_period_seconds=0)

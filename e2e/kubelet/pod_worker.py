@@ -73,6 +73,12 @@ class PodWorker:
         if pod.metadata.deletion_timestamp is not None:
             self._deleting.set()
 
+    def sync(self) -> None:
+        """The Pod changed in what makes the kubelet sync it (`sync.meaningful`): its containers' status is
+        computed afresh, which runs the readiness probe of each running container not yet ready."""
+        for supervisor in self._supervisors:
+            supervisor.sync()
+
     def gone(self) -> None:
         """The Pod object no longer exists."""
         self._gone.set()

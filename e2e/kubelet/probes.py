@@ -4,7 +4,8 @@ httpGet goes through `http_probe.py` (a lean HTTP/1.1 GET: one process probes ev
 """
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 
 from kubernetes_asyncio import client
@@ -66,17 +67,27 @@ async def check(probe: client.V1Probe, target: ProbeTarget, http: HttpProbe) -> 
     return False, "probe has no handler (httpGet, tcpSocket or exec)"
 
 
-async def results(probe: client.V1Probe, target: ProbeTarget) -> AsyncIterator[tuple[bool, str]]:
-    """Yield (healthy, why) each time the probe's outcome crosses its success or failure threshold."""
+async def results(
+    probe: client.V1Probe, target: ProbeTarget, due: asyncio.Event | None = None
+) -> AsyncGenerator[tuple[bool, str], None]:
+    """Yield (healthy, why) each time the probe's outcome crosses its success or failure threshold.
+
+    As the kubelet's probe worker: a ticker of the probe's period from the first attempt, and `due`, when
+    set, runs an attempt at once without moving the ticker (the kubelet's manual trigger, see
+    `ContainerSupervisor.sync`)."""
     period = float(probe.period_seconds or 10)
     success_threshold = probe.success_threshold or 1
     failure_threshold = probe.failure_threshold or 3
     await asyncio.sleep(float(probe.initial_delay_seconds or 0))
+    due = due or asyncio.Event()
     state: bool | None = None
     successes = failures = 0
     http = HttpProbe(keep_alive=target.keep_alive)
+    loop = asyncio.get_running_loop()
+    tick = loop.time()
     try:
         while True:
+            due.clear()
             ok, why = await check(probe, target, http)
             successes, failures = (successes + 1, 0) if ok else (0, failures + 1)
             if ok and successes >= success_threshold and state is not True:
@@ -85,6 +96,10 @@ async def results(probe: client.V1Probe, target: ProbeTarget) -> AsyncIterator[t
             elif not ok and failures >= failure_threshold and state is not False:
                 state = False
                 yield False, why
-            await asyncio.sleep(period)
+            while tick <= loop.time():  # a tick missed while probing is dropped, as a Go ticker drops it
+                tick += period
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout_at(tick):
+                    await due.wait()
     finally:
         http.close()

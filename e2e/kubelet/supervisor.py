@@ -109,6 +109,7 @@ class ContainerSupervisor:
         self._env: dict[str, str] = {}
         self._stopping = False
         self._stopped = asyncio.Event()
+        self._readiness_due = asyncio.Event()
 
     async def _record(self, kind: str, reason: str, message: str) -> None:
         await self._runtime.events.record(self._pod.pod, kind, reason, message, self.spec.name)
@@ -333,10 +334,17 @@ class ContainerSupervisor:
             self._notify()
         await asyncio.gather(self._readiness(target), self._liveness(process, target))
 
+    def sync(self) -> None:
+        """The kubelet synced the Pod: a started, running container not known to be ready has its readiness
+        probe run now rather than at its next period (the prober manager's UpdatePodStatus does so on every
+        sync, so a Pod turns Ready right after the write that follows its readiness)."""
+        if self.status.state == "running" and self.status.started and not self.status.ready:
+            self._readiness_due.set()
+
     async def _readiness(self, target: probes.ProbeTarget) -> None:
         if self.spec.readiness_probe is None:
             return
-        async for ok, why in probes.results(self.spec.readiness_probe, target):
+        async for ok, why in probes.results(self.spec.readiness_probe, target, self._readiness_due):
             self.status.ready = ok
             self._notify()
             if not ok:

@@ -46,6 +46,14 @@ class PodDecoder:
         self._specs.pop(uid, None)
 
 
+def meaningful(pod: Obj) -> tuple[object, ...]:
+    """What the kubelet syncs a Pod on when it changes (its config source's "semantic difference"): its spec,
+    labels, annotations and deletion; a status change alone does not."""
+    meta = pod.get("metadata") or {}
+    fields = ("labels", "annotations", "deletionTimestamp", "deletionGracePeriodSeconds")
+    return (pod.get("spec"), *(meta.get(field) or None for field in fields))
+
+
 def _uid(pod: Obj) -> str:
     return str(pod["metadata"]["uid"])
 
@@ -73,6 +81,8 @@ class PodSync:
             self._gone(_uid(old))
         if new is not None:
             self._seen(self._decoder.decode(new))
+            if old is not None and _uid(old) == _uid(new) and meaningful(old) != meaningful(new):
+                self.workers[_uid(new)].sync()
 
     def _gone(self, uid: str) -> None:
         self._decoder.forget(uid)
