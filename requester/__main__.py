@@ -16,8 +16,6 @@ import sys
 from collections.abc import Callable, Mapping
 from types import FrameType
 
-import psutil
-
 from api import log_format, version
 from api.requester import DEFAULT_TRUSTED_CONTROLLERS, requester_audience
 
@@ -26,6 +24,7 @@ from .backend_limits import BackendLimits
 from .gpus import GpuDiscoveryError, GpuSource, SourceChoice, discover
 from .log_relay import LogRelay
 from .metrics import RequesterMetrics
+from .process_start import process_start
 from .proxy_target import ProxyTarget
 from .readiness import Readiness
 from .server import Listener, serve
@@ -220,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _exit_before_serving)
     args = parse_args(argv)
     log_format.configure("requester", args.log_level, args.log_format, requester=args.pod_name)
-    process_started = psutil.Process().create_time()
+    process_started = process_start()
     try:
         gpus = discover(
             SourceChoice(args.gpu_source),

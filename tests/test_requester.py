@@ -4,6 +4,7 @@ The processes take their GPUs from `NVIDIA_VISIBLE_DEVICES` (`--gpu-source env`)
 cluster; NVML discovery is tested against a fake NVML module, since this machine has no GPU.
 """
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ import pytest
 from e2e.requester_process import REQUESTER_VARIABLES, RequesterProcess
 from requester.__main__ import parse_args
 from requester.gpus import DeclaredGpus, GpuDiscoveryError, NvmlGpus, SourceChoice, discover
+from requester.probes import UNREADY_HOLD_S
 from requester.visible_devices import Scope, VisibleDevices, parse
 
 GPUS = ["GPU-aaa", "GPU-bbb"]
@@ -81,6 +83,21 @@ async def test_ready_follows_become_ready_and_unready(requester: RequesterProces
     logged = [json.loads(line) for line in requester.stderr_path.read_text().splitlines()]
     assert {line["requester"] for line in logged} == {"req-1"}, "every log line names the requester (POD_NAME)"
     assert [line["ready"] for line in logged if line["msg"] == "setting ready"] == [True, True, False]
+
+
+async def test_an_unready_answer_waits_for_a_become_ready(requester: RequesterProcess) -> None:
+    """The kubelet's probe in flight when the controller says ready is answered 200 then, not a period
+    later; with nothing said it is answered 503 after UNREADY_HOLD_S, well within a probe's 1 s timeout."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await call("GET", f"{requester.probes}/ready") == (503, "Service Unavailable\n")
+    assert UNREADY_HOLD_S <= loop.time() - started < 3, "held, and no longer than its bound (a loaded host aside)"
+    probe = asyncio.create_task(call("GET", f"{requester.probes}/ready"))
+    await asyncio.sleep(0.1)
+    assert not probe.done(), "held"
+    assert await call("POST", f"{requester.spi}/v1/become-ready") == (200, "OK\n")
+    assert await probe == (200, "OK\n"), "answered by the become-ready"
+    assert await call("POST", f"{requester.spi}/v1/become-unready") == (200, "OK\n")
 
 
 async def test_set_log_appends_only_new_bytes(requester: RequesterProcess) -> None:
