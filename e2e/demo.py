@@ -187,12 +187,15 @@ async def run(state_dir: Path, namespace: str, images: Images, dra: bool) -> Non
             "keep-a-launcher", "demo-launchers", count=1, selector=DRA_NODES if dra else None
         )
         say("\ncreated LauncherPopulationPolicy keep-a-launcher: one launcher per GPU node, kept when unbound")
+        started = time.monotonic()
+        await env.wait_launchers_ready(len(await cluster.kubelet.nodes()))
+        say(f"  its launchers are Ready, vLLM preloaded ({time.monotonic() - started:.1f} s; the swaps wait for it)")
         await swap(env, "model-a", "model-b", "warm: model-b scaled to 1 — same launcher, new instance", timings)
         await swap(env, "model-b", "model-a", "hot: model-a scaled to 1 — its sleeping instance is woken", timings)
         await swap(env, "model-a", "model-b", "hot: model-b scaled to 1 — its sleeping instance is woken", timings)
         say(f"\nwhat is hot where (kubectl dualpods status):\n{await hot_where(cluster, namespace)}")
 
-    say("\nsummary (requester container start -> told ready / -> Pod Ready, which adds the probe period)")
+    say("\nsummary (requester container start -> told ready / -> Pod Ready, at the readiness probe that follows)")
     for what, actuation in timings:
         label = what.split(" — ")[0]
         say(f"  {label:<30} {actuation.total:6.2f} s / {actuation.pod_ready:6.2f} s")

@@ -375,6 +375,16 @@ class DualPodsEnv:
 
         await wait_for(unbound, what="every launcher unbound", within=within, interval=interval)
 
+    async def wait_launchers_ready(self, count: int, within: float = 600) -> None:
+        """Until `count` launchers exist and all are Ready: a population policy's launchers preload vLLM (a
+        CPU's worth of seconds each), which would land on whatever is timed meanwhile."""
+
+        async def ready() -> bool:
+            launchers = await self.launchers()
+            return len(launchers) >= count and all(pods.is_ready(launcher) for launcher in launchers)
+
+        await wait_for(ready, what=f"{count} Ready launchers", within=within, interval=0.2)
+
     async def wait_gone(self, replica_set: str, within: float = 60) -> None:
         await wait_for(
             lambda: self._none_left(replica_set), what=f"all requesters of {replica_set} gone", within=within
