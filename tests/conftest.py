@@ -6,7 +6,9 @@ import pytest
 
 from controller.dualpods.phases import Phase
 from e2e.tiny_model import ensure_tiny_model
-from tests.phase_transitions import RECORDER
+from tests.phase_transitions import RECORDER, Exported
+
+_WORKER_OUTPUT_KEY = "phase_transitions"
 
 
 @pytest.fixture(scope="session")
@@ -23,6 +25,21 @@ def model_b() -> Path:
 def _phase_recorder_test(request: pytest.FixtureRequest) -> None:
     """Name the running test to the phase transition recorder, which groups step tests by phase."""
     RECORDER.test = request.node.nodeid
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A pytest-xdist worker hands its recorder's findings to the controller, which prints the summary."""
+    output: dict[str, object] | None = getattr(session.config, "workeroutput", None)
+    if output is not None:
+        output[_WORKER_OUTPUT_KEY] = RECORDER.exported()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: object, error: object) -> None:
+    """pytest-xdist's controller: a worker ended; its findings join the session's."""
+    exported: Exported | None = getattr(node, "workeroutput", {}).get(_WORKER_OUTPUT_KEY)
+    if exported is not None:
+        RECORDER.merge(exported)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -9,12 +9,22 @@ passes really do, and a removed arrow that a test exercises fails `make test`.
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TypedDict
 
 from controller.dualpods.phases import Phase, edges
 
 
 class UndeclaredTransition(AssertionError):
     """A pass led from one phase to another that the phase table does not declare."""
+
+
+class Exported(TypedDict):
+    """A recorder's findings as plain values: what a pytest-xdist worker hands its controller (execnet
+    carries nothing else)."""
+
+    passes: int
+    seen: list[tuple[str, str, int]]
+    tests_by_phase: dict[str, list[str]]
 
 
 @dataclass
@@ -41,6 +51,21 @@ class TransitionRecorder:
                 f"(add {after.name} to the leads_to of {before.name}'s row, if the step really brings it about)"
             )
         self.seen[(before, after)] += 1
+
+    def exported(self) -> Exported:
+        return {
+            "passes": self.passes,
+            "seen": [(before.value, after.value, count) for (before, after), count in self.seen.items()],
+            "tests_by_phase": {phase.value: sorted(tests) for phase, tests in self.tests_by_phase.items()},
+        }
+
+    def merge(self, other: Exported) -> None:
+        """Add a worker's findings, so that the controller lists what the whole session exercised."""
+        self.passes += other["passes"]
+        for before, after, count in other["seen"]:
+            self.seen[(Phase(before), Phase(after))] += count
+        for phase, tests in other["tests_by_phase"].items():
+            self.tests_by_phase.setdefault(Phase(phase), set()).update(tests)
 
     def unseen(self) -> list[tuple[Phase, Phase]]:
         """The declared edges no recorded pass exercised, in the table's order."""

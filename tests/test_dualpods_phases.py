@@ -343,6 +343,27 @@ def test_the_recorder_rejects_an_undeclared_edge() -> None:
     assert recorder.unseen() == []
 
 
+def test_workers_findings_add_up_in_the_controllers_summary() -> None:
+    """Under pytest-xdist (`make test`) each worker records the passes of its own tests; the controller, which
+    prints the summary, merges what every worker exported."""
+    declared = {(Phase.STARTING, Phase.NEEDS_GPUS), (Phase.NEEDS_GPUS, Phase.UNBOUND)}
+    controller, worker_1, worker_2 = (TransitionRecorder(declared) for _ in range(3))
+    worker_1.test = "tests/a.py::test_a"
+    worker_1.record(REQ, None, Phase.STARTING)
+    worker_1.record(REQ, Phase.STARTING, Phase.NEEDS_GPUS)
+    worker_2.test = "tests/b.py::test_b"
+    worker_2.record(REQ, None, Phase.STARTING)
+    controller.merge(worker_1.exported())
+    assert controller.unseen() == [(Phase.NEEDS_GPUS, Phase.UNBOUND)]
+    controller.merge(worker_2.exported())
+    assert controller.passes == 3
+    assert controller.seen == {(Phase.STARTING, Phase.NEEDS_GPUS): 1}
+    assert controller.tests_by_phase == {
+        Phase.STARTING: {"tests/a.py::test_a", "tests/b.py::test_b"},
+        Phase.NEEDS_GPUS: {"tests/a.py::test_a"},
+    }
+
+
 async def test_a_drive_across_an_edge_the_table_does_not_declare_fails(
     h: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
