@@ -19,6 +19,10 @@ from scripts.venv_tools import venv_tool
 DUAL_PODS = "dual-pods-controller"
 POPULATOR = "launcher-populator"
 
+# Helm's own `--wait` allows five minutes. A quiet machine starts the controllers in seconds; `make test`'s
+# parallel workers and the image build beside them (load average 5 to 9 on two cores) once took 63 s.
+READY_WITHIN_S = 180
+
 
 async def helm(cluster: LoopbackCluster, work_dir: Path, *args: str, kubeconfig: Path | None = None) -> str:
     """Run helm against the loopback cluster with its state kept in `work_dir`, as the cluster's admin or as
@@ -74,7 +78,7 @@ class InstalledControllers:
             ok = [p for p in found if pod_is_ready(p)]
             return ok if len(ok) >= replicas else []
 
-        result: list[Any] = await wait_for(ready, what=f"{component} Ready", within=60)
+        result: list[Any] = await wait_for(ready, what=f"{component} Ready", within=READY_WITHIN_S)
         return result
 
     def processes(self, component: str) -> list[psutil.Process]:

@@ -35,6 +35,7 @@ from scripts.images.pipeline import build_all
 from scripts.images.wheelhouse import version
 
 RUN = ["podman", "run", "--rm", "--network=host", "--pull=never", *tools.MACHINE_FLAGS]
+pytestmark = pytest.mark.images  # last in the session (conftest.py): `make test` builds them meanwhile
 COMPONENTS = [catalogue.CONTROLLER, catalogue.REQUESTER, catalogue.LAUNCHER_CPU, catalogue.LAUNCHER_GPU]
 
 
