@@ -35,7 +35,9 @@ from scripts.images.pipeline import build_all
 from scripts.images.wheelhouse import version
 
 RUN = ["podman", "run", "--rm", "--network=host", "--pull=never", *tools.MACHINE_FLAGS]
-pytestmark = pytest.mark.images  # last in the session (conftest.py): `make test` builds them meanwhile
+# Last in the session (conftest.py): `make test` builds the images meanwhile, and the first test's setup waits
+# for that build, which took 23 minutes cold beside three test workers.
+pytestmark = [pytest.mark.images, pytest.mark.timeout(1800)]
 COMPONENTS = [catalogue.CONTROLLER, catalogue.REQUESTER, catalogue.LAUNCHER_CPU, catalogue.LAUNCHER_GPU]
 
 
