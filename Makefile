@@ -16,7 +16,7 @@ export DO_NOT_TRACK := 1
 PYTEST_ARGS ?= --durations=30
 # `make test` can run its session in pytest-xdist workers, a test file to each (module fixtures stay whole):
 # half of a serial session's time the two cores were idle (47% over a cold run). With 3, a warm fresh clone
-# took 26.0 minutes instead of about 40, but under that load one test has failed once (issue 20's note), so
+# took 26.0 minutes (warm serial runs: 31.5 to 66.4), but under that load one test has failed once (issue 20), so
 # the default stays one process (0) until that is understood.
 TEST_WORKERS ?= 0
 # Where `make cluster-up` keeps the loopback cluster's state (tests use their own temporary one).
