@@ -58,6 +58,26 @@ class LauncherView:
     # It serves dualpods' sleep and wake routes and reports readiness and sleep (E1); False: FMA's API only.
     extensions: bool = True
     learned: dict[str, Learned] = field(default_factory=dict)  # by instance ID, where `extensions` is False
+    # Instances the controller created whose revision no list or event has covered yet (see `created`).
+    pending: dict[str, InstanceState] = field(default_factory=dict)
+
+    def created(self, state: InstanceState) -> None:
+        """The launcher answered the controller's creation with `state`. Its CREATED event may arrive after
+        the controller's next pass, and a list sent before the creation may land after it: until the view's
+        revision reaches the creation's, the view holds the instance, so that a pass does not find the
+        instance it just made missing (and delete its requester as lost)."""
+        if state.revision <= self.revision:
+            return  # the stream already told (or told of a later deletion)
+        self.pending[state.instance_id] = state
+        self.instances[state.instance_id] = self.known(state)
+
+    def cover_pending(self, listed: bool) -> None:
+        """Drop the pending creations the view's revision now covers; after a list, show the others again
+        (the list predates them)."""
+        self.pending = {k: s for k, s in self.pending.items() if s.revision > self.revision}
+        if listed:
+            for instance_id, state in self.pending.items():
+                self.instances.setdefault(instance_id, self.known(state))
 
     def known(self, state: InstanceState) -> InstanceState:
         """`state` with what its instance told about itself where the launcher does not report it."""
@@ -160,7 +180,9 @@ class _LauncherFeed:
         )
         if view.synced and listing.boot_id != view.boot_id:
             log.info("%s restarted (boot ID %s, was %s)", self.name, listing.boot_id, view.boot_id)
+            view.pending = {}  # revisions restart with the process: what it answered before is gone
         view.instances, view.revision, view.boot_id, view.synced = instances, listing.revision, listing.boot_id, True
+        view.cover_pending(listed=True)
         self.unknown.set()
         if news:
             self._views.listed(self.launcher, view)
@@ -178,6 +200,7 @@ class _LauncherFeed:
                 view.instances[state.instance_id] = view.known(state)
                 self.unknown.set()
             view.revision = max(view.revision, state.revision)
+            view.cover_pending(listed=False)
             self._views.changed(self.launcher)
 
 

@@ -554,13 +554,17 @@ class FakeLauncherClient:
     tests and e2e). Calls go into the journal and change the FakeViews as the launcher would: a created
     instance appears starting, a deleted one disappears, sleep and wake flip `sleeping`. `refusal`, when
     set, is what the next instance creations raise; a wake of an instance in `corrupt` fails its post-wake
-    check as our launcher's does (the instance killed, STOPPED WakeCheckFailed, the wake answered 502)."""
+    check as our launcher's does (the instance killed, STOPPED WakeCheckFailed, the wake answered 502). With
+    `lagging`, a creation's event has not reached the view yet: the launcher's answer is all the controller
+    knows of it (`deliver` brings the events)."""
 
     def __init__(self, journal: Journal, views: FakeViews) -> None:
         self.journal = journal
         self.views = views
         self.refusal: Exception | None = None
         self.corrupt: set[str] = set()
+        self.lagging = False
+        self._undelivered: list[tuple[str, InstanceState]] = []
 
     def _change(self, pod_ip: str, instance: str, **update: Any) -> None:
         view = self.views.at(pod_ip)
@@ -582,13 +586,24 @@ class FakeLauncherClient:
         if self.refusal is not None:
             raise self.refusal
         view = self.views.at(pod_ip)
-        view.revision += 1
+        revision = max([view.revision, *(s.revision for _, s in self._undelivered)]) + 1
         state = InstanceState(
-            status=InstanceStatus.RUNNING, instance_id=instance_id, revision=view.revision, options=config.options,
+            status=InstanceStatus.RUNNING, instance_id=instance_id, revision=revision, options=config.options,
             gpu_uuids=config.gpu_uuids, annotations=config.annotations,
         )  # fmt: skip
-        view.instances[instance_id] = state
+        self._undelivered.append((pod_ip, state))
+        if not self.lagging:
+            self.deliver()
         return state
+
+    def deliver(self) -> None:
+        """The CREATED events not yet in the views arrive, as the watch stream brings them."""
+        for pod_ip, state in self._undelivered:
+            view = self.views.at(pod_ip)
+            view.instances[state.instance_id] = state
+            view.revision = max(view.revision, state.revision)
+            view.cover_pending(listed=False)
+        self._undelivered.clear()
 
     async def delete_instance(self, pod_ip: str, instance_id: str, isc_name: str = "", requester: str = "") -> None:
         self.journal.append(Call("delete_instance", instance_id, pod_ip))

@@ -623,6 +623,23 @@ async def test_an_absent_instance_never_known_is_created_from_the_committed_conf
     assert (pod_ip, config, isc_name, requester_name) == ("127.0.1.1", committed, ISC, REQ)
 
 
+async def test_an_instance_just_created_is_not_lost_while_its_event_is_on_the_way(h: Harness) -> None:
+    """The pass after the creation (brought by the requester's instance label) may come before the launcher's
+    CREATED event reaches the view: the instance the launcher answered with is there, not lost."""
+    requester = requester_obj()
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher)
+    h.launchers.lagging = True
+    calls = await h.drive()
+    assert [c.kind for c in calls] == ["update", "create_instance", "update"]  # settled, created, labelled
+    assert labels(h.pod(REQ))[keys.INSTANCE_LABEL] == WANTED
+    assert h.phase() is not Phase.LOST
+    h.launchers.deliver()
+    assert [c.kind for c in await h.drive()] == []
+    assert h.journal.of("delete") == h.journal.of("event") == []
+
+
 async def test_an_instance_the_launcher_refuses_is_a_status_error(h: Harness) -> None:
     requester = requester_obj()
     launcher = bound(launcher_obj(), requester)

@@ -52,6 +52,7 @@ class FakeLauncher:
         self.instances: dict[str, InstanceState] = {}
         self.lists = 0
         self.watches: list[int] = []  # the `since` of each watch request
+        self.hold: asyncio.Event | None = None  # when set, a list's answer waits for it (taken, not yet sent)
         self._streams: list[asyncio.Queue[WatchEvent | None]] = []
 
     def restart(self) -> None:
@@ -82,6 +83,8 @@ class FakeLauncher:
         found = list(self.instances.values())
         body = AllInstancesState(revision=self.revision, boot_id=self.boot_id, total_instances=len(found),
                                  running_instances=len(found), instances=found)  # fmt: skip
+        if self.hold is not None:
+            await self.hold.wait()
         return web.json_response(body.model_dump(mode="json"))
 
     async def watch(self, request: web.Request) -> web.StreamResponse:
@@ -201,6 +204,34 @@ async def test_a_changed_notifier_signature_makes_the_view_list_again(
     views.track("l1", ip, incarnation=0, signature="s2")
     await until(lambda: "quiet" in view_of(views).instances)
     assert fake.lists == 2
+
+
+async def test_an_instance_the_controller_created_outlives_a_list_taken_before_it(
+    launcher: tuple[FakeLauncher, str], views: LauncherViews
+) -> None:
+    """A list answered after the controller's creation but taken before it does not make the new instance
+    vanish from the view (its requester would be deleted as lost); a list that covers it does."""
+    fake, address = launcher
+    ip = address.split(":")[0]
+    views.track("l1", ip, incarnation=0, signature="s1")
+    await until(lambda: view_of(views).synced and bool(fake.watches))
+    fake.hold = asyncio.Event()
+    views.track("l1", ip, incarnation=0, signature="s2")  # a list again, answered once `hold` is set
+    await until(lambda: fake.lists == 2)
+    fake.revision += 1  # the creation: the launcher's answer, its event not streamed (the stream restarts)
+    fake.instances["new"] = created = state("new", fake.revision)
+    view_of(views).created(created)
+    assert "new" in view_of(views).instances
+    fake.hold.set()
+    await until(lambda: len(fake.watches) == 2)  # the list has landed, and the watch resumed from its revision
+    assert fake.watches[-1] == 0
+    assert view_of(views).instances["new"] == created
+    # Deleted before any event told of it: the next list (which covers the creation) drops it.
+    del fake.instances["new"]
+    fake.revision += 1
+    views.track("l1", ip, incarnation=0, signature="s3")
+    await until(lambda: fake.lists == 3 and "new" not in view_of(views).instances)
+    assert view_of(views).pending == {}
 
 
 async def test_a_silent_stream_is_taken_for_lost(

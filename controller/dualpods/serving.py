@@ -102,6 +102,8 @@ async def create(p: Pass) -> StepResult:
         if err.reply is not None and err.reply.status < 500:
             return Problem.of(f"launcher {pods.name(launcher)} refused the instance: {err}")
         raise
+    assert s.view is not None
+    s.view.created(created)  # the next pass must find it, whether or not its event has arrived by then
     p.want("instance created", settled=True, bound_now=BoundNow(launcher, created))  # its label, in this pass
     return DONE
 
