@@ -137,7 +137,7 @@ class Reconciler:
         failures += failed
         self.memory.troubles[uid] = (phase, since, failures)
         budget = self.world.options.budgets.get(phase, row.budget)
-        left = since + budget.seconds - now
+        left = budget.seconds - (now - since)  # not since + budget - now: its rounding can exceed the budget
         if left > 0 or (failed and failures < budget.retries):
             if not failed:
                 outcome.again_after = min(outcome.again_after or left, max(left, 0.0))
