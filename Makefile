@@ -15,10 +15,9 @@ export DO_NOT_TRACK := 1
 # The slowest tests are listed after every run: the suite's time is part of what `make test` promises.
 PYTEST_ARGS ?= --durations=30
 # `make test` can run its session in pytest-xdist workers, a test file to each (module fixtures stay whole):
-# half of a serial session's time the two cores were idle (47% over a cold run). With 3, a warm fresh clone
-# took 26.0 minutes (warm serial runs: 31.5 to 66.4), but under that load one test has failed once (issue 20), so
-# the default stays one process (0) until that is understood.
-TEST_WORKERS ?= 0
+# half of a serial session's time the two cores were idle (47% over a cold run). With 3, a cold fresh clone took
+# 40.3 minutes (59.0 in one process) and a warm one 26.0. `make test TEST_WORKERS=0` runs it in one process.
+TEST_WORKERS ?= 3
 # Where `make cluster-up` keeps the loopback cluster's state (tests use their own temporary one).
 CLUSTER_STATE ?= .cluster
 
