@@ -22,6 +22,7 @@ import contextlib
 import datetime
 import hashlib
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -33,6 +34,8 @@ from e2e.kubelet.container import exit_code
 from e2e.kubelet.security import Security
 from e2e.kubelet.volumes import Mount
 from scripts.images.tools import MACHINE_FLAGS
+
+log = logging.getLogger(__name__)
 
 OWNER_LABEL = "io.dualpods.kubelet"
 CONTAINER_ID_SCHEME = "podman://"
@@ -78,7 +81,8 @@ def start_watchdog(owner: str) -> "subprocess.Popen[bytes]":
     )
 
 
-async def _podman(*args: str, limit: float = 60.0) -> tuple[int, str]:
+async def _podman_within(limit: float, *args: str) -> tuple[int, str]:
+    """podman's exit code and output; TimeoutError (podman killed) when it takes longer than `limit`."""
     pipe, devnull = asyncio.subprocess.PIPE, asyncio.subprocess.DEVNULL
     process = await asyncio.create_subprocess_exec(
         "podman", *args, stdin=devnull, stdout=pipe, stderr=asyncio.subprocess.STDOUT
@@ -89,13 +93,34 @@ async def _podman(*args: str, limit: float = 60.0) -> tuple[int, str]:
     except TimeoutError:
         process.kill()
         await process.wait()
-        return 1, f"podman {args[0]} timed out after {limit} s"
+        raise
     return process.returncode or 0, output.decode(errors="replace")
 
 
+async def _podman(*args: str, limit: float = 60.0) -> tuple[int, str]:
+    try:
+        return await _podman_within(limit, *args)
+    except TimeoutError:
+        return 1, f"podman {args[0]} timed out after {limit} s"
+
+
+IMAGE_LOOKUP_LIMIT_S = 5.0
+_last_lookup: dict[str, bool] = {}  # per image, this kubelet's last answer from podman
+
+
 async def image_exists(image: str) -> bool:
-    """Whether `image` is in local container storage (never pulled: there is no registry here)."""
-    code, _ = await _podman("image", "exists", image)
+    """Whether `image` is in local container storage (never pulled: there is no registry here). podman waits
+    for the storage's lock, which an image build beside the tests holds while it commits a layer (a minute
+    and more under load): a lookup slower than IMAGE_LOOKUP_LIMIT_S gives the image's last answer (else: not
+    there), so that a container's start or restart does not wait for the build."""
+    try:
+        code, _ = await _podman_within(IMAGE_LOOKUP_LIMIT_S, "image", "exists", image)
+    except TimeoutError:
+        known = _last_lookup.get(image, False)
+        log.warning("podman did not say within %g s whether image %s is local; as last seen: %s",
+                    IMAGE_LOOKUP_LIMIT_S, image, known)  # fmt: skip
+        return known
+    _last_lookup[image] = code == 0
     return code == 0
 
 
