@@ -677,7 +677,9 @@ async def test_a_wake_that_corrupts_the_model_fails_its_check_and_the_instance_i
     assert probe["prompt_token_ids"]
     status, woken = await sleep_and_wake(http, "fragile")  # the first wake: the model is still right
     assert (status, woken["sleeping"], woken["wake_check"]["passed"]) == (200, False, 1)
-    assert woken["wake_check"]["last_seconds"] < 0.05
+    # The check's time is reported. Its 50 ms target is a p50 on the stand-in, measured by bench/wake_check.py
+    # (0.6 ms); one sample here took 63 ms beside three test workers at load 7, so this bound is a user's.
+    assert 0 < woken["wake_check"]["last_seconds"] < 1.0
     revision = (await listing(http, detail=False))["revision"]
     async with http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
         status, body = await sleep_and_wake(http, "fragile")  # the second wake corrupts it
