@@ -112,7 +112,8 @@ async def image_exists(image: str) -> bool:
     """Whether `image` is in local container storage (never pulled: there is no registry here). podman waits
     for the storage's lock, which an image build beside the tests holds while it commits a layer (a minute
     and more under load): a lookup slower than IMAGE_LOOKUP_LIMIT_S gives the image's last answer (else: not
-    there), so that a container's start or restart does not wait for the build."""
+    there), so that a container whose image was never seen local starts as a process instead of waiting for
+    the build (one from a local image still waits: `podman run` needs that lock too)."""
     try:
         code, _ = await _podman_within(IMAGE_LOOKUP_LIMIT_S, "image", "exists", image)
     except TimeoutError:
