@@ -125,6 +125,10 @@ def _forbidden(message: str) -> CannotVerify:
 class ReviewApi(Protocol):
     """Where TokenReviews go: `review` returns the review's `status` (authenticated, user, audiences, error)."""
 
+    async def prepare(self) -> None:
+        """Make the client, once (idempotent; `review` calls it too). Our own start-up, not the API server's
+        answer: the review's time bound leaves it out (importing the client takes seconds on a busy node)."""
+
     async def review(self, token: str, audience: str) -> dict[str, Any]: ...
 
     async def close(self) -> None: ...
@@ -145,10 +149,14 @@ class InClusterApi:
         except (OSError, ssl.SSLError) as err:
             raise CannotVerify(f"cannot read the Pod's ServiceAccount CA ({self._account_dir}): {err}") from None
 
-    async def review(self, token: str, audience: str) -> dict[str, Any]:
+    async def prepare(self) -> None:
         if self._session is None:
             connector = aiohttp.TCPConnector(ssl=self._tls())
             self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+
+    async def review(self, token: str, audience: str) -> dict[str, Any]:
+        await self.prepare()
+        assert self._session is not None
         try:
             own = (self._account_dir / "token").read_text().strip()
         except OSError as err:
@@ -185,7 +193,7 @@ class KubeconfigApi:
         self._client: Any = None  # the kubernetes_asyncio.client module, once imported
         self._loading = asyncio.Lock()
 
-    async def connect(self) -> Any:
+    async def prepare(self) -> None:
         async with self._loading:
             if self._api is None:
                 client, config = await asyncio.to_thread(_import_kubernetes)
@@ -195,11 +203,10 @@ class KubeconfigApi:
                 except (config.ConfigException, OSError) as err:
                     raise CannotVerify(f"cannot load the kubeconfig {self._path}: {err}") from None
                 self._client, self._api = client, client.ApiClient(configuration)
-            return self._api
 
     async def review(self, token: str, audience: str) -> dict[str, Any]:
-        api = await self.connect()
-        client = self._client
+        await self.prepare()
+        api, client = self._api, self._client
         body = client.V1TokenReview(spec=client.V1TokenReviewSpec(token=token, audiences=[audience]))
         try:
             review = await client.AuthenticationV1Api(api).create_token_review(body)
@@ -223,6 +230,9 @@ def _import_kubernetes() -> tuple[Any, Any]:
 
 
 class _Unconfigured:
+    async def prepare(self) -> None:
+        return None
+
     async def review(self, token: str, audience: str) -> dict[str, Any]:
         raise CannotVerify("no API server to review tokens with: not in a Pod, and no --kubeconfig or KUBECONFIG")
 
@@ -266,13 +276,12 @@ class TokenReviewAuth:
         self._accepted: OrderedDict[bytes, tuple[str, float]] = OrderedDict()  # token digest -> (user, until)
 
     async def warm(self) -> None:
-        """Outside a Pod, import and configure the client before the first call needs it."""
-        if isinstance(self._api, KubeconfigApi):
-            try:
-                await self._api.connect()
-            except CannotVerify as err:
-                log.error("cannot verify the controller's tokens; state-changing calls will be refused",
-                          extra={"error": str(err)})  # fmt: skip
+        """Make the client before the first call needs it (outside a Pod, importing it takes a while)."""
+        try:
+            await self._api.prepare()
+        except CannotVerify as err:
+            log.error("cannot verify the controller's tokens; state-changing calls will be refused",
+                      extra={"error": str(err)})  # fmt: skip
 
     async def close(self) -> None:
         await self._api.close()
@@ -302,12 +311,18 @@ class TokenReviewAuth:
         return None
 
     async def _review(self, token: str) -> str | Refusal:
-        """The user the API server says the token belongs to, for this audience; a Refusal if it says no."""
-        try:
-            async with self._reviews, asyncio.timeout(REVIEW_TIMEOUT_S):
-                status = await self._api.review(token, self.audience)
-        except TimeoutError:
-            raise CannotVerify(f"the API server did not answer a TokenReview within {REVIEW_TIMEOUT_S:g} s") from None
+        """The user the API server says the token belongs to, for this audience; a Refusal if it says no.
+        The time bound is the API server's alone: a first call that waits for the client to be made (`warm`,
+        still importing it on a busy node) is not refused for that."""
+        async with self._reviews:
+            await self._api.prepare()
+            try:
+                async with asyncio.timeout(REVIEW_TIMEOUT_S):
+                    status = await self._api.review(token, self.audience)
+            except TimeoutError:
+                raise CannotVerify(
+                    f"the API server did not answer a TokenReview within {REVIEW_TIMEOUT_S:g} s"
+                ) from None
         if not status.get("authenticated"):
             why = status.get("error") or "not authenticated"
             detail = f"the bearer token is not valid for {self.audience}: {why}"
