@@ -50,6 +50,8 @@ FORCED_ENV = {
 DOWNWARD_ENV = {"NODE_NAME": "spec.nodeName", "NAMESPACE": "metadata.namespace"}
 TOKEN_VOLUME = "dualpods-launcher-token"
 TOKEN_DIR = "/var/run/secrets/dualpods/launcher-token"
+# The startup probe's failures allowed, 2 s apart: 300 s, the dual-pods controller's default --launcher-start-budget.
+STARTUP_PROBE_FAILURES = 150
 
 
 class TemplateError(ValueError):
@@ -80,6 +82,12 @@ def _patch_launcher_container(container: dict[str, Any], token_secret: str | Non
         if not any(e.get("name") == name for e in container.get("env", [])):
             _set_env(container, name, {"valueFrom": {"fieldRef": {"fieldPath": path}}})
     health = {"httpGet": {"path": "/health", "port": keys.LAUNCHER_PORT}}
+    # Liveness and readiness wait for the launcher's first answer, for as long as the controller's default
+    # launcher start budget: preloading vLLM took 47 s on a busy 2-core node, and FMA's liveness probe alone
+    # (10 + 2 x 20 s) then restarted the launcher just before it served, again at each start.
+    container["startupProbe"] = {
+        **health, "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": STARTUP_PROBE_FAILURES,
+    }  # fmt: skip
     container["livenessProbe"] = {
         **health, "initialDelaySeconds": 10, "periodSeconds": 20, "timeoutSeconds": 1, "failureThreshold": 3,
     }  # fmt: skip

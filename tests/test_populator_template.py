@@ -9,6 +9,7 @@ import pytest
 
 from api import keys
 from api.crds import LauncherConfig
+from controller.dualpods.phases import LAUNCHER_START_BUDGET
 from controller.launcher_template import TemplateError, launcher_config_hash, node_independent_pod, pod_for_node
 from tests.test_populator_fakes import config_manifest
 
@@ -72,6 +73,19 @@ def test_the_launcher_container_gets_the_forced_environment_and_no_gpus() -> Non
     assert env["VLLM_SERVER_DEV_MODE"] == "1"
     assert env["NVIDIA_VISIBLE_DEVICES"] == "all"
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "0"}, "requests": {"nvidia.com/gpu": "0"}}
+
+
+def test_liveness_waits_for_the_launchers_first_answer_for_the_start_budget() -> None:
+    """A launcher still preloading vLLM on a busy node (a minute, seen at load 10 on 2 cores) is not restarted
+    before it ever serves: the kubelet runs liveness only after the startup probe's first success, which may
+    take as long as the controller's launcher start budget."""
+    pod, _ = node_independent_pod(config())
+    [container] = pod["spec"]["containers"]
+    startup, liveness = container["startupProbe"], container["livenessProbe"]
+    assert startup["httpGet"] == liveness["httpGet"] == {"path": "/health", "port": keys.LAUNCHER_PORT}
+    allowed = startup["periodSeconds"] * startup["failureThreshold"]
+    liveness_alone = liveness["initialDelaySeconds"] + (liveness["failureThreshold"] - 1) * liveness["periodSeconds"]
+    assert liveness_alone < 60 <= LAUNCHER_START_BUDGET.seconds <= allowed
 
 
 def test_a_template_without_the_launcher_container_is_refused() -> None:
