@@ -50,8 +50,11 @@ FORCED_ENV = {
 DOWNWARD_ENV = {"NODE_NAME": "spec.nodeName", "NAMESPACE": "metadata.namespace"}
 TOKEN_VOLUME = "dualpods-launcher-token"
 TOKEN_DIR = "/var/run/secrets/dualpods/launcher-token"
-# The startup probe's failures allowed, 2 s apart: 300 s, the dual-pods controller's default --launcher-start-budget.
-STARTUP_PROBE_FAILURES = 150
+# How long a launcher may take to answer first (its image pulled, vLLM imported: tens of seconds on a GPU node, a
+# few minutes on a loaded CPU machine): what its startup probe allows, and the dual-pods controller's default
+# --launcher-start-budget.
+LAUNCHER_START_S = 300
+STARTUP_PROBE_PERIOD_S = 2
 
 
 class TemplateError(ValueError):
@@ -82,11 +85,12 @@ def _patch_launcher_container(container: dict[str, Any], token_secret: str | Non
         if not any(e.get("name") == name for e in container.get("env", [])):
             _set_env(container, name, {"valueFrom": {"fieldRef": {"fieldPath": path}}})
     health = {"httpGet": {"path": "/health", "port": keys.LAUNCHER_PORT}}
-    # Liveness and readiness wait for the launcher's first answer, for as long as the controller's default
-    # launcher start budget: preloading vLLM took 47 s on a busy 2-core node, and FMA's liveness probe alone
-    # (10 + 2 x 20 s) then restarted the launcher just before it served, again at each start.
+    # Liveness and readiness wait for the launcher's first answer, for up to LAUNCHER_START_S: preloading vLLM
+    # took 47 s on a busy 2-core node, and FMA's liveness probe alone (10 + 2 x 20 s) then restarted the
+    # launcher just before it served, again at each start.
     container["startupProbe"] = {
-        **health, "periodSeconds": 2, "timeoutSeconds": 2, "failureThreshold": STARTUP_PROBE_FAILURES,
+        **health, "periodSeconds": STARTUP_PROBE_PERIOD_S, "timeoutSeconds": 2,
+        "failureThreshold": LAUNCHER_START_S // STARTUP_PROBE_PERIOD_S,
     }  # fmt: skip
     container["livenessProbe"] = {
         **health, "initialDelaySeconds": 10, "periodSeconds": 20, "timeoutSeconds": 1, "failureThreshold": 3,

@@ -24,6 +24,7 @@ from controller.dualpods.outcomes import Budget, StepResult
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import outdated_routing
 from controller.dualpods.snapshot import Mode, Snapshot
+from controller.launcher_template import LAUNCHER_START_S
 
 
 class Phase(StrEnum):
@@ -56,9 +57,9 @@ class Phase(StrEnum):
     SERVING = "serving"  # the instance serves: endpoint metadata, LoRA adapters, readiness
 
 
-# A launcher answers once its image is pulled and it has imported vLLM: tens of seconds on a GPU node, a few
-# minutes on a loaded CPU machine. The controller's --launcher-start-budget (Options.budgets) sets it.
-LAUNCHER_START_BUDGET = Budget(seconds=300.0)
+# A launcher answers once its image is pulled and it has imported vLLM (launcher_template.LAUNCHER_START_S, which
+# its startup probe allows too). The controller's --launcher-start-budget (Options.budgets) sets it.
+LAUNCHER_START_BUDGET = Budget(seconds=float(LAUNCHER_START_S))
 DEFAULT_BUDGET = Budget()
 
 Step = Callable[[Pass], Awaitable[StepResult]]
