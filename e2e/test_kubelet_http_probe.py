@@ -2,6 +2,7 @@
 how it judges answers, reuses and drops connections, and honours its deadline."""
 
 import asyncio
+import datetime
 import socket
 import threading
 import time
@@ -13,6 +14,7 @@ from kubernetes_asyncio import client
 
 from e2e.kubelet import probes
 from e2e.kubelet.http_probe import HttpProbe, ProbeHttpError
+from e2e.kubelet.status import now
 
 HOST = "127.0.0.1"
 
@@ -195,7 +197,7 @@ async def test_a_due_probe_runs_at_once_and_the_period_keeps_its_phase(server: S
     get = client.V1HTTPGetAction(path="/ready", port=server.port)
     probe = client.V1Probe(http_get=get, period_seconds=2, failure_threshold=1, timeout_seconds=1)
     due = asyncio.Event()
-    outcomes = probes.results(probe, probes.ProbeTarget(HOST, {}, _no_exec), due)
+    outcomes = probes.results(probe, probes.ProbeTarget(HOST, {}, _no_exec), now(), due)
     loop = asyncio.get_running_loop()
     started = loop.time()
     assert (await anext(outcomes))[0] is False
@@ -208,6 +210,22 @@ async def test_a_due_probe_runs_at_once_and_the_period_keeps_its_phase(server: S
     assert (await anext(outcomes))[0] is False
     assert 1.9 < loop.time() - started < 2.5, "the next tick, two seconds after the first attempt"
     await outcomes.aclose()
+
+
+async def test_the_initial_delay_counts_from_the_container_start(server: Server) -> None:
+    """A readiness probe that begins when a startup probe succeeds has already waited its initialDelaySeconds
+    (the kubelet's prober compares them with the container's StartedAt): counted again, a launcher turned Ready
+    seconds late after each restart."""
+    get = client.V1HTTPGetAction(path="/ready", port=server.port)
+    probe = client.V1Probe(http_get=get, initial_delay_seconds=2, period_seconds=5, timeout_seconds=1)
+    target = probes.ProbeTarget(HOST, {}, _no_exec)
+    loop = asyncio.get_running_loop()
+    for started, delay in ((now() - datetime.timedelta(seconds=3), 0.0), (now() - datetime.timedelta(seconds=1), 1.0)):
+        begun = loop.time()
+        outcomes = probes.results(probe, target, started)
+        assert await anext(outcomes) == (True, "")
+        assert delay <= loop.time() - begun < delay + 0.5
+        await outcomes.aclose()
 
 
 async def test_a_cancellation_as_the_connection_attempt_fails_is_not_lost(monkeypatch: pytest.MonkeyPatch) -> None:

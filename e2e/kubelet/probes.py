@@ -5,6 +5,7 @@ httpGet goes through `http_probe.py` (a lean HTTP/1.1 GET: one process probes ev
 
 import asyncio
 import contextlib
+import datetime
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 
@@ -12,6 +13,7 @@ from kubernetes_asyncio import client
 
 from e2e.kubelet.addresses import require_loopback
 from e2e.kubelet.http_probe import HttpProbe, ProbeHttpError
+from e2e.kubelet.status import now
 
 # Runs a command inside the container: (argv, timeout) -> (exit code, output).
 Exec = Callable[[list[str], float], Awaitable[tuple[int, str]]]
@@ -68,17 +70,22 @@ async def check(probe: client.V1Probe, target: ProbeTarget, http: HttpProbe) -> 
 
 
 async def results(
-    probe: client.V1Probe, target: ProbeTarget, due: asyncio.Event | None = None
+    probe: client.V1Probe,
+    target: ProbeTarget,
+    container_started: datetime.datetime,
+    due: asyncio.Event | None = None,
 ) -> AsyncGenerator[tuple[bool, str], None]:
     """Yield (healthy, why) each time the probe's outcome crosses its success or failure threshold.
 
-    As the kubelet's probe worker: a ticker of the probe's period from the first attempt, and `due`, when
-    set, runs an attempt at once without moving the ticker (the kubelet's manual trigger, see
-    `ContainerSupervisor.sync`)."""
+    As the kubelet's probe worker: no attempt before `initialDelaySeconds` after the container started (from
+    its start, not from this call: a readiness probe that begins after a startup probe has already waited),
+    a ticker of the probe's period from the first attempt, and `due`, when set, runs an attempt at once
+    without moving the ticker (the kubelet's manual trigger, see `ContainerSupervisor.sync`)."""
     period = float(probe.period_seconds or 10)
     success_threshold = probe.success_threshold or 1
     failure_threshold = probe.failure_threshold or 3
-    await asyncio.sleep(float(probe.initial_delay_seconds or 0))
+    delay = float(probe.initial_delay_seconds or 0) - (now() - container_started).total_seconds()
+    await asyncio.sleep(max(delay, 0.0))
     due = due or asyncio.Event()
     state: bool | None = None
     successes = failures = 0

@@ -324,7 +324,7 @@ class ContainerSupervisor:
         """Startup probe first; then readiness (sets `ready`) and liveness (kills the container)."""
         target = self._target(process)
         if self.spec.startup_probe is not None:
-            async for ok, why in probes.results(self.spec.startup_probe, target):
+            async for ok, why in probes.results(self.spec.startup_probe, target, process.started_at):
                 if not ok:
                     await self._kill_unhealthy(process, "Startup", why)
                     return
@@ -332,7 +332,7 @@ class ContainerSupervisor:
             self.status.started = True
             self.status.ready = self.spec.readiness_probe is None
             self._notify()
-        await asyncio.gather(self._readiness(target), self._liveness(process, target))
+        await asyncio.gather(self._readiness(process, target), self._liveness(process, target))
 
     def sync(self) -> None:
         """The kubelet synced the Pod: a started, running container not known to be ready has its readiness
@@ -341,10 +341,10 @@ class ContainerSupervisor:
         if self.status.state == "running" and self.status.started and not self.status.ready:
             self._readiness_due.set()
 
-    async def _readiness(self, target: probes.ProbeTarget) -> None:
+    async def _readiness(self, process: Container, target: probes.ProbeTarget) -> None:
         if self.spec.readiness_probe is None:
             return
-        async for ok, why in probes.results(self.spec.readiness_probe, target, self._readiness_due):
+        async for ok, why in probes.results(self.spec.readiness_probe, target, process.started_at, self._readiness_due):
             self.status.ready = ok
             self._notify()
             if not ok:
@@ -353,7 +353,7 @@ class ContainerSupervisor:
     async def _liveness(self, process: Container, target: probes.ProbeTarget) -> None:
         if self.spec.liveness_probe is None:
             return
-        async for ok, why in probes.results(self.spec.liveness_probe, target):
+        async for ok, why in probes.results(self.spec.liveness_probe, target, process.started_at):
             if not ok:
                 await self._kill_unhealthy(process, "Liveness", why)
                 return
