@@ -737,10 +737,14 @@ async def test_an_instances_output_is_on_the_launchers_stdout_prefixed_with_its_
     await wait_ready(http, "talker")
     expected = "talker | "  # then the server's own line, as in its log file
 
-    def copied() -> list[str]:
-        return [line for line in launcher.log_path.read_text().splitlines() if line.startswith(expected)]
+    serving = f"serving tiny on http://127.0.0.1:{state['port']}"
 
-    lines = await wait_for(copied, what="the instance's lines on the launcher's stdout", within=5, interval=0.1)
-    assert any(f"serving tiny on http://127.0.0.1:{state['port']}" in line for line in lines), lines
+    def copied() -> list[str]:
+        """The instance's lines on the launcher's stdout, once its "serving" line is among them: the relay
+        copies the log file in polls, so the first line may be there a poll before the one the test is for."""
+        lines = [line for line in launcher.log_path.read_text().splitlines() if line.startswith(expected)]
+        return lines if any(serving in line for line in lines) else []
+
+    lines = await wait_for(copied, what="the instance's serving line on the launcher's stdout", within=5, interval=0.1)
     async with http.get(f"{BASE}/talker/log") as response:
         assert lines[0].removeprefix(expected) in await response.text()  # the file keeps every line
