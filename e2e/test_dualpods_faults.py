@@ -260,6 +260,8 @@ async def test_an_api_server_outage_keeps_the_launcher_and_its_sleepers(faults: 
         _, launcher, _ = await serving_pair(env, rs)
         name = launcher["metadata"]["name"]
         assert pods.restart_count(launcher) >= 1
+        # What the outage must keep, seen before it: a failure after it is then the outage's, not the swap's.
+        assert await sleepers(env, launcher) == ["isc-a"], "a sleeps beside b before the outage"
         cluster.stop_apiserver()
         await asyncio.sleep(75)
         await cluster.start_apiserver()
@@ -275,8 +277,7 @@ async def test_an_api_server_outage_keeps_the_launcher_and_its_sleepers(faults: 
         kept = await env.pod(name)
         assert pods.uid(kept) == pods.uid(launcher), "the launcher was kept"
         print(f"launcher restarts: {pods.restart_count(launcher)} before the outage, {pods.restart_count(kept)} after")
-        listing = await env.instances(kept)
-        assert sorted(i["annotations"]["isc-name"] for i in listing["instances"] if i["sleeping"]) == ["isc-a", "isc-b"]
+        assert await sleepers(env, kept) == ["isc-a", "isc-b"]
         await env.set_requester_isc(rs, "isc-a")
         await env.scale(rs, 1)
         _, again, _ = await serving_pair(env, rs)
@@ -285,6 +286,12 @@ async def test_an_api_server_outage_keeps_the_launcher_and_its_sleepers(faults: 
         assert after["total_instances"] == 2, "woken, not created"
         await assert_populator_resumed(env)
         print(f"nodes NotReady after the outage: {not_ready}")
+
+
+async def sleepers(env: DualPodsEnv, launcher: Obj) -> list[str]:
+    """The ISCs of the launcher's sleeping instances, sorted."""
+    listing = await env.instances(launcher)
+    return sorted(i["annotations"]["isc-name"] for i in listing["instances"] if i["sleeping"])
 
 
 async def nodes_not_ready(api: client.ApiClient) -> list[str]:
