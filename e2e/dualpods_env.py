@@ -367,6 +367,11 @@ class DualPodsEnv:
         listing: dict[str, Any] = await self.launcher_api(launcher, "GET", "/v2/vllm/instances")
         return listing
 
+    async def sleepers(self, launcher: Obj) -> list[dict[str, Any]]:
+        """The launcher's sleeping instances, as its API lists them."""
+        listing = await self.instances(launcher)
+        return [i for i in listing["instances"] if i["sleeping"]]
+
     async def wait_launchers_unbound(self, within: float, interval: float = 0.1) -> None:
         """Until no launcher is bound (their instances asleep)."""
 

@@ -34,8 +34,7 @@ async def _launcher_on(env: DualPodsEnv, node: str) -> Obj:
 
 async def _sleepers(env: DualPodsEnv, launcher: Obj) -> dict[str, dict[str, Any]]:
     """The launcher's sleeping instances by ISC name."""
-    listing = await env.instances(launcher)
-    return {i["annotations"]["isc-name"]: i for i in listing["instances"] if i["sleeping"]}
+    return {i["annotations"][keys.INSTANCE_ISC_NAME]: i for i in await env.sleepers(launcher)}
 
 
 async def test_a_drain_waits_until_the_sleepers_sleep_on_another_node_and_they_start_hot_there(

@@ -261,7 +261,7 @@ async def test_an_api_server_outage_keeps_the_launcher_and_its_sleepers(faults: 
         name = launcher["metadata"]["name"]
         assert pods.restart_count(launcher) >= 1
         # What the outage must keep, seen before it: a failure after it is then the outage's, not the swap's.
-        assert await sleepers(env, launcher) == ["isc-a"], "a sleeps beside b before the outage"
+        assert await sleeping_iscs(env, launcher) == ["isc-a"], "a sleeps beside b before the outage"
         cluster.stop_apiserver()
         await asyncio.sleep(75)
         await cluster.start_apiserver()
@@ -277,7 +277,7 @@ async def test_an_api_server_outage_keeps_the_launcher_and_its_sleepers(faults: 
         kept = await env.pod(name)
         assert pods.uid(kept) == pods.uid(launcher), "the launcher was kept"
         print(f"launcher restarts: {pods.restart_count(launcher)} before the outage, {pods.restart_count(kept)} after")
-        assert await sleepers(env, kept) == ["isc-a", "isc-b"]
+        assert await sleeping_iscs(env, kept) == ["isc-a", "isc-b"]
         await env.set_requester_isc(rs, "isc-a")
         await env.scale(rs, 1)
         _, again, _ = await serving_pair(env, rs)
@@ -288,10 +288,9 @@ async def test_an_api_server_outage_keeps_the_launcher_and_its_sleepers(faults: 
         print(f"nodes NotReady after the outage: {not_ready}")
 
 
-async def sleepers(env: DualPodsEnv, launcher: Obj) -> list[str]:
-    """The ISCs of the launcher's sleeping instances, sorted."""
-    listing = await env.instances(launcher)
-    return sorted(i["annotations"]["isc-name"] for i in listing["instances"] if i["sleeping"])
+async def sleeping_iscs(env: DualPodsEnv, launcher: Obj) -> list[str]:
+    """The ISC of each sleeping instance of the launcher, sorted (two sleepers of one ISC show twice)."""
+    return sorted(i["annotations"][keys.INSTANCE_ISC_NAME] for i in await env.sleepers(launcher))
 
 
 async def nodes_not_ready(api: client.ApiClient) -> list[str]:
