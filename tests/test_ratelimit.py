@@ -2,27 +2,26 @@
 
 import asyncio
 import time
-from types import SimpleNamespace
 
 import pytest
 
-from controller import ratelimit
 from controller.ratelimit import TokenBucket
 
 
-class BucketClock:
-    """The rate limiter's clock, standing still until a test moves it (asyncio's own clock is untouched)."""
+class StillClock:
+    """The bucket's clock, standing still until a test moves it (asyncio's own clock is untouched)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.now = time.monotonic()
-        monkeypatch.setattr(ratelimit, "time", SimpleNamespace(monotonic=lambda: self.now))
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
-async def test_a_burst_passes_at_once_and_the_rest_at_the_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_burst_passes_at_once_and_the_rest_at_the_rate() -> None:
     # Ten calls at one instant: the bucket's clock stands still. On a busy machine the calls of one gather
     # otherwise arrive milliseconds apart, the bucket refills meanwhile, and each later wait is rightly shorter.
-    BucketClock(monkeypatch)
-    bucket = TokenBucket(qps=50, burst=5)
+    bucket = TokenBucket(qps=50, burst=5, clock=StillClock())
     started = time.monotonic()
     waits = await asyncio.gather(*(bucket.acquire() for _ in range(10)))
     elapsed = time.monotonic() - started
@@ -32,9 +31,9 @@ async def test_a_burst_passes_at_once_and_the_rest_at_the_rate(monkeypatch: pyte
     assert 0.09 <= elapsed < 0.5  # and they do wait that long
 
 
-async def test_the_bucket_refills_while_idle(monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = BucketClock(monkeypatch)  # the bucket's time passes only where the test says
-    bucket = TokenBucket(qps=100, burst=2)
+async def test_the_bucket_refills_while_idle() -> None:
+    clock = StillClock()  # the bucket's time passes only where the test says
+    bucket = TokenBucket(qps=100, burst=2, clock=clock)
     await asyncio.gather(bucket.acquire(), bucket.acquire())
     clock.now += 0.05  # 5 tokens' worth, capped at the burst of 2
     assert [await bucket.acquire(), await bucket.acquire()] == [0.0, 0.0]
