@@ -131,7 +131,7 @@ async def test_an_upgrade_from_the_previous_release_keeps_the_sleepers_and_the_u
 
             launcher_now = await env.pod(pods.name(launcher))
             assert pods.uid(launcher_now) == pods.uid(launcher), "the launcher came through the upgrade"
-            sleeping = [i["instance_id"] for i in (await env.instances(launcher_now))["instances"] if i["sleeping"]]
+            sleeping = [i["instance_id"] for i in await env.sleepers(launcher_now)]
             assert sleeping == [instance], "its instance is still asleep"
 
             async def counted() -> bool:
