@@ -178,6 +178,32 @@ async def test_a_drain_copies_the_sleepers_then_lets_the_launcher_go(h: Harness)
     assert keys.DRAIN_STARTED_ANNOTATION not in pods.annotations(h.pod("l1"))
 
 
+async def test_a_drain_waits_for_launchers_whose_instances_are_not_known_yet(h: Harness) -> None:
+    # A controller that just started (its own Pod evicted by the drain) has not listed every launcher yet.
+    h.put(launcher_obj("l1"), on(launcher_obj("l2", ip="127.0.2.1"), OTHER_NODE, "127.0.2.1"))
+    h.views.put(h.pod("l1"), sleeper())
+    h.put(node_obj(NODE, unschedulable=True), gpu_map({OTHER_NODE: [GPU2, GPU3], NODE: [GPU0, GPU1]}))
+    drains = h.controller.drains
+    drains.now = lambda: T0
+    assert await drains.reconcile("l1") == pytest.approx(1.0)
+    assert warm(h, "l1"), "the sleeper still holds the drain"
+    assert events(h) == [], "neither stranded nor rewarmed while l2's instances are unknown"
+    h.views.put(h.pod("l2"))  # l2's view synced: the copy goes there
+    await drains.reconcile("l1")
+    assert [c.target for c in h.journal.of("create_instance")] == [wanted_id(isc_obj(), (GPU2,))]
+
+
+async def test_a_launcher_not_known_yet_does_not_hold_up_copies_to_known_ones(h: Harness) -> None:
+    h.put(launcher_obj("l1"), on(launcher_obj("l2", ip="127.0.2.1"), OTHER_NODE, "127.0.2.1"))
+    h.put(on(launcher_obj("l3", ip="127.0.2.2"), OTHER_NODE, "127.0.2.2"))  # Ready, its view never synced
+    h.views.put(h.pod("l1"), sleeper())
+    h.views.put(h.pod("l2"))
+    h.put(node_obj(NODE, unschedulable=True), gpu_map({OTHER_NODE: [GPU2, GPU3], NODE: [GPU0, GPU1]}))
+    h.controller.drains.now = lambda: T0
+    await h.controller.drains.reconcile("l1")
+    assert [c.target for c in h.journal.of("create_instance")] == [wanted_id(isc_obj(), (GPU2,))]
+
+
 async def test_a_drain_that_cannot_finish_in_time_lets_the_launcher_go(h: Harness) -> None:
     h.put(launcher_obj("l1"), node_obj(NODE, unschedulable=True))
     h.views.put(h.pod("l1"), sleeper())

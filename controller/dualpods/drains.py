@@ -91,6 +91,12 @@ class DrainRewarmer:
             return None
         drain = plan(self._facts(pod), self._others(pod), self._iscs())
         await self._act(pod, drain)
+        if drain.stranded and (unseen := self._unseen_launchers(pod)):
+            # One of them may be where a stranded sleeper goes (a controller that just started knows no launcher
+            # yet): the drain keeps waiting rather than finding nowhere to copy it and letting the launcher go.
+            log.info("drain of %s: waiting for the instances of launchers %s", pods.name(pod), ", ".join(unseen))
+            await self._keep(pod, warm=True, drain_started=started)
+            return RECHECK_S
         for sleeper, why in drain.stranded.items():
             await self._tell(pod, "Warning", "DrainStranded", f"sleeping instance {sleeper} cannot be copied "
                              f"to another node: {why}")  # fmt: skip
@@ -163,6 +169,17 @@ class DrainRewarmer:
             gpus=self._gpus_on(node),
             available=available,
         )
+
+    def _unseen_launchers(self, source: Obj) -> list[str]:
+        """Other Ready launchers on schedulable Nodes whose instances are not known yet (view not synced)."""
+        unseen = []
+        for pod in self._launchers():
+            if pods.name(pod) == pods.name(source) or not pods.is_ready(pod) or _cordoned(self._node_of(pod)):
+                continue
+            view = self.views.get(pods.name(pod))
+            if view is None or not view.synced:
+                unseen.append(pods.name(pod))
+        return unseen
 
     def _others(self, source: Obj) -> list[LauncherFacts]:
         return [self._facts(p) for p in self._launchers() if pods.name(p) != pods.name(source)]
