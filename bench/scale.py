@@ -1,8 +1,8 @@
 """Scale: R requesters on N simulated GPU Nodes, one launcher per GPU, with the real controllers.
 
 A loopback cluster of simulated Nodes (`up --simulated`: the requesters' SPI and probes and the launchers'
-API served by one simulation process per role, on each Pod's own address) gets the Helm chart with its
-defaults (requesters authenticate the controller's calls with TokenReviews), a LauncherConfig, a
+API served by simulation processes, one per role and 400 Nodes, on each Pod's own address) gets the Helm
+chart with its defaults (requesters authenticate the controller's calls with TokenReviews), a LauncherConfig, a
 LauncherPopulationPolicy with one launcher per GPU, M InferenceServerConfigs and R requesters (one
 ReplicaSet per model, one GPU each). It measures the populator's time to create the launchers, the time
 until every requester is told ready (p50/p99 per requester), a swap wave (half the models scaled to 0, the

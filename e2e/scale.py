@@ -49,6 +49,7 @@ from e2e.cluster.cluster import LoopbackCluster, default_nodes
 from e2e.dualpods_env import DualPodsEnv, Obj
 from e2e.fixtures import fresh_namespace
 from e2e.profiles import Profile, Summary
+from e2e.simulation.protocol import Report, Role
 
 LAUNCHER_CONFIG = "scale"
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
@@ -300,7 +301,7 @@ class Processes:
             with contextlib.suppress(psutil.Error):
                 line = process.cmdline()
                 if "e2e.simulation" in line:
-                    found[f"simulation-{line[line.index('--role') + 1]}"] = process
+                    found[Path(line[line.index("--url-file") + 1]).stem] = process  # its `process_name`
         for component in (DUAL_PODS, POPULATOR):
             for process in self._env.controllers.processes(component):
                 found[component] = process
@@ -431,7 +432,7 @@ class Scenario:
         old_gone = started
         timed_out = False
         while True:
-            report = await self.cluster.simulation("requester", self.session).report()
+            report = await self._report("requester")
             current = {pods.uid(p) for m in up for p in self.pods.requesters(m) if not pods.is_deleting(p)}
             ready_at = {r.uid: r.transitions[-1][0] for r in report.requesters if r.ready and r.uid in current}
             if [p for m in down for p in self.pods.requesters(m)]:
@@ -453,6 +454,15 @@ class Scenario:
         await self._check(wave)
         return wave
 
+    async def _report(self, role: Role) -> Report:
+        """What the simulated containers of `role` hold now, from every simulation process of the role."""
+        reports = await asyncio.gather(*(c.report() for c in self.cluster.simulations(role, self.session)))
+        return Report(
+            role=role,
+            requesters=[r for report in reports for r in report.requesters],
+            launchers=[launcher for report in reports for launcher in report.launchers],
+        )
+
     def _steps(self, told_ready: dict[str, float]) -> dict[str, tuple[float, float]]:
         gaps: dict[str, list[float]] = {f"{a} -> {b}": [] for a, b in STEPS}
         for uid, at in told_ready.items():
@@ -468,7 +478,7 @@ class Scenario:
         live = [pods.uid(p) for p in self.pods.requesters() if not pods.is_deleting(p)]
         wave.unbound = sum(1 for uid in live if bound[uid] == 0)
         wave.double_bound = sum(1 for uid in live if bound[uid] > 1)
-        report = await self.cluster.simulation("launcher", self.session).report()
+        report = await self._report("launcher")
         nodes = {pods.uid(p): pods.node_name(p) for p in self.pods.launchers()}
         awake = collections.Counter(
             (nodes.get(launcher.uid), gpu)

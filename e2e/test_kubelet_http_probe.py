@@ -13,7 +13,7 @@ from aiohttp import web
 from kubernetes_asyncio import client
 
 from e2e.kubelet import probes
-from e2e.kubelet.http_probe import HttpProbe, ProbeHttpError
+from e2e.kubelet.http_probe import ConnectionBudget, HttpProbe, ProbeHttpError
 from e2e.kubelet.status import now
 
 HOST = "127.0.0.1"
@@ -100,6 +100,25 @@ async def test_without_keep_alive_each_probe_opens_a_connection(server: Server) 
     for _ in range(3):
         assert await http.get("http", HOST, server.port, "/ready", {}, 1.0) == 200
     assert server.connections == 3
+
+
+async def test_probes_beyond_the_budget_open_a_connection_each_until_a_kept_one_closes(server: Server) -> None:
+    budget = ConnectionBudget(2)
+    probes = [HttpProbe(keep_alive=True, budget=budget) for _ in range(3)]
+    for _ in range(3):
+        for http in probes:
+            assert await http.get("http", HOST, server.port, "/ready", {}, 1.0) == 200
+    assert budget.kept == 2
+    assert server.connections == 2 + 3, "two kept connections, and one for each probe of the third"
+    probes[0].close()  # its container exited: its place in the budget goes to the next probe that keeps one
+    assert budget.kept == 1
+    for _ in range(2):
+        assert await probes[2].get("http", HOST, server.port, "/ready", {}, 1.0) == 200
+    assert budget.kept == 2
+    assert server.connections == 5 + 1, "the third probe kept its next connection"
+    for http in probes:
+        http.close()
+    assert budget.kept == 0
 
 
 async def test_an_unframed_answer_is_judged_and_its_connection_dropped(server: Server, kept: HttpProbe) -> None:

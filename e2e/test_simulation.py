@@ -15,7 +15,7 @@ from aiohttp import web
 
 from e2e.kubelet.addresses import AddressBlock, SubnetCarver
 from e2e.kubelet.config import KubeletConfig, SimulationConfig
-from e2e.kubelet.simulation import Simulations
+from e2e.kubelet.simulation import SimulationClient, Simulations, url_files
 from e2e.simulation.container import ContainerFiles, StartFailure
 from e2e.simulation.launcher import LauncherContainer
 from e2e.simulation.protocol import KILLED, ContainerSpec, Mount
@@ -206,7 +206,7 @@ async def test_kubelet_restarts_a_simulation_that_dies(tmp_path: Path, pod_ip: s
         assert first.container_id == "simulated://requester/requester-1"
         assert await first.stop(5) == 0
         second = await simulations.run(_spec("requester", pod_ip, tmp_path, env=env))
-        process = simulations.processes["requester"]
+        process = simulations.processes["requester"][0]
         assert process.pid is not None
         os.kill(process.pid, signal.SIGKILL)
         assert await asyncio.wait_for(second.wait(), 10) == KILLED
@@ -219,6 +219,37 @@ async def test_kubelet_restarts_a_simulation_that_dies(tmp_path: Path, pod_ip: s
         assert "--probes-port" in Path(_spec("requester", pod_ip, tmp_path).log).read_text()
     finally:
         await simulations.close()
+
+
+async def test_a_roles_pods_are_spread_over_its_processes_and_each_reports_its_own(tmp_path: Path) -> None:
+    block = AddressBlock.claim()
+    config = KubeletConfig(kubeconfig=tmp_path / "kubeconfig", state_dir=tmp_path, api_server_port=1)
+    simulations = Simulations(config, SimulationConfig(processes_per_role=2))
+    await simulations.start()
+    specs = []
+    for i in range(6):
+        pod_ip = str(block.allocate())
+        env = {"POD_IP": pod_ip, "REQUESTER_SPI_AUTH": "none", "REQUESTER_GPU_SOURCE": "env"}
+        spec = _spec("requester", pod_ip, tmp_path, env=env)
+        specs.append(spec.model_copy(update={"id": f"r{i}-1", "pod": f"r{i}", "uid": f"uid-r{i}"}))
+    try:
+        containers = [await simulations.run(spec) for spec in specs]
+        async with aiohttp.ClientSession() as http:
+            for spec in specs:  # each on its own address, whichever process serves it
+                async with http.get(f"http://{spec.pod_ip}:8080/ready") as answer:
+                    assert answer.status == 503
+            clients = [SimulationClient(f.read_text().strip(), http) for f in url_files(tmp_path, "requester")]
+            served = [sorted(r.pod for r in (await client.report()).requesters) for client in clients]
+        assert len(served) == 2
+        assert all(served), f"both processes serve some of the Pods: {served}"
+        assert sorted(served[0] + served[1]) == [f"r{i}" for i in range(6)], "each Pod by exactly one process"
+        for spec, container in zip(specs, containers, strict=True):  # a restart goes to the same process
+            assert await container.stop(5) == 0
+            again = spec.model_copy(update={"id": spec.id.replace("-1", "-2")})
+            assert simulations.process_of(again) is simulations.process_of(spec)
+    finally:
+        await simulations.close()
+        block.release_block()
 
 
 async def _slow_to_clean_up(cleaning: asyncio.Event) -> web.AppRunner:

@@ -71,7 +71,7 @@ def main() -> None:
     up.add_argument(
         "--simulated",
         action="store_true",
-        help="KWOK-like Nodes: requester and launcher Pods served by one simulation process per role (e2e/simulation)",
+        help="KWOK-like Nodes: requester and launcher Pods served by simulation processes per role (e2e/simulation)",
     )
     commands.add_parser("down", help="stop everything and remove the state directory")
     commands.add_parser("status", help="print the API server URL, kubeconfig and PIDs")

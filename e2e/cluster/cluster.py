@@ -24,7 +24,7 @@ from e2e.cluster.readiness import StartupError, log_tail, wait_http_ok
 from e2e.kubelet.config import GpuMode, KubeletConfig, NodeConfig, SimulationConfig
 from e2e.kubelet.control_client import KubeletControl
 from e2e.kubelet.logs import read_container_log
-from e2e.kubelet.simulation import SimulationClient, url_file
+from e2e.kubelet.simulation import SimulationClient, url_files
 from e2e.simulation.protocol import Role
 
 # Every process gets this long to exit on SIGTERM before SIGKILL (the kubelet stops its containers first).
@@ -103,7 +103,7 @@ class LoopbackCluster:
             )
             if simulated:
                 # A real kubelet's rhythm: the Lease every 10 s, the Node's status every 5 min.
-                settings.simulation = SimulationConfig()
+                settings.simulation = SimulationConfig.for_nodes(len(nodes))
                 settings.lease_renew_seconds, settings.node_status_seconds = 10.0, 300.0
             settings_file = self.kubelet_dir / "config.yaml"
             settings.save(settings_file)
@@ -162,9 +162,9 @@ class LoopbackCluster:
         processes.stop([r for r in recorded if r.name != _KUBELET], _STOP_GRACE_SECONDS)
         shutil.rmtree(self.state_dir, ignore_errors=True)
 
-    def simulation(self, role: Role, session: aiohttp.ClientSession) -> SimulationClient:
-        """The control API of the kubelet's simulation process of `role` (simulated clusters only)."""
-        return SimulationClient(url_file(self.kubelet_dir, role).read_text().strip(), session)
+    def simulations(self, role: Role, session: aiohttp.ClientSession) -> list[SimulationClient]:
+        """The control APIs of the kubelet's simulation processes of `role` (simulated clusters only)."""
+        return [SimulationClient(f.read_text().strip(), session) for f in url_files(self.kubelet_dir, role)]
 
     def stop_apiserver(self) -> None:
         """An API-server outage begins: the kube-apiserver process stops (its connections are refused)."""

@@ -1,5 +1,6 @@
 """The loopback kubelet's configuration file (YAML, camelCase keys), written by `e2e.cluster` or by hand."""
 
+import math
 from pathlib import Path
 from typing import Literal
 
@@ -41,13 +42,26 @@ SIMULATED_IMAGES: dict[str, SimulatedRole] = {
 }
 
 
+# A simulation process holds a few sockets per container it serves (the Pod's listeners, the kept probe
+# connections, the controllers' calls): 6.3 per launcher at its peak with 1,000 launchers. No process may hold
+# more than its open-files limit (20,000, hard, on the polyglot machines), so a large cluster spreads each
+# role's containers over one process per this many Nodes (at 4 GPUs a Node, about 10,000 descriptors each).
+NODES_PER_SIMULATION_PROCESS = 400
+
+
 class SimulationConfig(_Model):
     """Simulated Nodes (KWOK-like, `e2e/simulation`): containers of these images (repositories, any tag)
-    are served by one simulation process per role instead of a process each; every other container runs
+    are served by simulation processes of their role instead of a process each; every other container runs
     as on other Nodes."""
 
     images: dict[str, SimulatedRole] = Field(default_factory=lambda: dict(SIMULATED_IMAGES))
     log_level: str = "WARNING"  # of the simulation processes (their own logs, not the containers')
+    processes_per_role: int = Field(default=1, ge=1)  # a Pod's containers go to one of them, chosen by its UID
+
+    @classmethod
+    def for_nodes(cls, count: int) -> "SimulationConfig":
+        """Enough processes per role for `count` Nodes' containers to stay within each one's open-files limit."""
+        return cls(processes_per_role=max(1, math.ceil(count / NODES_PER_SIMULATION_PROCESS)))
 
 
 class KubeletConfig(_Model):

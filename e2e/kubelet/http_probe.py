@@ -9,7 +9,8 @@ it); HTTPS is not verified.
 Two things differ from a real kubelet, both because one process plays hundreds of them:
 - `keep_alive`: a probe of a simulated container keeps its connection for the next probe (one socket per
   probe and Pod instead of a new connection each period, as a real kubelet opens). Real processes get a
-  new connection per probe, as from a real kubelet.
+  new connection per probe, as from a real kubelet. So do simulated ones beyond `KEPT_CONNECTIONS`: one
+  process may hold no more than its open-files limit (20,000 here), and 5,000 Nodes' Pods have more probes.
 - The deadline is the probe's timeout from its start (connecting included), and an answer that arrived
   while the prober itself was late (its loop busy, on a loaded machine) still counts: the answer is taken
   in the protocol's own callback, and asyncio runs the callbacks of what has arrived before the timers
@@ -18,10 +19,32 @@ Two things differ from a real kubelet, both because one process plays hundreds o
 """
 
 import asyncio
+import resource
 import ssl
 from dataclasses import dataclass
 
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers; more is not an HTTP server's answer to a probe
+
+
+class ConnectionBudget:
+    """How many probe connections may stay open between periods, across every probe of the process."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.kept = 0
+
+    def take(self) -> bool:
+        if self.kept >= self.limit:
+            return False
+        self.kept += 1
+        return True
+
+    def give_back(self) -> None:
+        self.kept -= 1
+
+
+# Half the process's descriptors: the rest is for the connections of the moment, the API server's and files.
+KEPT_CONNECTIONS = ConnectionBudget(resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2)
 
 
 class ProbeHttpError(Exception):
@@ -113,10 +136,12 @@ class _Response(asyncio.Protocol):
 class HttpProbe:
     """GET requests of one probe (or hook) to one container; with `keep_alive`, on one reused connection."""
 
-    def __init__(self, *, keep_alive: bool) -> None:
+    def __init__(self, *, keep_alive: bool, budget: ConnectionBudget = KEPT_CONNECTIONS) -> None:
         self._keep_alive = keep_alive
+        self._budget = budget
         self._connection: _Response | None = None
         self._endpoint: tuple[str, str, int] | None = None
+        self._kept_in_budget = False  # the open connection counts in the budget
 
     async def get(self, scheme: str, host: str, port: int, path: str, headers: dict[str, str], limit_s: float) -> int:
         """The answer's status; raises TimeoutError, OSError or ProbeHttpError when there is none in time."""
@@ -145,9 +170,15 @@ class HttpProbe:
             raise
         finally:
             timer.cancel()
-        if not (self._keep_alive and connection.reusable):
+        if not (self._keep_alive and connection.reusable and self._keep()):
             self.close()
         return status
+
+    def _keep(self) -> bool:
+        """Whether the connection may stay open for the next probe (it then counts in the budget)."""
+        if not self._kept_in_budget:
+            self._kept_in_budget = self._budget.take()
+        return self._kept_in_budget
 
     def _kept(self, scheme: str, host: str, port: int) -> _Response | None:
         """The connection kept from the last probe, if it is still open to the same endpoint."""
@@ -170,6 +201,9 @@ class HttpProbe:
         if self._connection is not None and self._connection.transport is not None:
             self._connection.transport.close()
         self._connection = None
+        if self._kept_in_budget:
+            self._budget.give_back()
+            self._kept_in_budget = False
 
 
 def _expire(waiter: "asyncio.Future[int]") -> None:

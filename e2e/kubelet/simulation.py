@@ -1,4 +1,4 @@
-"""Simulated Nodes, the kubelet's side: one simulation process per role, and the containers run in them.
+"""Simulated Nodes, the kubelet's side: simulation processes per role, and the containers run in them.
 
 A container whose image the configuration's `simulation.images` names (the requester's and the
 launcher's, by default) runs in its role's simulation process (`e2e.simulation`) instead of as a process
@@ -8,7 +8,9 @@ Events. Probes are real: HTTP to the container's own address with the Pod's peri
 and a failure counts as for a process (a liveness failure restarts the container); only their connection is
 kept from one period to the next (`http_probe.py`). Exec probes cannot reach into a simulated container
 (they fail, saying so). A simulation process that dies takes its containers with it (they exit with 137,
-and restart as their restartPolicy says) and is started again.
+and restart as their restartPolicy says) and is started again. A large cluster has several processes per role
+(`SimulationConfig.processes_per_role`, each within its open-files limit); a Pod's containers all go to the
+one its UID picks.
 """
 
 import asyncio
@@ -18,6 +20,7 @@ import logging
 import signal
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import aiohttp
@@ -37,9 +40,20 @@ class SimulationError(RuntimeError):
     """A simulation process that cannot be started or asked."""
 
 
-def url_file(state_dir: Path, role: Role) -> Path:
-    """Where the kubelet's simulation process of `role` writes its control URL."""
-    return state_dir / f"simulation-{role}.url"
+def process_name(role: Role, index: int) -> str:
+    """`simulation-launcher` for a role's first process, `simulation-launcher-1` for its second, and so on
+    (the names of its URL and log files, and of its CPU in `bench/scale.py`)."""
+    return f"simulation-{role}" + (f"-{index}" if index else "")
+
+
+def url_file(state_dir: Path, role: Role, index: int) -> Path:
+    """Where the kubelet's simulation process `index` of `role` writes its control URL."""
+    return state_dir / f"{process_name(role, index)}.url"
+
+
+def url_files(state_dir: Path, role: Role) -> list[Path]:
+    """The control-URL files of every simulation process of `role` that has come up."""
+    return sorted(state_dir.glob(f"simulation-{role}*.url"))
 
 
 class SimulationClient:
@@ -108,13 +122,13 @@ class SimulatedContainer:
 class SimulationProcess:
     """One `python -m e2e.simulation` process, started again whenever it dies."""
 
-    def __init__(self, role: Role, config: KubeletConfig, simulation: SimulationConfig) -> None:
-        self.role = role
-        self._url_file = url_file(config.state_dir, role)
-        self._log = config.state_dir / f"simulation-{role}.log"
+    def __init__(self, role: Role, index: int, config: KubeletConfig, simulation: SimulationConfig) -> None:
+        self.name = process_name(role, index)
+        self._url_file = url_file(config.state_dir, role, index)
+        self._log = config.state_dir / f"{self.name}.log"
         self._argv = [
             sys.executable, "-m", "e2e.simulation", "--role", role, "--url-file", str(self._url_file),
-            "--state-dir", str(config.state_dir / "simulation" / role), "--log-level", simulation.log_level,
+            "--state-dir", str(config.state_dir / "simulation" / self.name), "--log-level", simulation.log_level,
         ]  # fmt: skip
         self._session: aiohttp.ClientSession | None = None
         self._process: asyncio.subprocess.Process | None = None
@@ -132,7 +146,7 @@ class SimulationProcess:
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         await self._spawn()
-        self._supervisor = asyncio.create_task(self._supervise(), name=f"simulation {self.role}")
+        self._supervisor = asyncio.create_task(self._supervise(), name=self.name)
 
     async def _spawn(self) -> None:
         self._url_file.unlink(missing_ok=True)
@@ -146,12 +160,12 @@ class SimulationProcess:
         deadline = time.monotonic() + _START_LIMIT_S
         while not self._url_file.is_file() or not self._url_file.read_text().strip():
             if self._process.returncode is not None or time.monotonic() > deadline:
-                raise SimulationError(f"the {self.role} simulation did not come up; its log: {self._log}")
+                raise SimulationError(f"{self.name} did not come up; its log: {self._log}")
             await asyncio.sleep(0.05)
         assert self._session is not None, "started"
         self._client = SimulationClient(self._url_file.read_text().strip(), self._session)
         self._up.set()
-        log.info("%s simulation up (pid %d) at %s", self.role, self._process.pid, self._client.url)
+        log.info("%s up (pid %d) at %s", self.name, self._process.pid, self._client.url)
 
     async def _supervise(self) -> None:
         while True:
@@ -160,9 +174,7 @@ class SimulationProcess:
             if self._closing:
                 return
             self._up.clear()
-            log.error(
-                "the %s simulation exited with %s; its containers die with it (log %s)", self.role, code, self._log
-            )
+            log.error("%s exited with %s; its containers die with it (log %s)", self.name, code, self._log)
             for exited in self._running.values():
                 if not exited.done():
                     exited.set_result(KILLED)
@@ -186,7 +198,7 @@ class SimulationProcess:
             started = await (await self._control()).start(spec)
         except (aiohttp.ClientError, TimeoutError, SimulationError) as err:
             started = Started(exit_code=KILLED)
-            log.warning("%s/%s: the %s simulation did not start it: %s", spec.namespace, spec.pod, self.role, err)
+            log.warning("%s/%s: %s did not start it: %s", spec.namespace, spec.pod, self.name, err)
         if started.exit_code is not None:
             self._finish(spec.id, started.exit_code)
         return SimulatedContainer(self, spec, exited)
@@ -201,7 +213,7 @@ class SimulationProcess:
             stopped = await (await self._control()).stop(container_id, grace_seconds)
             code = stopped.exit_code
         except (aiohttp.ClientError, TimeoutError, SimulationError) as err:
-            log.warning("stopping %s in the %s simulation failed: %s", container_id, self.role, err)
+            log.warning("stopping %s in %s failed: %s", container_id, self.name, err)
             code = KILLED
         self._finish(container_id, code)
 
@@ -240,18 +252,27 @@ class Simulations:
     def __init__(self, config: KubeletConfig, simulation: SimulationConfig) -> None:
         self._images = simulation.images
         self.processes = {
-            role: SimulationProcess(role, config, simulation) for role in sorted(set(self._images.values()))
+            role: [SimulationProcess(role, i, config, simulation) for i in range(simulation.processes_per_role)]
+            for role in sorted(set(self._images.values()))
         }
 
     def role_of(self, image: str) -> Role | None:
         repository, _ = repository_and_tag(image)
         return self._images.get(repository)
 
+    def _all(self) -> list[SimulationProcess]:
+        return [p for processes in self.processes.values() for p in processes]
+
     async def start(self) -> None:
-        await asyncio.gather(*(p.start() for p in self.processes.values()))
+        await asyncio.gather(*(p.start() for p in self._all()))
 
     async def run(self, spec: ContainerSpec) -> SimulatedContainer:
-        return await self.processes[spec.role].run(spec)
+        return await self.process_of(spec).run(spec)
+
+    def process_of(self, spec: ContainerSpec) -> SimulationProcess:
+        """The process of the container's role that its Pod's UID picks (the same for every run of the Pod)."""
+        processes = self.processes[spec.role]
+        return processes[zlib.crc32(spec.uid.encode()) % len(processes)]
 
     async def close(self) -> None:
-        await asyncio.gather(*(p.close() for p in self.processes.values()))
+        await asyncio.gather(*(p.close() for p in self._all()))

@@ -1,6 +1,6 @@
 """`python -m e2e.simulation --role requester|launcher --url-file F --state-dir D`: one simulation process.
 
-The loopback kubelet starts one per role on simulated Nodes and stops it with SIGTERM (every container it
+The loopback kubelet starts one or more per role on simulated Nodes and stops it with SIGTERM (every container it
 still runs is then cut off, as a node's processes die with it). Its control API listens on 127.0.0.1; its
 URL is written to the URL file once it listens.
 """
