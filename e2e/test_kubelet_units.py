@@ -20,6 +20,8 @@ from e2e.kubelet.container import ContainerProcess
 from e2e.kubelet.env import ContainerConfigError, PodFields, expand, resolve_env
 from e2e.kubelet.gpus import GpuAllocator, InsufficientGpusError, gpu_uuid
 from e2e.kubelet.images import DEFAULT_IMAGE_MAP, REPO_ROOT, ImageEntry, ImageMap, ImageMapError, command_line
+from e2e.kubelet.pod_worker import PodWorker
+from e2e.kubelet.status import ContainerStatus, Terminated, now
 from e2e.kubelet.supervisor import Backoff
 from e2e.kubelet.sync import PodDecoder
 from e2e.kubelet.volumes import Mount
@@ -312,3 +314,94 @@ async def test_an_oci_stop_cancelled_during_the_grace_period_ends_cancelled_befo
     finally:
         process.kill()
         await process.wait()
+
+
+class StatusApi:
+    """The API server's `pods/status` endpoint as the kubelet's pod worker calls it: each write is counted and
+    answered with the Pod at the next resourceVersion."""
+
+    def __init__(self, version: int) -> None:
+        self.version = version
+        self.writes: list[dict[str, Any]] = []
+        self.calls = 0
+        self.answer_first = asyncio.Event()  # the first write is answered when this is set
+        self.answer_first.set()
+
+    async def patch_namespaced_pod_status(
+        self, name: str, namespace: str, body: dict[str, Any], _preload_content: bool
+    ) -> "StatusAnswer":
+        self.calls += 1
+        if self.calls == 1:
+            await self.answer_first.wait()
+        self.version += 1
+        self.writes.append(body)
+        return StatusAnswer({"metadata": {"name": name, "namespace": namespace, "resourceVersion": str(self.version)}})
+
+
+class StatusAnswer:
+    status = 200
+
+    def __init__(self, pod: dict[str, Any]) -> None:
+        self._body = json.dumps(pod).encode()
+
+    async def __aenter__(self) -> "StatusAnswer":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        return None
+
+    async def read(self) -> bytes:
+        return self._body
+
+
+def _versioned(version: int, ready: str | None) -> client.V1Pod:
+    pod = _pod()
+    pod.metadata.resource_version = str(version)
+    pod.status = client.V1PodStatus(conditions=[client.V1PodCondition(type="Ready", status=ready)] if ready else [])
+    return pod
+
+
+async def test_a_late_event_of_the_pod_sends_no_status_again_and_another_clients_readiness_change_does(
+    tmp_path: Path,
+) -> None:
+    """A watch event older than the kubelet's own status write (it lags on a busy API server) is not a change of
+    the Pod's readiness by another client; the node lifecycle controller's NotReady, written after it, is."""
+    api = StatusApi(version=10)
+    runtime = SimpleNamespace(config=SimpleNamespace(pods_dir=tmp_path), host_ip="127.0.0.1", core=api)
+    worker = PodWorker(runtime, _versioned(10, None))  # type: ignore[arg-type]
+    worker.state.start_time = now()
+    worker.state.initialized = True  # and no container to wait for: Ready
+    await worker._flush_status()
+    assert len(api.writes) == 1
+    assert api.version == 11
+
+    worker.update(_versioned(10, None))  # the event of the Pod before the write, arriving after it
+    await worker._flush_status()
+    assert len(api.writes) == 1, "a late event is no reason to write the same status again"
+
+    worker.update(_versioned(12, "False"))  # the node lifecycle controller marked it NotReady after the write
+    await worker._flush_status()
+    assert len(api.writes) == 2, "another client's readiness change is written over"
+
+
+async def test_a_stopped_pods_last_status_write_is_its_terminal_phase_however_the_writes_are_answered(
+    tmp_path: Path,
+) -> None:
+    """The reporter's write of the stopped container is slow to be answered; the final write, asked for
+    meanwhile (the Pod's deletion), goes after it and says Succeeded: the Pod never goes back to Running."""
+    api = StatusApi(version=10)
+    api.answer_first.clear()
+    runtime = SimpleNamespace(config=SimpleNamespace(pods_dir=tmp_path), host_ip="127.0.0.1", core=api)
+    worker = PodWorker(runtime, _versioned(10, None))  # type: ignore[arg-type]
+    worker.state.start_time = now()
+    worker.state.initialized = True
+    stopped = Terminated(0, "Completed", None, now(), None)
+    worker.state.containers = [ContainerStatus(name="c", image="i", state="terminated", terminated=stopped)]
+    reporter = asyncio.create_task(worker._flush_status())  # the container stopped: phase Running still
+    await asyncio.sleep(0)
+    worker.state.released = True  # and the Pod's resources are returned: Succeeded
+    final = asyncio.create_task(worker._flush_status())
+    await asyncio.sleep(0)
+    api.answer_first.set()
+    await asyncio.gather(reporter, final)
+    assert [write["status"]["phase"] for write in api.writes] == ["Running", "Succeeded"]

@@ -8,6 +8,7 @@ address and directories released.
 
 import asyncio
 import contextlib
+import json
 import logging
 import shutil
 from ipaddress import IPv4Address
@@ -54,6 +55,8 @@ class PodWorker:
         self._deleting = asyncio.Event()
         self._gone = asyncio.Event()
         self._last_sent: dict[str, object] | None = None
+        self._written_version = 0  # the Pod's resourceVersion as the last status write left it
+        self._status_written = asyncio.Lock()
         self._pod_dir = runtime.config.pods_dir / self.uid
         self.update(pod)
 
@@ -62,10 +65,16 @@ class PodWorker:
         return f"{self.pod.metadata.namespace}/{self.pod.metadata.name}"
 
     def update(self, pod: client.V1Pod) -> None:
-        """A newer version of the Pod object. When its status says other than this kubelet last sent (the
-        node lifecycle controller marks the Pods of a Node it lost NotReady), the status is sent again."""
+        """A newer version of the Pod object. When another client changed its readiness after this kubelet's
+        last status write (the node lifecycle controller marks the Pods of a Node it lost NotReady), the status
+        is sent again. A version older than that write is an event still on its way (a watch lags seconds
+        behind on a busy API server), not a change, and sends nothing."""
         self.pod = pod
-        if self._last_sent is not None and _readiness(pod) != _readiness_sent(self._last_sent):
+        if (
+            self._last_sent is not None
+            and int(pod.metadata.resource_version) > self._written_version
+            and _readiness(pod) != _readiness_sent(self._last_sent)
+        ):
             self._last_sent = None
             self._notify()
         if self._env is not None:
@@ -93,6 +102,9 @@ class PodWorker:
         reporter = asyncio.create_task(self._report_status())
         try:
             await self._deleting.wait()
+            # The stopped containers and the terminal phase go in the one write below, as a kubelet reports a
+            # Pod it terminates (the reporter wrote the containers' stop first: one more Pod write per Pod).
+            await self._cancel(reporter)
             grace = self._env.grace_seconds if self._env is not None else 0.0
             await self.stop(grace)
             await self._cancel(lifecycle)
@@ -183,10 +195,12 @@ class PodWorker:
         self._supervisors = init + main
         self.state.init = [s.status for s in init]
         self.state.containers = [s.status for s in main]
+        self.state.initialized = not init  # as a kubelet reports a Pod without init containers from the start
         self._notify()
         env.volumes = await self._volumes()
+        # Reported with the first container's start, as a kubelet reports the sandbox: a write of its own was one
+        # more Pod write per Pod, for a state that lasts milliseconds here.
         self.state.sandbox_ready = True
-        self._notify()
         for supervisor in init:
             await supervisor.run()
             result = supervisor.status.terminated
@@ -194,8 +208,9 @@ class PodWorker:
                 code = result.exit_code if result else "nothing"
                 await self._fail("InitContainerFailed", f"init container {supervisor.spec.name} exited with {code}")
                 return
-        self.state.initialized = True
-        self._notify()
+        if init:
+            self.state.initialized = True
+            self._notify()
         await asyncio.gather(*(s.run() for s in main))
         self._release_gpus()
 
@@ -231,6 +246,13 @@ class PodWorker:
             await asyncio.sleep(0.05)  # coalesce bursts of changes into one patch
 
     async def _flush_status(self) -> None:
+        """Write the status as it is now. One write at a time (the reporter's and the final one before the
+        Pod's deletion), each computed when its turn comes: a write computed earlier but answered later put a
+        stopped Pod back from Succeeded to Running."""
+        async with self._status_written:
+            await self._write_status()
+
+    async def _write_status(self) -> None:
         if self.state.start_time is None:
             return  # never run here (first seen ending or ended): its status is not ours to write
         body = pod_status(self.pod, self.state)
@@ -238,14 +260,16 @@ class PodWorker:
             return
         meta = self.pod.metadata
         try:
-            # The answer (the whole Pod) is not decoded into kubernetes-asyncio's models: nothing reads it.
+            # The answer (the whole Pod) is not decoded into kubernetes-asyncio's models: only its version is read.
             answer = await self._runtime.core.patch_namespaced_pod_status(
                 meta.name, meta.namespace, body, _preload_content=False
             )
             async with answer:
                 if answer.status >= 300:
                     raise ApiException(status=answer.status, reason=await answer.text())
+                written = json.loads(await answer.read())
             self._last_sent = body
+            self._written_version = int(written["metadata"]["resourceVersion"])
         except API_ERRORS as error:
             if isinstance(error, ApiException) and error.status in (404, 409):  # gone, or a new Pod of the name
                 return
