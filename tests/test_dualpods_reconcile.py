@@ -492,14 +492,19 @@ async def test_the_bind_write_carries_the_binding_and_the_instance(h: Harness) -
     assert ROUTING_LABEL not in labels(launcher)
     assert ROUTING_ANNOTATION not in annotations(launcher)
     assert labels(launcher)[keys.SLEEPING_LABEL] == "true"
-    assert h.journal.of("create_instance") == h.journal.of("wake") == []
+    # The bind's winner creates the instance in the same pass, so the requester's one write carries both its
+    # binding and its instance label.
+    assert h.journal.kinds() == [("update", LAUNCHER), ("create_instance", wanted), ("update", REQ)]
+    assert h.journal.of("wake") == []
+    assert labels(h.journal.written(REQ))[keys.DUAL_LABEL] == LAUNCHER
+    assert labels(h.journal.written(REQ))[keys.INSTANCE_LABEL] == wanted
 
 
 async def test_p2_binds_a_launcher_with_room_without_deleting_anything(h: Harness) -> None:
     h.put(requester_obj(), launcher_obj())
     h.views.put(launcher_obj(), inst("Iotheri", isc="isc2", port=8006))
     await h.reconcile()
-    assert h.journal.kinds() == [("update", LAUNCHER), ("update", REQ)]
+    assert h.journal.kinds() == [("update", LAUNCHER), ("create_instance", WANTED), ("update", REQ)]
     assert pods.labels(h.pod(REQ))[keys.DUAL_LABEL] == LAUNCHER
     assert keys.REQUESTER_FINALIZER in pods.finalizers(h.pod(REQ))
 
@@ -510,10 +515,12 @@ async def test_p3_binds_first_and_then_deletes_the_port_conflict_before_creating
     h.put(requester_obj(), launcher_obj())
     h.views.put(launcher_obj(), inst("Iconflicti", isc="isc2", port=PORT))
     await h.reconcile()
-    assert h.journal.kinds() == [("update", LAUNCHER), ("update", REQ)]
-    calls = await h.drive()
-    kinds = [(c.kind, c.target) for c in calls]
-    assert kinds.index(("delete_instance", "Iconflicti")) < kinds.index(("create_instance", WANTED))
+    assert h.journal.kinds() == [
+        ("update", LAUNCHER),
+        ("delete_instance", "Iconflicti"),
+        ("create_instance", WANTED),
+        ("update", REQ),
+    ]
     assert h.journal.of("delete_instance")[0].detail == "127.0.1.1"
 
 
@@ -577,6 +584,7 @@ async def test_stopped_and_portless_instances_on_a_candidate_are_deleted_and_not
         ("delete_instance", "Istoppedi"),
         ("delete_instance", "Iportlessi"),
         ("update", LAUNCHER),  # P2: the two did not count against maxInstances 2
+        ("create_instance", WANTED),
         ("update", REQ),
     ]
 
@@ -663,6 +671,32 @@ async def test_a_launcher_failing_to_create_is_retried_without_status_error(h: H
     with pytest.raises(HttpError):
         await h.reconcile()
     assert status_errors(h.pod(REQ)) is None
+
+
+async def test_a_launcher_failing_to_create_after_the_bind_leaves_the_creation_to_the_next_pass(h: Harness) -> None:
+    h.put(requester_obj(), launcher_obj())
+    h.views.put(launcher_obj())
+    h.launchers.refusal = refused(503)
+    await h.reconcile()  # the bind stands, and the requester is settled without an instance label
+    assert h.journal.kinds() == [("update", LAUNCHER), ("create_instance", WANTED), ("update", REQ)]
+    assert labels(h.pod(REQ))[keys.DUAL_LABEL] == LAUNCHER
+    assert keys.INSTANCE_LABEL not in labels(h.pod(REQ))
+    assert status_errors(h.pod(REQ)) is None
+    h.launchers.refusal = None
+    calls = await h.drive()  # CREATING, once the bind's event is in
+    assert [(c.kind, c.target) for c in calls] == [("create_instance", WANTED), ("update", REQ)]
+    assert labels(h.pod(REQ))[keys.INSTANCE_LABEL] == WANTED
+
+
+async def test_an_instance_refused_after_the_bind_is_a_status_error_of_the_bound_requester(h: Harness) -> None:
+    h.put(requester_obj(), launcher_obj())
+    h.views.put(launcher_obj())
+    h.launchers.refusal = refused(400)
+    with pytest.raises(RequesterProblem):
+        await h.reconcile()
+    assert labels(h.pod(REQ))[keys.DUAL_LABEL] == LAUNCHER
+    (error,) = status_errors(h.pod(REQ)) or []
+    assert error.startswith(f"launcher {LAUNCHER} refused the instance: ")
 
 
 async def test_a_persistent_problem_does_not_make_the_status_flap(h: Harness) -> None:
@@ -1041,10 +1075,9 @@ async def test_a_warm_actuation_reclaims_creates_and_serves(h: Harness) -> None:
     calls = await h.drive()
     assert [(c.kind, c.target) for c in calls] == [
         ("update", LAUNCHER),  # bind
-        ("update", REQ),  # settle
         ("delete_instance", "Iconflicti"),  # room for the instance, made by the binding's owner
         ("create_instance", WANTED),
-        ("update", REQ),  # the instance label, once the launcher reports it
+        ("update", REQ),  # its binding and its instance label, in one write
     ]
     h.views.views[LAUNCHER].instances[WANTED] = (
         h.views.views[LAUNCHER].instances[WANTED].model_copy(update={"ready": True})

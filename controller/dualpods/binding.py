@@ -6,27 +6,30 @@ The requester's ISC and LauncherConfig (parsed in the snapshot) give the launche
 instance it wants; the unbound launchers of that (LauncherConfig, node) whose instances are known are the
 candidates, tidied first (a stopped or portless instance goes; an awake one that nobody serves is put to
 sleep, so an unbound launcher never holds its GPU awake); selection.py picks P1/P2/P3. The bind write is
-the claim: optimistic, so of two requesters choosing one launcher only one wins. Room for the instance is
-made afterwards, by the winner alone (serving.py). A requester whose GPUs come through ResourceClaims (DRA)
-gets a Normal Event naming the devices its instance runs on.
+the claim: optimistic, so of two requesters choosing one launcher only one wins. The winner alone then makes
+room for the instance and creates it, in the same pass (serving.py; CREATING does it where that fails), so
+that the requester's binding and its instance label go in one write. A requester whose GPUs come through
+ResourceClaims (DRA) gets a Normal Event naming the devices its instance runs on.
 """
 
 import logging
 import time
 
 from api import keys
-from api.launcher import InstanceStatus, VllmConfig
+from api.launcher import InstanceState, InstanceStatus, VllmConfig
 from controller import pods
-from controller.dualpods import instance_sleep
+from controller.dualpods import instance_sleep, serving
 from controller.dualpods.identity import instance_id, launcher_instance_config, runtime_of
 from controller.dualpods.outcomes import DONE, Problem, StepResult, Wait
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, from_isc, problems
 from controller.dualpods.selection import Candidate, choose
-from controller.dualpods.snapshot import BoundNow
+from controller.dualpods.snapshot import BoundNow, own_metadata
 from controller.dualpods.writer import set_annotation, set_binding
+from controller.http import HttpError
 from controller.instance_probe import instance_port
 from controller.launcher_template import TemplateError, launcher_config_hash, node_independent_pod, pod_for_node
+from controller.launcher_views import LauncherView
 
 log = logging.getLogger(__name__)
 
@@ -81,12 +84,33 @@ async def bind(p: Pass, gpus: list[str] | None = None) -> StepResult:
         return Problem.of(f"InferenceServerConfig {s.isc_name} on launcher {plan.launcher}: " + "; ".join(found))
     p.memory.paths.setdefault(uid, "hot" if plan.priority == "P1" else "warm")
     log.info("binding requester %s to launcher %s (%s)", pods.name(requester), plan.launcher, plan.priority)
-    if await p.update(launcher, lambda pod: bind_metadata(pod, requester, wanted, config, routing), "bind"):
-        view = p.world.views.get(plan.launcher)
-        instance = view.instances.get(wanted) if view is not None else None
-        p.want("binding", settled=True, bound_now=BoundNow(launcher, instance))  # one requester write fewer
-        await _announce_devices(p, plan.launcher, wanted, gpus, node)
-    return DONE
+    if not await p.update(launcher, lambda pod: bind_metadata(pod, requester, wanted, config, routing), "bind"):
+        return DONE
+    bound = own_metadata(launcher)
+    bind_metadata(bound, requester, wanted, config, routing)
+    view = p.world.views.get(plan.launcher)
+    instance = view.instances.get(wanted) if view is not None else None
+    result: StepResult = DONE
+    if instance is None and view is not None and view.synced and pods.is_ready(launcher) and pods.pod_ip(launcher):
+        result = await _create_after_bind(p, bound, view, lc.spec.max_instances)
+        instance = view.instances.get(wanted)
+    p.want("binding", settled=True, bound_now=BoundNow(launcher, instance))  # one requester write fewer
+    await _announce_devices(p, plan.launcher, wanted, gpus, node)
+    return result
+
+
+async def _create_after_bind(p: Pass, launcher: pods.Pod, view: LauncherView, max_instances: int) -> StepResult:
+    """The instance the bind won, created in the same pass, so that the requester's binding and its instance
+    label go in one write (CREATING's pass after the bind's event wrote the label on its own: one Pod write per
+    requester). A launcher that fails to answer leaves it to CREATING, which reports what keeps failing."""
+    try:
+        created = await serving.create_on(p, launcher, view, max_instances)
+    except HttpError as err:
+        log.info(
+            "instance on launcher %s not created after the bind (%s); CREATING tries again", pods.name(launcher), err
+        )
+        return DONE
+    return DONE if isinstance(created, InstanceState) else created
 
 
 def _launcher_awaited(p: Pass, uid: str) -> str | None:

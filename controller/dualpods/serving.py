@@ -32,6 +32,7 @@ from controller.dualpods.status import reported_errors
 from controller.dualpods.writer import set_annotation, set_label
 from controller.http import HttpError
 from controller.launcher_client import error_reason
+from controller.launcher_views import LauncherView
 
 log = logging.getLogger(__name__)
 
@@ -89,38 +90,53 @@ async def create(p: Pass) -> StepResult:
     """Make room, then create the instance from the config committed at the bind (two or more launcher
     calls: the deletions of the reclaim, then the creation)."""
     s, launcher = p.s, p.provider
-    await _make_room(p)
+    assert s.view is not None
+    lc = s.provider_config.value
+    created = await create_on(p, launcher, s.view, lc.spec.max_instances if lc is not None else None)
+    if not isinstance(created, InstanceState):
+        return created
+    p.want("instance created", settled=True, bound_now=BoundNow(launcher, created))  # its label, in this pass
+    return DONE
+
+
+async def create_on(
+    p: Pass, launcher: pods.Pod, view: LauncherView, max_instances: int | None
+) -> InstanceState | StepResult:
+    """Make room on `launcher` (bound to the pass's requester: its instance annotations are the binding's) and
+    create the wanted instance there; the instance as created, or why not (DONE: it exists already)."""
     config = VllmConfig.model_validate_json(pods.annotations(launcher)[keys.VLLM_CONFIG_ANNOTATION])
+    wanted = pods.annotations(launcher)[keys.INSTANCE_ID_ANNOTATION]
+    ip = pods.pod_ip(launcher)
+    assert ip is not None  # the launcher is reachable where an instance is created
+    await _make_room(p, launcher, ip, view, max_instances)
     p.memory.paths.setdefault(pods.uid(p.requester), "warm")
     try:
-        created = await p.clients.launchers.create_instance(
-            launcher_ip(p), s.wanted, config, s.isc_name, pods.name(p.requester)
-        )
+        created = await p.clients.launchers.create_instance(ip, wanted, config, p.s.isc_name, pods.name(p.requester))
     except HttpError as err:
         if error_reason(err) is ErrorReason.ALREADY_EXISTS:
             return DONE  # created by an earlier pass; its events have not arrived yet
         if err.reply is not None and err.reply.status < 500:
             return Problem.of(f"launcher {pods.name(launcher)} refused the instance: {err}")
         raise
-    assert s.view is not None
-    s.view.created(created)  # the next pass must find it, whether or not its event has arrived by then
-    p.want("instance created", settled=True, bound_now=BoundNow(launcher, created))  # its label, in this pass
-    return DONE
+    view.created(created)  # the next pass must find it, whether or not its event has arrived by then
+    return created
 
 
-async def _make_room(p: Pass) -> None:
+async def _make_room(p: Pass, launcher: pods.Pod, ip: str, view: LauncherView, max_instances: int | None) -> None:
     """Delete the instances on the wanted port and the least recently used others beyond the
     LauncherConfig's maxInstances (FMA's reclaim)."""
-    s, launcher = p.s, p.provider
-    assert s.view is not None
-    lc = s.provider_config.value
-    others = [state for state in s.view.instances.values() if state.instance_id != s.wanted]
-    max_instances = lc.spec.max_instances if lc is not None else len(others) + 1
-    plan = plan_for(Candidate(pods.name(launcher), others), s.wanted, server_port(launcher), max_instances)
+    wanted = pods.annotations(launcher)[keys.INSTANCE_ID_ANNOTATION]
+    others = [state for state in view.instances.values() if state.instance_id != wanted]
+    plan = plan_for(
+        Candidate(pods.name(launcher), others),
+        wanted,
+        server_port(launcher),
+        max_instances if max_instances is not None else len(others) + 1,
+    )
     uid = pods.uid(p.requester)
     for victim in plan.victims:
-        log.info("deleting instance %s on launcher %s to make room for %s", victim, pods.name(launcher), s.wanted)
-        await p.clients.launchers.delete_instance(launcher_ip(p), victim, s.isc_name, pods.name(p.requester))
+        log.info("deleting instance %s on launcher %s to make room for %s", victim, pods.name(launcher), wanted)
+        await p.clients.launchers.delete_instance(ip, victim, p.s.isc_name, pods.name(p.requester))
     if plan.victims:
         p.memory.victims[uid] = p.memory.victims.get(uid, 0) + len(plan.victims)
 
