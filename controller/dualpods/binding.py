@@ -24,7 +24,7 @@ from controller.dualpods.outcomes import DONE, Problem, StepResult, Wait
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, from_isc, problems
 from controller.dualpods.selection import Candidate, choose
-from controller.dualpods.snapshot import BoundNow, own_metadata
+from controller.dualpods.snapshot import BoundNow, launcher_reachable, own_metadata
 from controller.dualpods.writer import set_annotation, set_binding
 from controller.http import HttpError
 from controller.instance_probe import instance_port
@@ -84,14 +84,14 @@ async def bind(p: Pass, gpus: list[str] | None = None) -> StepResult:
         return Problem.of(f"InferenceServerConfig {s.isc_name} on launcher {plan.launcher}: " + "; ".join(found))
     p.memory.paths.setdefault(uid, "hot" if plan.priority == "P1" else "warm")
     log.info("binding requester %s to launcher %s (%s)", pods.name(requester), plan.launcher, plan.priority)
-    if not await p.update(launcher, lambda pod: bind_metadata(pod, requester, wanted, config, routing), "bind"):
-        return DONE
     bound = own_metadata(launcher)
     bind_metadata(bound, requester, wanted, config, routing)
+    if not await p.update(launcher, lambda pod: pod.update(bound), "bind"):
+        return DONE
     view = p.world.views.get(plan.launcher)
     instance = view.instances.get(wanted) if view is not None else None
     result: StepResult = DONE
-    if instance is None and view is not None and view.synced and pods.is_ready(launcher) and pods.pod_ip(launcher):
+    if instance is None and view is not None and launcher_reachable(launcher, view):
         result = await _create_after_bind(p, bound, view, lc.spec.max_instances)
         instance = view.instances.get(wanted)
     p.want("binding", settled=True, bound_now=BoundNow(launcher, instance))  # one requester write fewer

@@ -108,7 +108,7 @@ async def create_on(
     wanted = pods.annotations(launcher)[keys.INSTANCE_ID_ANNOTATION]
     ip = pods.pod_ip(launcher)
     assert ip is not None  # the launcher is reachable where an instance is created
-    await _make_room(p, launcher, ip, view, max_instances)
+    await _make_room(p, launcher, ip, view, wanted, max_instances)
     p.memory.paths.setdefault(pods.uid(p.requester), "warm")
     try:
         created = await p.clients.launchers.create_instance(ip, wanted, config, p.s.isc_name, pods.name(p.requester))
@@ -122,10 +122,11 @@ async def create_on(
     return created
 
 
-async def _make_room(p: Pass, launcher: pods.Pod, ip: str, view: LauncherView, max_instances: int | None) -> None:
+async def _make_room(
+    p: Pass, launcher: pods.Pod, ip: str, view: LauncherView, wanted: str, max_instances: int | None
+) -> None:
     """Delete the instances on the wanted port and the least recently used others beyond the
     LauncherConfig's maxInstances (FMA's reclaim)."""
-    wanted = pods.annotations(launcher)[keys.INSTANCE_ID_ANNOTATION]
     others = [state for state in view.instances.values() if state.instance_id != wanted]
     plan = plan_for(
         Candidate(pods.name(launcher), others),

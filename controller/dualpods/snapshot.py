@@ -155,14 +155,7 @@ class Snapshot:
     @cached_property
     def reachable(self) -> bool:
         """The bound launcher serves its API and its instances are known."""
-        provider, view = self.provider, self.view
-        return (
-            provider is not None
-            and pods.pod_ip(provider) is not None
-            and pods.is_ready(provider)
-            and view is not None
-            and view.synced
-        )
+        return self.provider is not None and launcher_reachable(self.provider, self.view)
 
     @cached_property
     def instance(self) -> InstanceState | None:
@@ -215,6 +208,11 @@ class Snapshot:
         if self.requester is None or self.provider is None:
             return False
         return settled(self.requester, self) != self.requester
+
+
+def launcher_reachable(launcher: pods.Pod, view: LauncherView | None) -> bool:
+    """The launcher serves its API (it has an IP and is Ready) and its instances are known (its view synced)."""
+    return pods.pod_ip(launcher) is not None and pods.is_ready(launcher) and view is not None and view.synced
 
 
 def own_metadata(pod: pods.Pod) -> pods.Pod:

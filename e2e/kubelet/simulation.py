@@ -53,7 +53,7 @@ def url_file(state_dir: Path, role: Role, index: int) -> Path:
 
 def url_files(state_dir: Path, role: Role) -> list[Path]:
     """The control-URL files of every simulation process of `role` that has come up."""
-    return sorted(state_dir.glob(f"simulation-{role}*.url"))
+    return sorted(state_dir.glob(f"{process_name(role, 0)}*.url"))
 
 
 class SimulationClient:
