@@ -35,7 +35,7 @@ from e2e.chart import DUAL_PODS
 from e2e.profiles import RATE
 from e2e.scale import Phase, ScaleResult, ScaleSpec, Wave, quantile, run_scale
 
-TOP_RESOURCES = 8
+TOP_CALLS = 12
 
 
 def _cpu_line(phase: Phase) -> str:
@@ -45,9 +45,9 @@ def _cpu_line(phase: Phase) -> str:
 
 def _requests_line(phase: Phase) -> str:
     verbs = ", ".join(f"{verb} {count}" for verb, count in phase.requests_by_verb.items())
-    top = list(phase.requests_by_resource.items())[:TOP_RESOURCES]
-    return f"{sum(phase.requests_by_verb.values())} ({verbs}); top resources: " + ", ".join(
-        f"{resource} {count}" for resource, count in top
+    top = list(phase.requests_by_call.items())[:TOP_CALLS]
+    return f"{sum(phase.requests_by_verb.values())} ({verbs}); most: " + ", ".join(
+        f"{call} {count}" for call, count in top
     )
 
 

@@ -94,7 +94,7 @@ class Phase:
     seconds: float
     cpu: dict[str, float]
     requests_by_verb: dict[str, int]
-    requests_by_resource: dict[str, int]
+    requests_by_call: dict[str, int]  # "VERB resource[/subresource]" -> count
 
 
 @dataclass
@@ -317,7 +317,8 @@ class Processes:
 
 
 async def api_requests(cluster: LoopbackCluster) -> tuple[collections.Counter[str], collections.Counter[str]]:
-    """The API server's own count of the requests it served, by verb and by resource[/subresource]."""
+    """The API server's own count of the requests it served, by verb and by call (the verb and the
+    resource[/subresource]: "PATCH pods/status")."""
     state = cluster.state_dir
     tls = ssl.create_default_context(cafile=str(state / "pki" / "ca.crt"))
     tls.load_cert_chain(state / "pki" / "admin.crt", state / "pki" / "admin.key")
@@ -325,7 +326,7 @@ async def api_requests(cluster: LoopbackCluster) -> tuple[collections.Counter[st
                                                                ssl=tls) as answer:  # fmt: skip
         text = await answer.text()
     by_verb: collections.Counter[str] = collections.Counter()
-    by_resource: collections.Counter[str] = collections.Counter()
+    by_call: collections.Counter[str] = collections.Counter()
     for family in text_string_to_metric_families(text):
         if family.name != "apiserver_request":
             continue
@@ -335,8 +336,8 @@ async def api_requests(cluster: LoopbackCluster) -> tuple[collections.Counter[st
             labels = sample.labels
             by_verb[labels.get("verb", "")] += int(sample.value)
             resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
-            by_resource[resource] += int(sample.value)
-    return by_verb, by_resource
+            by_call[f"{labels.get('verb', '')} {resource}"] += int(sample.value)
+    return by_verb, by_call
 
 
 class Meter:
@@ -349,17 +350,17 @@ class Meter:
     async def start(self) -> None:
         self._started = time.monotonic()
         self._cpu = self._processes.cpu()
-        self._by_verb, self._by_resource = await api_requests(self._cluster)
+        self._by_verb, self._by_call = await api_requests(self._cluster)
 
     async def stop(self) -> Phase:
         seconds = time.monotonic() - self._started
         cpu = self._processes.cpu()
-        by_verb, by_resource = await api_requests(self._cluster)
+        by_verb, by_call = await api_requests(self._cluster)
         return Phase(
             seconds=seconds,
             cpu={name: round(used - self._cpu.get(name, 0.0), 2) for name, used in cpu.items()},
             requests_by_verb=dict((by_verb - self._by_verb).most_common()),
-            requests_by_resource=dict((by_resource - self._by_resource).most_common()),
+            requests_by_call=dict((by_call - self._by_call).most_common()),
         )
 
 

@@ -15,6 +15,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from api.keys import GPU_MAP_CONFIGMAP
 from e2e.cluster.cluster import LoopbackCluster, node_is_ready
+from e2e.kubelet.objects import ObjectWatches
 from e2e.waiting import wait_for, wait_service_account
 
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
@@ -468,6 +469,42 @@ async def test_volumes_and_configuration_errors(
         core, namespace, "late-key", "to run once the key exists", lambda p: p.status.phase == "Succeeded", within=40
     )
     assert cluster.container_log(pod, "main").strip() == "7"
+
+
+async def test_the_config_maps_and_secrets_of_a_nodes_pods_are_watched_while_a_pod_uses_them(
+    api: client.ApiClient, namespace: str
+) -> None:
+    """The kubelet's cache of ConfigMaps and Secrets: a first read waits for its watch's list, a change and an
+    object created after the first read reach later reads, and a watch stops when the last Pod using it ends."""
+    core = client.CoreV1Api(api)
+    objects = ObjectWatches(core)
+    first, second = objects.fetch_for("uid-first"), objects.fetch_for("uid-second")
+    await core.create_namespaced_config_map(namespace, {"metadata": {"name": "settings"}, "data": {"mode": "fast"}})
+    try:
+        assert await first("configmap", namespace, "settings") == {"mode": "fast"}
+        assert await second("secret", namespace, "creds") is None
+        assert await second("configmap", namespace, "settings") == {"mode": "fast"}
+
+        await core.patch_namespaced_config_map("settings", namespace, {"data": {"mode": "slow"}})
+        await core.create_namespaced_secret(
+            namespace, {"metadata": {"name": "creds"}, "stringData": {"password": "s3cr3t"}}
+        )
+
+        async def changed() -> bool:
+            return await first("configmap", namespace, "settings") == {"mode": "slow"}
+
+        async def created() -> bool:
+            return await second("secret", namespace, "creds") == {"password": "s3cr3t"}
+
+        await wait_for(changed, what="the ConfigMap's change in the cache", within=10)
+        await wait_for(created, what="the Secret created after the first read, in the cache", within=10)
+
+        await objects.release("uid-first")
+        assert objects.watched == {("configmap", namespace, "settings"), ("secret", namespace, "creds")}
+        await objects.release("uid-second")
+        assert objects.watched == set()
+    finally:
+        await objects.close()
 
 
 async def test_lost_node_pods_are_recreated_elsewhere(

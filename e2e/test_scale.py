@@ -17,7 +17,7 @@ async def test_forty_requesters_on_ten_simulated_nodes(tmp_path: Path) -> None:
     result = await run_scale(spec, tmp_path)
 
     assert result.launchers_created_seconds <= result.launchers_ready_seconds
-    assert result.populator_phase.requests_by_resource.get("pods/binding") == 40, "one launcher per GPU"
+    assert result.populator_phase.requests_by_call.get("POST pods/binding") == 40, "one launcher per GPU"
     assert result.idle_phase is not None
     assert result.idle_phase.seconds >= 2
     first, swap = result.waves

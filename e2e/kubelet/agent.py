@@ -13,6 +13,7 @@ from e2e.kubelet.events import EventRecorder
 from e2e.kubelet.gpus import GpuAllocator
 from e2e.kubelet.images import ImageMap
 from e2e.kubelet.node import NodeRegistration
+from e2e.kubelet.objects import ObjectWatches
 from e2e.kubelet.runtime import NodeRuntime
 from e2e.kubelet.simulation import Simulations
 from e2e.kubelet.sync import PodSync
@@ -42,6 +43,7 @@ class NodeAgent:
             core=core,
             events=EventRecorder(core, node.name),
             images=images,
+            objects=ObjectWatches(core),
             config=config,
             oci_owner=oci_owner,
             simulations=simulations,
@@ -74,6 +76,7 @@ class NodeAgent:
         Its Pods stay in the API until the controller-manager's pod GC removes them (about 40-60 s)."""
         await self._cancel_tasks()
         await self._sync.abandon()
+        await self.runtime.objects.close()
         await self.registration.delete()
         log.info("lost node %s", self.config.name)
 
@@ -81,3 +84,4 @@ class NodeAgent:
         """The kubelet stops: containers get `grace_seconds`, the Node object stays (it goes NotReady)."""
         await self._cancel_tasks()
         await self._sync.stop_all(grace_seconds)
+        await self.runtime.objects.close()

@@ -47,6 +47,7 @@ class PodWorker:
         self._runtime = runtime
         self.pod = pod
         self.uid: str = pod.metadata.uid
+        self.fetch = runtime.objects.fetch_for(self.uid)  # its ConfigMaps and Secrets
         self.state = PodState(host_ip=runtime.host_ip)
         self._env: PodEnvironment | None = None
         self._supervisors: list[ContainerSupervisor] = []
@@ -121,6 +122,7 @@ class PodWorker:
             if self._address is not None:
                 self._runtime.addresses.release(self._address)
             shutil.rmtree(self._pod_dir, ignore_errors=True)
+            await self._runtime.objects.release(self.uid)
 
     def kill(self) -> None:
         """Kill every container at once (a lost node, a kubelet shutting down)."""
@@ -169,7 +171,7 @@ class PodWorker:
             await self._fail("UnexpectedAdmissionError", str(error))
             return
         self._address = self._runtime.addresses.host_ip if spec.host_network else self._runtime.addresses.allocate()
-        env = PodEnvironment(pod, str(self._address))
+        env = PodEnvironment(pod, str(self._address), self.fetch)
         self._env = env
         self.state.pod_ip = str(self._address)
         offset = 0
@@ -231,7 +233,7 @@ class PodWorker:
             try:
                 fields = PodFields(self.pod, self._env.pod_ip, self._runtime.host_ip)
                 return await materialize(
-                    self.pod, self._pod_dir, fields, self._runtime.fetch, self._runtime.service_account_token
+                    self.pod, self._pod_dir, fields, self.fetch, self._runtime.service_account_token
                 )
             except _RETRIED as error:
                 message = describe(error) if isinstance(error, API_ERRORS) else str(error)

@@ -1,16 +1,15 @@
 """What a Pod worker needs from its Node and from the kubelet process, in one place."""
 
-import base64
 from dataclasses import dataclass
 
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from e2e.kubelet.addresses import AddressBlock
 from e2e.kubelet.config import GpuMode, KubeletConfig
 from e2e.kubelet.events import EventRecorder
 from e2e.kubelet.gpus import GpuAllocator
 from e2e.kubelet.images import ImageMap
+from e2e.kubelet.objects import ObjectWatches
 from e2e.kubelet.simulation import Simulations
 
 
@@ -22,6 +21,7 @@ class NodeRuntime:
     core: client.CoreV1Api
     events: EventRecorder
     images: ImageMap
+    objects: ObjectWatches  # the ConfigMaps and Secrets its Pods use
     config: KubeletConfig
     # The label of this kubelet's OCI containers (`oci.py`); None where podman is not installed, so every
     # container runs as a local process.
@@ -54,20 +54,6 @@ class NodeRuntime:
             "KUBERNETES_PORT_443_TCP_ADDR": host,
             "KUBERNETES_PORT_443_TCP_PORT": port,
         }
-
-    async def fetch(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
-        """A ConfigMap's or Secret's data (decoded), or None when it does not exist."""
-        try:
-            if kind == "secret":
-                secret = await self.core.read_namespaced_secret(name, namespace)
-                return {k: base64.b64decode(v).decode(errors="replace") for k, v in (secret.data or {}).items()}
-            config_map = await self.core.read_namespaced_config_map(name, namespace)
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-        binary = {k: base64.b64decode(v).decode(errors="replace") for k, v in (config_map.binary_data or {}).items()}
-        return {**binary, **(config_map.data or {})}
 
     async def service_account_token(self, pod: client.V1Pod, audience: str | None, expiration_seconds: int) -> str:
         """A token of the Pod's ServiceAccount bound to the Pod (the TokenRequest API, as a kubelet asks)."""

@@ -15,7 +15,7 @@ from e2e.kubelet import oci, probes
 from e2e.kubelet.apierrors import API_ERRORS, describe
 from e2e.kubelet.cdi import gpu_env
 from e2e.kubelet.container import ContainerProcess
-from e2e.kubelet.env import ContainerConfigError, PodFields, expand, resolve_env
+from e2e.kubelet.env import ContainerConfigError, Fetch, PodFields, expand, resolve_env
 from e2e.kubelet.http_probe import HttpProbe
 from e2e.kubelet.images import REPO_ROOT, command_line
 from e2e.kubelet.logs import container_log
@@ -80,6 +80,7 @@ class PodEnvironment:
 
     pod: client.V1Pod
     pod_ip: str
+    fetch: Fetch  # the Pod's ConfigMaps and Secrets (`objects.py`)
     volumes: dict[str, Path] = field(default_factory=dict)
     gpus: dict[str, list[str]] = field(default_factory=dict)  # container name -> GPU UUIDs
 
@@ -131,7 +132,7 @@ class ContainerSupervisor:
         OCI runtime), else the image map's local command (the process runtime)."""
         pod = self._pod.pod
         fields = PodFields(pod, self._pod.pod_ip, self._runtime.host_ip)
-        pod_env = await resolve_env(self.spec, fields, self._runtime.service_env(), self._runtime.fetch)
+        pod_env = await resolve_env(self.spec, fields, self._runtime.service_env(), self._pod.fetch)
         held = self._pod.gpus.get(self.spec.name, [])
         if held or self._runtime.gpu_mode == "dra":  # on a DRA Node only claims reach GPUs, `all` reaches none
             pod_env.update(gpu_env(held, cdi=self._runtime.gpus_through_cdi))
