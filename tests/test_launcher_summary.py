@@ -1,5 +1,5 @@
 """What is hot where: a launcher's instance summary (api/launcher_summary.py), the controller loop that keeps it on
-the launcher Pod (controller/dualpods/launcher_summaries.py, over the fakes of tests/test_dualpods_fakes.py), and
+the launcher Pod (controller/dualpods/drains.py, over the fakes of tests/test_dualpods_fakes.py), and
 `kubectl dualpods status`'s arrangement of it (controller/fleet_view.py). The plugin against a real API server is in
 e2e/test_dualpods_launcher.py."""
 
@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from api import launcher_summary
+from api import keys, launcher_summary
 from api.launcher import InstanceState
 from api.launcher_summary import MAX_INSTANCES, SummaryState, model_name, summarize
 from controller import pods
@@ -96,7 +96,7 @@ def test_an_annotation_that_is_not_a_summary_reads_as_none() -> None:
 async def test_the_controller_writes_a_launchers_summary_once_and_again_when_it_changes(h: Harness) -> None:
     h.put(launcher_obj())
     h.views.put(h.pod(LAUNCHER), inst("a", sleeping=False), inst("b", sleeping=True, gpus=(GPU1,)))
-    await h.controller.summaries.reconcile(LAUNCHER)
+    await h.controller.drains.reconcile(LAUNCHER)
     summary = launcher_summary.parse(pods.annotations(h.pod(LAUNCHER)).get(launcher_summary.ANNOTATION))
     assert summary is not None
     assert [(e.id, e.state, e.gpus) for e in summary.instances] == [
@@ -104,28 +104,44 @@ async def test_the_controller_writes_a_launchers_summary_once_and_again_when_it_
         ("b", SummaryState.ASLEEP, [GPU1]),
     ]
     written = len(h.journal)
-    await h.controller.summaries.reconcile(LAUNCHER)
+    await h.controller.drains.reconcile(LAUNCHER)
     assert len(h.journal) == written, "an unchanged launcher is not written"
 
     h.views.put(h.pod(LAUNCHER), inst("a", sleeping=True))
-    await h.controller.summaries.reconcile(LAUNCHER)
+    await h.controller.drains.reconcile(LAUNCHER)
     summary = launcher_summary.parse(pods.annotations(h.pod(LAUNCHER)).get(launcher_summary.ANNOTATION))
     assert summary is not None
     assert [(e.id, e.state) for e in summary.instances] == [("a", SummaryState.ASLEEP)]
 
 
+async def test_an_instance_gone_to_sleep_changes_the_summary_and_the_warm_label_in_one_write(h: Harness) -> None:
+    h.put(launcher_obj())
+    h.views.put(h.pod(LAUNCHER), inst("a", sleeping=False))
+    await h.controller.drains.reconcile(LAUNCHER)
+    assert keys.LAUNCHER_WARM_LABEL not in pods.labels(h.pod(LAUNCHER))
+    written = len(h.journal)
+
+    h.views.put(h.pod(LAUNCHER), inst("a", sleeping=True))
+    await h.controller.drains.reconcile(LAUNCHER)
+    assert len(h.journal) == written + 1
+    summary = launcher_summary.of_pod(h.pod(LAUNCHER))
+    assert summary is not None
+    assert [e.state for e in summary.instances] == [SummaryState.ASLEEP]
+    assert pods.labels(h.pod(LAUNCHER)).get(keys.LAUNCHER_WARM_LABEL) == "true"
+
+
 async def test_an_unreached_launcher_keeps_its_last_summary(h: Harness) -> None:
     h.put(launcher_obj())
     h.views.put(h.pod(LAUNCHER), inst("a"))
-    await h.controller.summaries.reconcile(LAUNCHER)
+    await h.controller.drains.reconcile(LAUNCHER)
     written = len(h.journal)
     h.views.put(h.pod(LAUNCHER), synced=False)
-    await h.controller.summaries.reconcile(LAUNCHER)
+    await h.controller.drains.reconcile(LAUNCHER)
     assert len(h.journal) == written
 
 
 async def test_a_views_change_queues_its_launcher_once_it_settled(h: Harness) -> None:
-    summaries = h.controller.summaries
+    summaries = h.controller.drains
     summaries.settle_s = 0.05
     h.views.changed(LAUNCHER)
     h.views.changed(LAUNCHER)

@@ -25,7 +25,6 @@ from controller.dualpods.devices import SliceDevices
 from controller.dualpods.direct import GPU, NOMINAL
 from controller.dualpods.drains import DEFAULT_TIMEOUT_S, DrainRewarmer
 from controller.dualpods.isc_status import LAUNCHERS_BY_SUMMARY_ISC, REQUESTERS_BY_ISC, served, summary_iscs
-from controller.dualpods.launcher_summaries import LauncherSummaries
 from controller.dualpods.memory import Memory
 from controller.dualpods.metrics import DualPodsMetrics
 from controller.dualpods.nominal import gpu_keys
@@ -140,7 +139,6 @@ class DualPodsController:
             {Phase.LAUNCHER_STARTING.value: start},
         )
         self.reconciler = Reconciler(World(namespace, caches, views, clients, Memory(), metrics, options_))
-        self.summaries = LauncherSummaries(namespace, caches.pods, views, clients.pods)
         self.drains = DrainRewarmer(namespace, caches, views, clients, options.drain_rewarm_timeout_s)
         caches.pods.subscribe(self._count_requesters)
         caches.iscs.subscribe(self._count_iscs)
@@ -167,10 +165,9 @@ class DualPodsController:
                          len(self.caches.nodes.items()))  # fmt: skip
                 process = timed(self._process, self.metrics.reconcile_own_seconds, lambda key: key.kind.value)
                 tasks.create_task(run_workers(self.queue, process, self.options.workers))
-                tasks.create_task(self.summaries.run())
                 tasks.create_task(self.drains.run())
         finally:
-            for queue in (self.queue, self.summaries.queue, self.drains.queue):
+            for queue in (self.queue, self.drains.queue):
                 queue.shutdown()
 
     async def _process(self, key: Key) -> float | None:

@@ -22,20 +22,20 @@ import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from api import keys
+from api import keys, launcher_summary
 from api.crds import InferenceServerConfig, LauncherConfig
 from api.launcher import ErrorReason
 from controller import pods
 from controller.dualpods.collaborators import Clients
 from controller.dualpods.drain_plan import DrainPlan, LauncherFacts, plan, sleeping
 from controller.dualpods.gpu_map import gpu_locations
-from controller.dualpods.launcher_summaries import SETTLE_S
+from controller.dualpods.launcher_summaries import SETTLE_S, summary_text
 from controller.dualpods.snapshot import Caches, parse
 from controller.dualpods.writer import set_annotation, set_label
 from controller.http import HttpError
 from controller.informer import Obj
 from controller.launcher_client import error_reason
-from controller.launcher_views import ViewSource
+from controller.launcher_views import LauncherView, ViewSource
 from controller.workqueue import WorkQueue, run_workers
 
 log = logging.getLogger(__name__)
@@ -78,16 +78,16 @@ class DrainRewarmer:
             return None
         held = bool(sleeping(list(view.instances.values())))
         if not _cordoned(self._node_of(pod)):
-            await self._keep(pod, warm=held, drain_started=None)
+            await self._keep(pod, view, warm=held, drain_started=None)
             return None
         started = _started(pod) or self.now()
         if not held or not view.extensions:
-            await self._keep(pod, warm=False, drain_started=started)
+            await self._keep(pod, view, warm=False, drain_started=started)
             return None
         if (self.now() - started).total_seconds() > self.timeout_s:
             await self._tell(pod, "Warning", "DrainRewarmTimeout", f"its sleepers were not all copied to other "
                              f"nodes within {self.timeout_s:g} s; letting the drain evict it")  # fmt: skip
-            await self._keep(pod, warm=False, drain_started=started)
+            await self._keep(pod, view, warm=False, drain_started=started)
             return None
         drain = plan(self._facts(pod), self._others(pod), self._iscs())
         await self._act(pod, drain)
@@ -95,7 +95,7 @@ class DrainRewarmer:
             # One of them may be where a stranded sleeper goes (a controller that just started knows no launcher
             # yet): the drain keeps waiting rather than finding nowhere to copy it and letting the launcher go.
             log.info("drain of %s: waiting for the instances of launchers %s", pods.name(pod), ", ".join(unseen))
-            await self._keep(pod, warm=True, drain_started=started)
+            await self._keep(pod, view, warm=True, drain_started=started)
             return RECHECK_S
         for sleeper, why in drain.stranded.items():
             await self._tell(pod, "Warning", "DrainStranded", f"sleeping instance {sleeper} cannot be copied "
@@ -105,7 +105,7 @@ class DrainRewarmer:
             await self._tell(
                 pod, "Normal", "DrainRewarmed", f"its sleepers are asleep on other nodes: {where or 'none'}"
             )
-        await self._keep(pod, warm=not drain.done, drain_started=started)
+        await self._keep(pod, view, warm=not drain.done, drain_started=started)
         return None if drain.done else RECHECK_S
 
     async def _act(self, source: Obj, drain: DrainPlan) -> None:
@@ -124,17 +124,20 @@ class DrainRewarmer:
                      sleep.instance.instance_id, sleep.target)  # fmt: skip
             await launchers.sleep(self._ip(sleep.target), sleep.instance.instance_id, sleep.isc, "")
 
-    async def _keep(self, pod: Obj, *, warm: bool, drain_started: datetime | None) -> None:
-        """The warm label and the drain's start time, written at most once per pass and only when they differ."""
+    async def _keep(self, pod: Obj, view: LauncherView, *, warm: bool, drain_started: datetime | None) -> None:
+        """The instance summary, the warm label and the drain's start time, in one write per pass and only when
+        one of them differs (an instance that goes to sleep changes both the summary and the label)."""
         stamp = drain_started.isoformat() if drain_started is not None else None
+        summary = summary_text(pod, view, self.now())
 
         def mutate(p: Obj) -> None:
+            set_annotation(p, launcher_summary.ANNOTATION, summary)
             set_label(p, keys.LAUNCHER_WARM_LABEL, WARM if warm else None)
             set_annotation(p, keys.DRAIN_STARTED_ANNOTATION, stamp)
 
         if not warm and keys.LAUNCHER_WARM_LABEL in pods.labels(pod) and drain_started is not None:
             log.info("launcher %s may go: its drain holds it no more", pods.name(pod))
-        await self.clients.pods.update(pod, mutate, "warm" if warm else "not warm")
+        await self.clients.pods.update(pod, mutate, "summary, warm" if warm else "summary, not warm")
 
     async def _tell(self, pod: Obj, type_: str, reason: str, message: str) -> None:
         """An Event once per launcher and message (a drain's pass repeats every RECHECK_S)."""
