@@ -41,7 +41,7 @@ from controller.populator.key import LauncherKey, launcher_key, selector
 from controller.populator.kubeapi import COMPONENT, KubeLauncherApi
 from controller.populator.metrics import LauncherPodCount
 from controller.populator.nodes import NodeFacts
-from controller.populator.phases import Thresholds
+from controller.populator.phases import Thresholds, template_hash
 from controller.populator.reconcile import KeyReconciler
 from controller.populator.refusals import Refusal
 from controller.populator.status import config_status, policy_status
@@ -221,9 +221,10 @@ class Populator:
                 self._expectations.observe_deletion(key, new["metadata"]["uid"])
         elif new is None and old is not None and (key := launcher_key(old)) is not None:
             self._expectations.observe_deletion(key, old["metadata"]["uid"])
-        for pod in (old, new):
-            if pod is not None and (key := launcher_key(pod)) is not None:
-                self._key_queue.add(key)
+        if _key_facts(old) != _key_facts(new):
+            for pod in (old, new):
+                if pod is not None and (key := launcher_key(pod)) is not None:
+                    self._key_queue.add(key)
         if new is not None:
             running = pods.container_running(new) and not pods.is_failed(new)
             incarnation = (new["metadata"]["uid"], pods.restart_count(new))
@@ -322,3 +323,24 @@ def _population_facts(pod: Obj | None) -> tuple[bool, bool, bool, str | None] | 
         return None
     stuck = pods.labels(pod).get(keys.LAUNCHER_STUCK_LABEL) == "true"
     return pods.is_deleting(pod), pods.is_ready(pod), stuck, pods.unschedulable(pod)
+
+
+def _key_facts(pod: Obj | None) -> tuple[object, ...] | None:
+    """What a key's reconcile decides on of a launcher (reconcile.py, phases.py, stuck.py): which Pod it is, its
+    binding, template, readiness, scheduling and stuckness. The dual-pods controller's other writes (instance
+    summaries, routing and warm labels) change none of them and queue no pass; the reconcile reads the rest
+    (its sleepers, their last use) from the cache when something else brings it."""
+    if pod is None:
+        return None
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    scheduled = next(
+        ((c.get("status"), c.get("lastTransitionTime")) for c in conditions if c.get("type") == "PodScheduled"), None
+    )
+    return (
+        _population_facts(pod),
+        pods.uid(pod),
+        pods.binding(pod),
+        template_hash(pod),
+        scheduled,
+        launcher_key(pod),
+    )
