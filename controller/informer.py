@@ -100,6 +100,10 @@ class Informer:
     def by_index(self, index: str, value: str) -> list[Obj]:
         return [self._store[k] for k in sorted(self._indexes[index].get(value, ()))]
 
+    def count(self, index: str, value: str) -> int:
+        """How many objects `by_index` would return, without building the list."""
+        return len(self._indexes[index].get(value, ()))
+
     def add_index(self, name: str, func: IndexFunc) -> None:
         self._indexers[name] = func
         index: defaultdict[str, set[str]] = defaultdict(set)

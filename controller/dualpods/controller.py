@@ -295,7 +295,7 @@ class DualPodsController:
     def _count_requesters(self, old: Obj | None, new: Obj | None) -> None:
         """`fma_requester_count` of each ISC the changed Pod names (kept at 0 once none do, as FMA's)."""
         for isc in {name for pod in (old, new) if pod is not None for name in _requester_isc(pod)}:
-            self.metrics.requester_count.labels(isc).set(len(self.caches.pods.by_index(REQUESTERS_BY_ISC, isc)))
+            self.metrics.requester_count.labels(isc).set(self.caches.pods.count(REQUESTERS_BY_ISC, isc))
 
     def _forget_deleted_pod(self, old: Obj | None, new: Obj | None) -> None:
         """A deleted requester's or provider's fma_duality series go with it."""
@@ -305,7 +305,7 @@ class DualPodsController:
     def _count_iscs(self, old: Obj | None, new: Obj | None) -> None:
         """`fma_isc_count` of the LauncherConfig(s) the changed ISC names."""
         for lc in {_launcher_config_name(isc) for isc in (old, new) if isc is not None}:
-            count = len(self.caches.iscs.by_index(ISCS_BY_LAUNCHER_CONFIG, lc))
+            count = self.caches.iscs.count(ISCS_BY_LAUNCHER_CONFIG, lc)
             self.metrics.isc_count.labels(lc).set(count)
 
 
