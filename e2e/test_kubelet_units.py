@@ -20,6 +20,7 @@ from e2e.kubelet.container import ContainerProcess
 from e2e.kubelet.env import ContainerConfigError, PodFields, expand, resolve_env
 from e2e.kubelet.gpus import GpuAllocator, InsufficientGpusError, gpu_uuid
 from e2e.kubelet.images import DEFAULT_IMAGE_MAP, REPO_ROOT, ImageEntry, ImageMap, ImageMapError, command_line
+from e2e.kubelet.objects import ObjectWatches
 from e2e.kubelet.pod_worker import PodWorker
 from e2e.kubelet.status import ContainerStatus, Terminated, now
 from e2e.kubelet.supervisor import Backoff
@@ -361,13 +362,21 @@ def _versioned(version: int, ready: str | None) -> client.V1Pod:
     return pod
 
 
+def _status_runtime(pods_dir: Path, core: Any) -> SimpleNamespace:
+    """What a PodWorker reads of its Node to write its Pod's status (`core`: a fake CoreV1Api, never asked for
+    ConfigMaps or Secrets)."""
+    return SimpleNamespace(
+        config=SimpleNamespace(pods_dir=pods_dir), host_ip="127.0.0.1", core=core, objects=ObjectWatches(core)
+    )
+
+
 async def test_a_late_event_of_the_pod_sends_no_status_again_and_another_clients_readiness_change_does(
     tmp_path: Path,
 ) -> None:
     """A watch event older than the kubelet's own status write (it lags on a busy API server) is not a change of
     the Pod's readiness by another client; the node lifecycle controller's NotReady, written after it, is."""
     api = StatusApi(version=10)
-    runtime = SimpleNamespace(config=SimpleNamespace(pods_dir=tmp_path), host_ip="127.0.0.1", core=api)
+    runtime = _status_runtime(tmp_path, api)
     worker = PodWorker(runtime, _versioned(10, None))  # type: ignore[arg-type]
     worker.state.start_time = now()
     worker.state.initialized = True  # and no container to wait for: Ready
@@ -391,7 +400,7 @@ async def test_a_stopped_pods_last_status_write_is_its_terminal_phase_however_th
     meanwhile (the Pod's deletion), goes after it and says Succeeded: the Pod never goes back to Running."""
     api = StatusApi(version=10)
     api.answer_first.clear()
-    runtime = SimpleNamespace(config=SimpleNamespace(pods_dir=tmp_path), host_ip="127.0.0.1", core=api)
+    runtime = _status_runtime(tmp_path, api)
     worker = PodWorker(runtime, _versioned(10, None))  # type: ignore[arg-type]
     worker.state.start_time = now()
     worker.state.initialized = True

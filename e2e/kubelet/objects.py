@@ -81,12 +81,16 @@ class ObjectWatches:
         return watched
 
     async def release(self, pod_uid: str) -> None:
-        """The Pod ended here: the watches of objects no other Pod references stop."""
+        """The Pod ended here: the watches of objects no other Pod references stop. (They leave the table before
+        the first await, so a Pod that reads one of them meanwhile starts a watch of its own.)"""
+        unused = []
         for reference, watched in list(self._watched.items()):
             watched.pods.discard(pod_uid)
             if not watched.pods:
                 del self._watched[reference]
-                await _stop(watched.task)
+                unused.append(watched.task)
+        for task in unused:
+            await _stop(task)
 
     async def close(self) -> None:
         """Every watch stops (the kubelet shuts down or loses its Node)."""
