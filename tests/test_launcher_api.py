@@ -313,16 +313,33 @@ async def test_gpu_uuids_become_cuda_visible_devices(http: aiohttp.ClientSession
     assert state["env_vars"] == {"CUDA_VISIBLE_DEVICES": "1,0"}
 
 
+def process_titles(launcher: LauncherProcess) -> dict[int, tuple[int, str]]:
+    """PID -> (parent PID, process title) of the launcher's descendants still alive when read: one that exits
+    between the listing and the reading of its title (an instance just killed) is gone, not an error."""
+    titles = {}
+    for process in launcher.descendants():
+        try:
+            titles[process.pid] = (process.ppid(), " ".join(process.cmdline()).strip())
+        except psutil.NoSuchProcess:  # a zombie too (its subclass)
+            continue
+    return titles
+
+
 def instance_processes(launcher: LauncherProcess) -> dict[str, int]:
     """Instance ID -> PID of the launcher's forked children (not its zygotes), from their process titles."""
     assert launcher.process is not None
-    titles = {p.pid: " ".join(p.cmdline()).strip() for p in launcher.descendants() if p.ppid() == launcher.process.pid}
-    prefix = "dualpods-instance "
-    return {t.removeprefix(prefix): pid for pid, t in titles.items() if t.startswith(prefix)}
+    parent, prefix = launcher.process.pid, "dualpods-instance "
+    return {
+        t.removeprefix(prefix): pid
+        for pid, (ppid, t) in process_titles(launcher).items()
+        if ppid == parent and t.startswith(prefix)
+    }
 
 
 def zygote_pid(launcher: LauncherProcess) -> int | None:
-    found = [p.pid for p in launcher.descendants() if " ".join(p.cmdline()).startswith("dualpods-zygote stand-in")]
+    found = [
+        pid for pid, (_, title) in process_titles(launcher).items() if title.startswith("dualpods-zygote stand-in")
+    ]
     return found[0] if found else None
 
 
