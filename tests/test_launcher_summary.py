@@ -141,13 +141,13 @@ async def test_an_unreached_launcher_keeps_its_last_summary(h: Harness) -> None:
 
 
 async def test_a_views_change_queues_its_launcher_once_it_settled(h: Harness) -> None:
-    summaries = h.controller.drains
-    summaries.settle_s = 0.05
+    launchers = h.controller.drains
+    launchers.settle_s = 0.05
     h.views.changed(LAUNCHER)
     h.views.changed(LAUNCHER)
-    assert len(summaries.queue) == 0, "not while the reconciler may still be writing the launcher"
+    assert len(launchers.queue) == 0, "not while the reconciler may still be writing the launcher"
     await asyncio.sleep(0.1)
-    assert len(summaries.queue) == 1
+    assert len(launchers.queue) == 1
 
 
 def _launcher(name: str, node: str, *instances: InstanceState) -> Obj:

@@ -8,11 +8,10 @@ blamed on start-up) — and plain unbound before that.
 """
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
 
 from api import keys
 from controller import pods
@@ -43,9 +42,11 @@ def template_hash(pod: Pod) -> str | None:
     return hash_
 
 
-def _condition(pod: Pod, kind: str) -> Mapping[str, Any] | None:
+def scheduled_at(pod: Pod) -> str | None:
+    """When the scheduler placed the launcher (its True PodScheduled condition's transition), None until then."""
     conditions = (pod.get("status") or {}).get("conditions") or []
-    return next((c for c in conditions if c.get("type") == kind and c.get("status") == "True"), None)
+    placed = next((c for c in conditions if c.get("type") == "PodScheduled" and c.get("status") == "True"), None)
+    return str(placed["lastTransitionTime"]) if placed is not None and placed.get("lastTransitionTime") else None
 
 
 def _time(stamp: str) -> datetime:
@@ -66,9 +67,9 @@ def phase_of(
         return Phase.STALE, None
     if pods.is_ready(pod):
         return Phase.UNBOUND, None
-    scheduled = _condition(pod, "PodScheduled")
-    if scheduled is not None and scheduled.get("lastTransitionTime"):
-        since, threshold, stuck = _time(scheduled["lastTransitionTime"]), thresholds.starting, Phase.STUCK_STARTING
+    scheduled = scheduled_at(pod)
+    if scheduled is not None:
+        since, threshold, stuck = _time(scheduled), thresholds.starting, Phase.STUCK_STARTING
     else:
         since, threshold, stuck = (
             _time(pod["metadata"]["creationTimestamp"]),

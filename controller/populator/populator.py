@@ -41,7 +41,7 @@ from controller.populator.key import LauncherKey, launcher_key, selector
 from controller.populator.kubeapi import COMPONENT, KubeLauncherApi
 from controller.populator.metrics import LauncherPodCount
 from controller.populator.nodes import NodeFacts
-from controller.populator.phases import Thresholds, template_hash
+from controller.populator.phases import Thresholds, scheduled_at, template_hash
 from controller.populator.reconcile import KeyReconciler
 from controller.populator.refusals import Refusal
 from controller.populator.status import config_status, policy_status
@@ -332,15 +332,11 @@ def _key_facts(pod: Obj | None) -> tuple[object, ...] | None:
     (its sleepers, their last use) from the cache when something else brings it."""
     if pod is None:
         return None
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    scheduled = next(
-        ((c.get("status"), c.get("lastTransitionTime")) for c in conditions if c.get("type") == "PodScheduled"), None
-    )
     return (
         _population_facts(pod),
         pods.uid(pod),
         pods.binding(pod),
         template_hash(pod),
-        scheduled,
+        scheduled_at(pod),
         launcher_key(pod),
     )

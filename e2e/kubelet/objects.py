@@ -39,11 +39,13 @@ def _data(kind: str, obj: Obj | None) -> dict[str, str] | None:
     """A ConfigMap's or Secret's data, decoded (a ConfigMap's text data wins over binary data of the same key)."""
     if obj is None:
         return None
-    decode = base64.b64decode
     if kind == "secret":
-        return {k: decode(v).decode(errors="replace") for k, v in (obj.get("data") or {}).items()}
-    binary = {k: decode(v).decode(errors="replace") for k, v in (obj.get("binaryData") or {}).items()}
-    return {**binary, **(obj.get("data") or {})}
+        return _decoded(obj.get("data"))
+    return {**_decoded(obj.get("binaryData")), **(obj.get("data") or {})}
+
+
+def _decoded(values: dict[str, str] | None) -> dict[str, str]:
+    return {key: base64.b64decode(value).decode(errors="replace") for key, value in (values or {}).items()}
 
 
 class ObjectWatches:

@@ -47,7 +47,6 @@ class PodWorker:
         self._runtime = runtime
         self.pod = pod
         self.uid: str = pod.metadata.uid
-        self.fetch = runtime.objects.fetch_for(self.uid)  # its ConfigMaps and Secrets
         self.state = PodState(host_ip=runtime.host_ip)
         self._env: PodEnvironment | None = None
         self._supervisors: list[ContainerSupervisor] = []
@@ -171,7 +170,7 @@ class PodWorker:
             await self._fail("UnexpectedAdmissionError", str(error))
             return
         self._address = self._runtime.addresses.host_ip if spec.host_network else self._runtime.addresses.allocate()
-        env = PodEnvironment(pod, str(self._address), self.fetch)
+        env = PodEnvironment(pod, str(self._address), self._runtime.objects.fetch_for(self.uid))
         self._env = env
         self.state.pod_ip = str(self._address)
         offset = 0
@@ -233,7 +232,7 @@ class PodWorker:
             try:
                 fields = PodFields(self.pod, self._env.pod_ip, self._runtime.host_ip)
                 return await materialize(
-                    self.pod, self._pod_dir, fields, self.fetch, self._runtime.service_account_token
+                    self.pod, self._pod_dir, fields, self._env.fetch, self._runtime.service_account_token
                 )
             except _RETRIED as error:
                 message = describe(error) if isinstance(error, API_ERRORS) else str(error)
