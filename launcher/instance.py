@@ -81,6 +81,7 @@ class Instance:
     exited: asyncio.Event = field(default_factory=asyncio.Event)  # set by `mark_exited`
     stop_asked: asyncio.Event = field(default_factory=asyncio.Event)  # by a DELETE or the shutdown (`ask_to_stop`)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held by a sleep, a wake and their checks
+    recording_probe: bool = False  # the lock is held only to record the first ready's probe (looks go on)
     looks: LookRequests = field(default_factory=LookRequests)  # reads asking its sleep state (`sleep_state`)
     _over: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)  # exited, or asked to stop
 

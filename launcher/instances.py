@@ -192,6 +192,7 @@ class InstanceManager:
         instance.move(Phase.STARTING)
         self.reaper.watch(pid, lambda code: self._on_exit(instance, code))
         instance.output = self._spawn(output_relay.follow(instance.log_path, instance.id, instance.exited))
+        instance.looks.coming = True
         self._spawn(self._supervise(instance, runtime))
         return instance.state()
 
@@ -239,6 +240,12 @@ class InstanceManager:
 
     async def _supervise(self, instance: Instance, runtime: Runtime) -> None:
         """The instance's life after the fork: until it is first ready, then its watches until it stops."""
+        try:
+            await self._watch_from_first_ready(instance, runtime)
+        finally:
+            instance.looks.coming = False  # also where it stopped before its sleep-state watch began
+
+    async def _watch_from_first_ready(self, instance: Instance, runtime: Runtime) -> None:
         if not await self.servers.first_health(instance) or not instance.running:
             return  # it stopped first
         self._on_ready(instance)

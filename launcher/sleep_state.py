@@ -8,7 +8,11 @@ fails is killed. Not looked at: an instance whose lock is held (the launcher's o
 what it did), one being stopped, and one whose /health fails (its liveness check is on it).
 
 A read of the launcher (an instance, or the list) asks the watch to look now and waits for that look, at
-most `LOOK_WAIT_S`, so it sees a sleep asked a moment ago. The read itself changes nothing: it neither
+most `LOOK_WAIT_S`, so it sees a sleep asked a moment ago. That holds from the server's first answer: a
+client that polls the server's /health itself (FMA's controller does) may put it to sleep before the
+launcher has seen it ready; a read then finds the server answering, waits for the watch to start, and has
+it look. The recording of the post-wake probe at the first ready holds the instance's lock but does not
+stop a look (only the launcher's own sleeps and wakes do). The read itself changes nothing: it neither
 checks a wake nor kills; the watch does, after the read has its answer.
 """
 
@@ -33,8 +37,19 @@ class LookRequests:
 
     def __init__(self) -> None:
         self.asked = asyncio.Event()
-        self.watched = False  # while its watch runs
+        self.coming = False  # its watch starts at its first ready (a forked server's; a simulated one has none)
+        self.watching = asyncio.Event()  # set while its watch runs
         self._waiting: list[asyncio.Future[None]] = []
+
+    @property
+    def watched(self) -> bool:
+        return self.watching.is_set()
+
+    async def watch_started(self) -> None:
+        """Until the watch runs, at most LOOK_WAIT_S."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(LOOK_WAIT_S):
+                await self.watching.wait()
 
     async def wait_for_look(self) -> None:
         answered = asyncio.get_running_loop().create_future()
@@ -61,7 +76,7 @@ def _lookable(instance: "Instance") -> bool:
         instance.ready
         and instance.running
         and not instance.stopping
-        and not instance.lock.locked()
+        and (not instance.lock.locked() or instance.recording_probe)
         and not instance.health_failing
     )
 
@@ -73,14 +88,24 @@ class SleepStates:
         self.interval_s = interval_s
 
     async def look_now(self, instance: "Instance") -> None:
-        """For a read: until the watch has looked at the instance's sleep state (at once where it does not look)."""
-        if instance.looks.watched and _lookable(instance):
-            await instance.looks.wait_for_look()
+        """For a read: until the watch has looked at the instance's sleep state (at once where it does not look).
+        An instance whose watch is still to come is waited for once its server answers /health."""
+        looks = instance.looks
+        if (
+            looks.coming
+            and instance.running
+            and not instance.stopping
+            and (instance.ready or await self.servers.health(instance, LOOK_WAIT_S) is None)
+        ):
+            await looks.watch_started()
+        if looks.watched and _lookable(instance):
+            await looks.wait_for_look()
 
     async def watch(self, instance: "Instance", runtime: "Runtime") -> None:
         """Until the instance stops: look every interval, and whenever a read asks."""
         looks = instance.looks
-        looks.watched = True
+        looks.coming = False
+        looks.watching.set()
         try:
             while True:
                 with contextlib.suppress(TimeoutError):
@@ -94,7 +119,7 @@ class SleepStates:
                 if woken:
                     await self._verify_wake(instance, runtime)
         finally:
-            looks.watched = False
+            looks.watching.clear()
             looks.answer(looks.take())
 
     async def _look(self, instance: "Instance") -> bool:

@@ -35,7 +35,11 @@ class WakeVerifier:
         started = time.monotonic()
         try:
             async with contextlib.nullcontext() if locked else instance.lock:
-                answer = await self.servers.ask_probe(instance, wake_check.PROBE_PROMPT, runtime.probe_logprobs)
+                instance.recording_probe = not locked
+                try:
+                    answer = await self.servers.ask_probe(instance, wake_check.PROBE_PROMPT, runtime.probe_logprobs)
+                finally:
+                    instance.recording_probe = False
         except InstanceExited:
             return
         except wake_check.ProbeError as err:

@@ -154,9 +154,13 @@ class _Server(InstanceServers):
     def __init__(self) -> None:
         super().__init__("127.0.0.1", backend_timeout_seconds=1)
         self.sleeping = False
+        self.answering = True
 
     async def is_sleeping(self, instance: Instance) -> bool | None:
         return self.sleeping
+
+    async def health(self, instance: Instance, timeout_s: float) -> str | None:
+        return None if self.answering else "ClientConnectorError: connection refused"
 
 
 class _Verifier(WakeVerifier):
@@ -196,6 +200,34 @@ async def test_a_read_sees_a_sleep_at_once_but_a_wake_only_once_the_watch_has_ch
             while instance.phase is Phase.ASLEEP:  # noqa: ASYNC110 - the watch's move, polled
                 await asyncio.sleep(0.01)
         assert published[-1] == (EventType.AWAKE, None)
+        watch.cancel()
+
+
+async def test_a_read_from_the_servers_first_answer_sees_a_sleep_asked_behind_the_launchers_back() -> None:
+    """FMA's controller polls a new server's /health itself and may put it to sleep before the launcher has
+    seen it ready, and while the launcher records its post-wake probe (the instance's lock held)."""
+    instance = _at(Phase.STARTING, [])
+    instance.looks.coming = True  # forked: its watch starts at its first ready
+    server = _Server()
+    states = SleepStates(server, _Verifier(server), interval_s=60)  # only reads make it look
+    server.answering = False
+    async with asyncio.timeout(0.5):
+        await states.look_now(instance)  # still loading: nothing to wait for
+    server.answering, server.sleeping = True, True
+    unwatched = _at(Phase.AWAKE, [])  # as a simulated launcher's: no server, no watch
+    async with asyncio.timeout(0.5):
+        await states.look_now(unwatched)
+    async with asyncio.TaskGroup() as group:
+        read = group.create_task(states.look_now(instance))
+        await asyncio.sleep(0.05)
+        assert not read.done(), "the read waits for the watch of a server that answers"
+        instance.move(Phase.AWAKE)  # the launcher's own /health poll
+        async with instance.lock:
+            instance.recording_probe = True
+            watch = group.create_task(states.watch(instance, RUNTIME))
+            async with asyncio.timeout(1):
+                await read
+            assert instance.phase is Phase.ASLEEP, "the read saw the sleep"
         watch.cancel()
 
 
