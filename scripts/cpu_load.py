@@ -5,6 +5,8 @@ worker stops by itself when its time is up, and they all stop with this process.
 import argparse
 import multiprocessing
 import os
+import signal
+import sys
 import time
 
 
@@ -20,6 +22,9 @@ def main() -> None:
     args = parser.parse_args()
     if not 0 < args.seconds <= 4 * 3600:
         parser.error("--seconds must be in (0, 14400]")
+    # A SIGTERM (`kill`) ends this process through its exit handlers, which stop the daemon workers; by
+    # default it would end this process alone and leave them spinning until their time is up.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     until = time.monotonic() + args.seconds
     workers = [multiprocessing.Process(target=_spin, args=(until,), daemon=True) for _ in range(args.workers)]
     for worker in workers:
