@@ -2,6 +2,7 @@
 platform engineer would install them; tests can restart or kill them like any Pod."""
 
 import asyncio
+import contextlib
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,24 +83,30 @@ class InstalledControllers:
         return result
 
     def processes(self, component: str) -> list[psutil.Process]:
-        """The controller processes of this release (containers run as local processes here)."""
+        """The controller processes of this release (containers run as local processes here), one per
+        container: a process forked by one that matches (the container's setup shell running `mount`, in the
+        moment before that child's exec) carries the same command line and is left out."""
         command = "dual-pods" if component == DUAL_PODS else "populator"
-        found = []
-        for process in psutil.process_iter(["cmdline", "name"]):
+        found: dict[int, psutil.Process] = {}
+        for process in psutil.process_iter(["cmdline", "name", "ppid"]):
             line = process.info["cmdline"] or []
             if process.info["name"] == "unshare":  # the kubelet's namespace wrapper, not the controller
                 continue
             if "controller" in line and command in line and f"--namespace={self.namespace}" in line:
-                found.append(process)
-        return found
+                found[process.pid] = process
+        return [p for p in found.values() if p.info["ppid"] not in found]
 
     def kill(self, component: str = DUAL_PODS) -> int:
         """SIGKILL the controller, as a crash would (the kubelet restarts its container); how many
-        processes were killed (none while the container waits to be restarted)."""
-        processes = self.processes(component)
-        for process in processes:
-            process.send_signal(signal.SIGKILL)
-        return len(processes)
+        processes were killed (none while the container waits to be restarted). One that exits between the
+        listing and the signal is not counted: a caller that retries until one is killed must not kill the
+        next run of the container too."""
+        killed = 0
+        for process in self.processes(component):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.send_signal(signal.SIGKILL)
+                killed += 1
+        return killed
 
     async def restart(self, component: str = DUAL_PODS) -> None:
         """Delete the controller's Pod; its Deployment makes a new one."""
