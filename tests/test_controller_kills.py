@@ -29,6 +29,7 @@ def test_a_fork_with_the_controllers_command_line_is_not_a_second_controller(tmp
     forks = "import os, time\nos.fork()\ntime.sleep(60)"
     parent = subprocess.Popen([sys.executable, "-c", forks, "controller", "dual-pods",
                                f"--namespace={controllers.namespace}"])  # fmt: skip
+    children: list[psutil.Process] = []
     try:
         deadline = time.monotonic() + 30
         while not (children := psutil.Process(parent.pid).children()):
