@@ -3,7 +3,6 @@ restarts by: one kill is one container's death, never two."""
 
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import cast
@@ -14,6 +13,7 @@ from kubernetes_asyncio import client
 
 from e2e.chart import DUAL_PODS, InstalledControllers
 from e2e.cluster.cluster import LoopbackCluster
+from tests.processes import children
 
 
 def _controllers(tmp_path: Path) -> InstalledControllers:
@@ -29,18 +29,15 @@ def test_a_fork_with_the_controllers_command_line_is_not_a_second_controller(tmp
     forks = "import os, time\nos.fork()\ntime.sleep(60)"
     parent = subprocess.Popen([sys.executable, "-c", forks, "controller", "dual-pods",
                                f"--namespace={controllers.namespace}"])  # fmt: skip
-    children: list[psutil.Process] = []
+    forked: list[psutil.Process] = []
     try:
-        deadline = time.monotonic() + 30
-        while not (children := psutil.Process(parent.pid).children()):
-            assert time.monotonic() < deadline, "the fork did not happen"
-            time.sleep(0.05)
+        forked = children(psutil.Process(parent.pid), 1)
         assert [p.pid for p in controllers.processes(DUAL_PODS)] == [parent.pid]
         assert controllers.kill(DUAL_PODS) == 1
         assert parent.wait(10) == -9
     finally:
         parent.kill()
-        for child in children:
+        for child in forked:
             child.kill()
 
 

@@ -8,21 +8,15 @@ from pathlib import Path
 
 import psutil
 
+from tests.processes import children
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def _workers(parent: psutil.Process, count: int) -> list[psutil.Process]:
-    deadline = time.monotonic() + 30
-    while len(children := parent.children()) < count:
-        assert time.monotonic() < deadline, "the workers did not start"
-        time.sleep(0.05)
-    return children
 
 
 def test_a_kill_of_the_load_stops_its_workers() -> None:
     load = subprocess.Popen([sys.executable, "-m", "scripts.cpu_load", "--seconds", "60", "--workers", "2"],
                             cwd=REPO_ROOT)  # fmt: skip
-    workers = _workers(psutil.Process(load.pid), 2)
+    workers = children(psutil.Process(load.pid), 2)
     load.terminate()
     assert load.wait(10) == 128 + signal.SIGTERM
     _, alive = psutil.wait_procs(workers, timeout=10)
