@@ -266,3 +266,30 @@ async def test_a_cancellation_as_the_connection_attempt_fails_is_not_lost(monkey
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_a_connection_made_while_the_prober_was_late_counts(raw_server: tuple[int, threading.Event]) -> None:
+    """One process probes for hundreds of Nodes: its loop, not the server, was late (at 5,000 launchers the
+    kernel had made the connections on time, and liveness probes failed on the deadline's timer alone)."""
+    port, answered = raw_server
+    http = HttpProbe(keep_alive=False)
+    probe = asyncio.create_task(http.get("http", HOST, port, "/ready", {}, 0.5))
+    await asyncio.sleep(0)  # the probe has started its connection attempt
+    asyncio.get_running_loop().call_soon(time.sleep, 1.0)  # then the prober's loop is busy past the deadline
+    assert await probe == 200
+    assert answered.is_set()
+
+
+async def test_a_server_that_never_answers_fails_though_the_prober_was_late() -> None:
+    """The prober's lateness is made up for, not more: a hung server (its connection made by the kernel, no
+    answer) still fails the probe, a little after its timeout."""
+    listener = socket.create_server((HOST, 0))  # never accepts, never answers
+    try:
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.05, time.sleep, 0.6)
+        started = time.monotonic()
+        with pytest.raises(TimeoutError):
+            await HttpProbe(keep_alive=False).get("http", HOST, listener.getsockname()[1], "/", {}, 0.5)
+        assert time.monotonic() - started < 2.5
+    finally:
+        listener.close()
