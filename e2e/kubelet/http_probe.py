@@ -16,21 +16,23 @@ Two things differ from a real kubelet, both because one process plays hundreds o
   and a connection made or an answer that arrived meanwhile waits in callbacks behind the deadline's timer
   (with aiohttp's client, and with `asyncio.timeout` around the connection, the deadline came first and
   such a probe failed: at 5,000 launchers, 912 liveness failures of 918 were connections the kernel had made
-  on time, and restarting their launchers loaded the machine further). A deadline that comes due late is
-  put off by its lateness (`_Deadline`, up to `MAX_OWED_S` in all); one that comes due on time fails the
-  probe, as a server that has not answered by then should.
+  on time, and restarting their launchers loaded the machine further). A deadline is put off by how late
+  the loop ran while it was pending (`_Deadline`, `_Lateness`; up to `MAX_OWED_S` in all); one whose loop
+  ran on time fails the probe, as a server that has not answered by then should.
 """
 
 import asyncio
 import functools
 import resource
 import ssl
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
 MAX_HEAD_BYTES = 64 * 1024  # status line and headers; more is not an HTTP server's answer to a probe
-# A deadline timer that runs this late was held up by the prober's own loop, not by the server.
+# A loop this late while a deadline was pending held up the prober itself, not the server.
 ON_TIME_S = 0.02
+TICK_S = 0.05  # how often the loop's lateness is sampled
 # At most this much time is added to a probe's timeout for the prober's lateness (a hung server still fails).
 MAX_OWED_S = 10.0
 
@@ -234,22 +236,54 @@ def _caller_cancelled() -> bool:
     return task is not None and task.cancelling() > 0
 
 
+class _Lateness:
+    """How late one event loop has run, summed: a timer every TICK_S notes how long after its due time it ran.
+    A busy loop runs each callback behind thousands of others, so every step of a probe (the connection made,
+    the request sent, the answer read) waits about that long too."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.total = 0.0
+        self._due = loop.time() + TICK_S
+        loop.call_at(self._due, self._tick)  # the loop is not referred to from here: `_LATENESS` is weak
+
+    def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        self.total += max(0.0, now - self._due)
+        self._due = now + TICK_S
+        loop.call_at(self._due, self._tick)
+
+
+_LATENESS: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Lateness]" = weakref.WeakKeyDictionary()
+
+
+def _lateness(loop: asyncio.AbstractEventLoop) -> _Lateness:
+    found = _LATENESS.get(loop)
+    if found is None:
+        found = _LATENESS[loop] = _Lateness(loop)
+    return found
+
+
 class _Deadline:
-    """Calls `expire` at `deadline` (loop time), unless the timer comes due late: the loop was busy with
-    other work, and what the server sent meanwhile may sit in callbacks not yet run, so it is put off by its
-    lateness (`MAX_OWED_S` in all at most) and checked again."""
+    """Calls `expire` at `deadline` (loop time), unless the loop ran late meanwhile: then what the server sent
+    may sit in callbacks not yet run, so the deadline is put off by that lateness (`MAX_OWED_S` in all at
+    most) and checked again."""
 
     def __init__(self, deadline: float, expire: Callable[[], object]) -> None:
         self._loop = asyncio.get_running_loop()
+        self._lateness = _lateness(self._loop)
         self._due, self._expire, self._owed = deadline, expire, 0.0
+        self._seen = self._lateness.total
         self.expired = False
         self._handle = self._loop.call_at(deadline, self._come_due)
 
     def _come_due(self) -> None:
-        late = self._loop.time() - self._due
+        now = self._loop.time()
+        late = (self._lateness.total - self._seen) + (now - self._due)
+        self._seen = self._lateness.total
         if late > ON_TIME_S and self._owed + late <= MAX_OWED_S:
             self._owed += late
-            self._due = self._loop.time() + late
+            self._due = now + late
             self._handle = self._loop.call_at(self._due, self._come_due)
             return
         self.expired = True
