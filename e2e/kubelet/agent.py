@@ -25,6 +25,7 @@ class NodeAgent:
     def __init__(
         self,
         api: client.ApiClient,
+        watch_api: client.ApiClient,
         config: KubeletConfig,
         node: NodeConfig,
         images: ImageMap,
@@ -33,7 +34,7 @@ class NodeAgent:
         kubelet_version: str,
         simulations: Simulations | None = None,
     ) -> None:
-        core = client.CoreV1Api(api)
+        core, watches = client.CoreV1Api(api), client.CoreV1Api(watch_api)
         self.config = node
         self.gpus = GpuAllocator(node.name, node.gpus)
         self.runtime = NodeRuntime(
@@ -41,9 +42,10 @@ class NodeAgent:
             addresses=addresses,
             gpus=self.gpus,
             core=core,
+            watches=watches,
             events=EventRecorder(core, node.name),
             images=images,
-            objects=ObjectWatches(core),
+            objects=ObjectWatches(watches),
             config=config,
             oci_owner=oci_owner,
             simulations=simulations,

@@ -22,6 +22,14 @@ from e2e.kubelet.simulation import Simulations
 
 log = logging.getLogger(__name__)
 
+# The process's API requests share this many connections; when the API server is slow they queue in the
+# client, as a real kubelet's requests share the streams of its one HTTP/2 connection. Watches (one of each
+# Node's Pods, one of each ConfigMap or Secret its Pods use) hold a connection each for minutes, so they
+# have a pool of their own without a limit, which never caps how many Nodes one process plays. With one
+# unlimited pool for both, 1,250 Nodes on a saturated API server held 6,169 connections, and with the
+# probes' 10,000 the process ran out of descriptors (its open-files limit is 20,000).
+REQUEST_CONNECTIONS = 256
+
 
 class Kubelet:
     def __init__(self, settings: KubeletConfig) -> None:
@@ -33,6 +41,7 @@ class Kubelet:
         self._starting: set[str] = set()  # Nodes registering now
         self._lock = asyncio.Lock()  # one Node lost at a time
         self._api: client.ApiClient | None = None
+        self._watch_api: client.ApiClient | None = None
         self._version = ""  # the API server's: this kubelet is of the control plane's release
         # Pods whose image is in local container storage run from it (oci.py), where podman is installed.
         self.oci_owner = oci.owner_id(settings.state_dir) if oci.podman_available() else None
@@ -45,6 +54,11 @@ class Kubelet:
     def api(self) -> client.ApiClient:
         assert self._api is not None, "the kubelet is not running"
         return self._api
+
+    @property
+    def watch_api(self) -> client.ApiClient:
+        assert self._watch_api is not None, "the kubelet is not running"
+        return self._watch_api
 
     def nodes(self) -> list[NodeInfo]:
         return [
@@ -67,6 +81,7 @@ class Kubelet:
                 )
             agent = NodeAgent(
                 self.api,
+                self.watch_api,
                 self.settings,
                 node,
                 self.images,
@@ -114,20 +129,22 @@ class Kubelet:
         for namespace in list(self._gpu_map_namespaces):
             await self._publish(namespace)
 
+    async def _client(self, connections: int) -> client.ApiClient:
+        configuration = client.Configuration()
+        await config.load_kube_config(config_file=str(self.settings.kubeconfig), client_configuration=configuration)
+        configuration.connection_pool_maxsize = connections
+        return LimitedApiClient(configuration, ApiLimits(qps=0), metrics=None)
+
     async def run(self) -> None:
         """Register the Nodes, serve the control endpoint, and run until SIGTERM or SIGINT."""
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        configuration = client.Configuration()
-        # One watch per Node holds a connection for minutes: the client's pool (100 by default) must not
-        # cap how many Nodes one kubelet process plays, nor queue their heartbeats behind the watches.
-        await config.load_kube_config(config_file=str(self.settings.kubeconfig), client_configuration=configuration)
-        configuration.connection_pool_maxsize = 0  # aiohttp: no limit
         # The controllers' client (no proxy looked up per request), without their rate limit: a kubelet's is its
-        # own Node's heartbeats and Pods.
-        self._api = LimitedApiClient(configuration, ApiLimits(qps=0), metrics=None)
+        # own Node's heartbeats and Pods. Two pools (see REQUEST_CONNECTIONS).
+        self._api = await self._client(REQUEST_CONNECTIONS)
+        self._watch_api = await self._client(0)  # aiohttp: no limit
         self._version = (await client.VersionApi(self._api).get_code()).git_version
         runner = web.AppRunner(control_app(self))
         watchdog = None
@@ -155,6 +172,7 @@ class Kubelet:
             await asyncio.gather(*(a.shutdown(self.settings.shutdown_grace_seconds) for a in self._agents.values()))
             await runner.cleanup()
             await self.api.close()
+            await self.watch_api.close()
             if self.simulations is not None:
                 await self.simulations.close()
             for block in self._blocks.values():

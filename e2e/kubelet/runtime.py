@@ -19,6 +19,7 @@ class NodeRuntime:
     addresses: AddressBlock
     gpus: GpuAllocator
     core: client.CoreV1Api
+    watches: client.CoreV1Api  # for lists and watches: a client whose pool has no limit (kubelet.REQUEST_CONNECTIONS)
     events: EventRecorder
     images: ImageMap
     objects: ObjectWatches  # the ConfigMaps and Secrets its Pods use

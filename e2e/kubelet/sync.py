@@ -66,7 +66,7 @@ class PodSync:
         self._decoder = PodDecoder()
         self._pods = Informer(
             f"pods of {runtime.node}",
-            runtime.core.list_pod_for_all_namespaces,
+            runtime.watches.list_pod_for_all_namespaces,
             field_selector=f"spec.nodeName={runtime.node}",
         )
         self._pods.subscribe(self._changed)
