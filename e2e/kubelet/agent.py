@@ -25,7 +25,7 @@ class NodeAgent:
     def __init__(
         self,
         api: client.ApiClient,
-        watch_api: client.ApiClient,
+        node_api: client.ApiClient,
         config: KubeletConfig,
         node: NodeConfig,
         images: ImageMap,
@@ -34,7 +34,9 @@ class NodeAgent:
         kubelet_version: str,
         simulations: Simulations | None = None,
     ) -> None:
-        core, watches = client.CoreV1Api(api), client.CoreV1Api(watch_api)
+        """`api` sends the requests about Pods (a capped pool); `node_api` the Node's watches and heartbeats
+        (a pool without a limit: see kubelet.REQUEST_CONNECTIONS)."""
+        core, watches = client.CoreV1Api(api), client.CoreV1Api(node_api)
         self.config = node
         self.gpus = GpuAllocator(node.name, node.gpus)
         self.runtime = NodeRuntime(
@@ -52,7 +54,12 @@ class NodeAgent:
             gpu_mode=node.gpu_mode,
         )
         self.registration = NodeRegistration(
-            api, node, self.runtime.host_ip, kubelet_version, config.lease_renew_seconds, config.node_status_seconds
+            node_api,
+            node,
+            self.runtime.host_ip,
+            kubelet_version,
+            config.lease_renew_seconds,
+            config.node_status_seconds,
         )
         self._sync = PodSync(self.runtime)
         self._tasks: list[asyncio.Task[None]] = []

@@ -22,12 +22,14 @@ from e2e.kubelet.simulation import Simulations
 
 log = logging.getLogger(__name__)
 
-# The process's API requests share this many connections; when the API server is slow they queue in the
-# client, as a real kubelet's requests share the streams of its one HTTP/2 connection. Watches (one of each
-# Node's Pods, one of each ConfigMap or Secret its Pods use) hold a connection each for minutes, so they
-# have a pool of their own without a limit, which never caps how many Nodes one process plays. With one
-# unlimited pool for both, 1,250 Nodes on a saturated API server held 6,169 connections, and with the
-# probes' 10,000 the process ran out of descriptors (its open-files limit is 20,000).
+# The requests about Pods (status, Events, tokens) of every Node share this many connections: when the API
+# server is slow they queue in the client, as a real kubelet's requests share the streams of its one HTTP/2
+# connection. What each Node holds or must not queue, its watches (of its Pods, of the ConfigMaps and Secrets
+# they use: a connection each for minutes) and its heartbeats (Lease and Node status: at most one at a time per
+# Node), goes through a pool without a limit, which never caps how many Nodes one process plays. With one
+# unlimited pool for everything, 1,250 Nodes on a saturated API server held 6,169 connections, and with the
+# probes' 10,000 the process ran out of descriptors (its open-files limit is 20,000); with heartbeats behind
+# the capped Pod requests, Leases came late and the node lifecycle controller evicted Pods.
 REQUEST_CONNECTIONS = 256
 
 
@@ -41,7 +43,7 @@ class Kubelet:
         self._starting: set[str] = set()  # Nodes registering now
         self._lock = asyncio.Lock()  # one Node lost at a time
         self._api: client.ApiClient | None = None
-        self._watch_api: client.ApiClient | None = None
+        self._node_api: client.ApiClient | None = None
         self._version = ""  # the API server's: this kubelet is of the control plane's release
         # Pods whose image is in local container storage run from it (oci.py), where podman is installed.
         self.oci_owner = oci.owner_id(settings.state_dir) if oci.podman_available() else None
@@ -56,9 +58,9 @@ class Kubelet:
         return self._api
 
     @property
-    def watch_api(self) -> client.ApiClient:
-        assert self._watch_api is not None, "the kubelet is not running"
-        return self._watch_api
+    def node_api(self) -> client.ApiClient:
+        assert self._node_api is not None, "the kubelet is not running"
+        return self._node_api
 
     def nodes(self) -> list[NodeInfo]:
         return [
@@ -81,7 +83,7 @@ class Kubelet:
                 )
             agent = NodeAgent(
                 self.api,
-                self.watch_api,
+                self.node_api,
                 self.settings,
                 node,
                 self.images,
@@ -144,7 +146,7 @@ class Kubelet:
         # The controllers' client (no proxy looked up per request), without their rate limit: a kubelet's is its
         # own Node's heartbeats and Pods. Two pools (see REQUEST_CONNECTIONS).
         self._api = await self._client(REQUEST_CONNECTIONS)
-        self._watch_api = await self._client(0)  # aiohttp: no limit
+        self._node_api = await self._client(0)  # aiohttp: no limit
         self._version = (await client.VersionApi(self._api).get_code()).git_version
         runner = web.AppRunner(control_app(self))
         watchdog = None
@@ -172,7 +174,7 @@ class Kubelet:
             await asyncio.gather(*(a.shutdown(self.settings.shutdown_grace_seconds) for a in self._agents.values()))
             await runner.cleanup()
             await self.api.close()
-            await self.watch_api.close()
+            await self.node_api.close()
             if self.simulations is not None:
                 await self.simulations.close()
             for block in self._blocks.values():

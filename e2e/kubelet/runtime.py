@@ -19,7 +19,7 @@ class NodeRuntime:
     addresses: AddressBlock
     gpus: GpuAllocator
     core: client.CoreV1Api
-    watches: client.CoreV1Api  # for lists and watches: a client whose pool has no limit (kubelet.REQUEST_CONNECTIONS)
+    watches: client.CoreV1Api  # for lists and watches: a pool without a limit (see kubelet.REQUEST_CONNECTIONS)
     events: EventRecorder
     images: ImageMap
     objects: ObjectWatches  # the ConfigMaps and Secrets its Pods use
