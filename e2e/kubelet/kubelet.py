@@ -2,6 +2,7 @@
 on simulated Nodes also the simulation processes (`simulation.py`)."""
 
 import asyncio
+import copy
 import logging
 import signal
 
@@ -131,9 +132,11 @@ class Kubelet:
         for namespace in list(self._gpu_map_namespaces):
             await self._publish(namespace)
 
-    async def _client(self, connections: int) -> client.ApiClient:
-        configuration = client.Configuration()
-        await config.load_kube_config(config_file=str(self.settings.kubeconfig), client_configuration=configuration)
+    @staticmethod
+    def _client(loaded: client.Configuration, connections: int) -> client.ApiClient:
+        """The controllers' client (no proxy looked up per request) with a pool of `connections` (0: no limit),
+        without their rate limit: a kubelet's is its own Node's heartbeats and Pods."""
+        configuration = copy.deepcopy(loaded)
         configuration.connection_pool_maxsize = connections
         return LimitedApiClient(configuration, ApiLimits(qps=0), metrics=None)
 
@@ -143,10 +146,10 @@ class Kubelet:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        # The controllers' client (no proxy looked up per request), without their rate limit: a kubelet's is its
-        # own Node's heartbeats and Pods. Two pools (see REQUEST_CONNECTIONS).
-        self._api = await self._client(REQUEST_CONNECTIONS)
-        self._node_api = await self._client(0)  # aiohttp: no limit
+        loaded = client.Configuration()
+        await config.load_kube_config(config_file=str(self.settings.kubeconfig), client_configuration=loaded)
+        self._api = self._client(loaded, REQUEST_CONNECTIONS)
+        self._node_api = self._client(loaded, 0)
         self._version = (await client.VersionApi(self._api).get_code()).git_version
         runner = web.AppRunner(control_app(self))
         watchdog = None
