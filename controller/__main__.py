@@ -208,17 +208,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def run(args: argparse.Namespace) -> None:
     registry = CollectorRegistry()
     api = await api_client(args.kubeconfig, ApiLimits(args.kube_api_qps, args.kube_api_burst), registry)
-    metrics = await serve_metrics(registry, args.metrics_host, args.metrics_port)
     try:
-        controller = args.build(api, args, registry, await launcher_token(api, args))
-        if args.leader_elect:
-            identity = os.environ.get("POD_NAME") or socket.gethostname()
-            lease = args.leader_election_id or f"dualpods-{args.command}"
-            await LeaderElection(api, args.namespace, lease, identity).run(controller)
-        else:
-            await controller()
+        async with serve_metrics(registry, args.metrics_host, args.metrics_port):
+            controller = args.build(api, args, registry, await launcher_token(api, args))
+            if args.leader_elect:
+                identity = os.environ.get("POD_NAME") or socket.gethostname()
+                lease = args.leader_election_id or f"dualpods-{args.command}"
+                await LeaderElection(api, args.namespace, lease, identity).run(controller)
+            else:
+                await controller()
     finally:
-        await metrics.cleanup()
         await api.close()
 
 

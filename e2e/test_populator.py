@@ -207,48 +207,44 @@ async def test_every_selected_node_gets_its_launchers_and_follows_the_count(
     objects = Objects(api, namespace)
     nodes = await gpu_nodes(api)
     port = free_port()
-    async with populator(api, namespace) as registry:
-        metrics = await serve_metrics(registry, "127.0.0.1", port)
-        try:
-            await objects.create(launcher_config("standin", STANDIN))
-            await objects.create(policy("gpus", {"standin": 2}))
-            pods = await settled(api, namespace, dict.fromkeys(nodes, 2), ready=True)
+    async with populator(api, namespace) as registry, serve_metrics(registry, "127.0.0.1", port):
+        await objects.create(launcher_config("standin", STANDIN))
+        await objects.create(policy("gpus", {"standin": 2}))
+        pods = await settled(api, namespace, dict.fromkeys(nodes, 2), ready=True)
 
-            config = await objects.get("LauncherConfig", "standin")
-            template_hash = pods[0].metadata.annotations[keys.LAUNCHER_TEMPLATE_HASH_ANNOTATION]
-            for pod in pods:
-                node = pod.metadata.labels[keys.NODE_NAME_LABEL]
-                assert pod.spec.node_name == node
-                assert pod.spec.node_selector == {"kubernetes.io/hostname": node}
-                assert pod.metadata.generate_name == "launcher-standin-"
-                assert pod.metadata.labels == {
-                    "team": "populator-test",
-                    keys.COMPONENT_LABEL: keys.LAUNCHER_COMPONENT,
-                    keys.LAUNCHER_CONFIG_NAME_LABEL: "standin",
-                    keys.SLEEPING_LABEL: "true",
-                    keys.NODE_NAME_LABEL: node,
-                }
-                assert pod.metadata.annotations == {
-                    "from-launcher-config": "yes",
-                    keys.LAUNCHER_TEMPLATE_HASH_ANNOTATION: template_hash,
-                    keys.LAUNCHER_CONFIG_HASH_ANNOTATION: launcher_config_hash(template_hash, node),
-                }
-                [owner] = pod.metadata.owner_references
-                assert (owner.kind, owner.name, owner.uid) == ("LauncherConfig", "standin", config["metadata"]["uid"])
-            await eventually(lambda: objects.errors("LauncherConfig", "standin"), [], "the LC status errors")
-            await eventually(lambda: objects.errors("LauncherPopulationPolicy", "gpus"), [], "the LPP status errors")
-            ready = functools.partial(objects.condition, type_="Ready")
-            await eventually(lambda: ready("LauncherConfig", "standin"), ("True", "Valid"), "the LC Ready")
-            await eventually(lambda: ready("LauncherPopulationPolicy", "gpus"), ("True", "Populated"), "the LPP Ready")
-            metric = functools.partial(pod_count_metric, port, "standin")
-            await eventually(metric, phases(unbound=2 * len(nodes)), "the launcher count")
+        config = await objects.get("LauncherConfig", "standin")
+        template_hash = pods[0].metadata.annotations[keys.LAUNCHER_TEMPLATE_HASH_ANNOTATION]
+        for pod in pods:
+            node = pod.metadata.labels[keys.NODE_NAME_LABEL]
+            assert pod.spec.node_name == node
+            assert pod.spec.node_selector == {"kubernetes.io/hostname": node}
+            assert pod.metadata.generate_name == "launcher-standin-"
+            assert pod.metadata.labels == {
+                "team": "populator-test",
+                keys.COMPONENT_LABEL: keys.LAUNCHER_COMPONENT,
+                keys.LAUNCHER_CONFIG_NAME_LABEL: "standin",
+                keys.SLEEPING_LABEL: "true",
+                keys.NODE_NAME_LABEL: node,
+            }
+            assert pod.metadata.annotations == {
+                "from-launcher-config": "yes",
+                keys.LAUNCHER_TEMPLATE_HASH_ANNOTATION: template_hash,
+                keys.LAUNCHER_CONFIG_HASH_ANNOTATION: launcher_config_hash(template_hash, node),
+            }
+            [owner] = pod.metadata.owner_references
+            assert (owner.kind, owner.name, owner.uid) == ("LauncherConfig", "standin", config["metadata"]["uid"])
+        await eventually(lambda: objects.errors("LauncherConfig", "standin"), [], "the LC status errors")
+        await eventually(lambda: objects.errors("LauncherPopulationPolicy", "gpus"), [], "the LPP status errors")
+        ready = functools.partial(objects.condition, type_="Ready")
+        await eventually(lambda: ready("LauncherConfig", "standin"), ("True", "Valid"), "the LC Ready")
+        await eventually(lambda: ready("LauncherPopulationPolicy", "gpus"), ("True", "Populated"), "the LPP Ready")
+        metric = functools.partial(pod_count_metric, port, "standin")
+        await eventually(metric, phases(unbound=2 * len(nodes)), "the launcher count")
 
-            await objects.set_count("gpus", {"standin": 1})
-            survivors = await settled(api, namespace, dict.fromkeys(nodes, 1))
-            assert {p.metadata.uid for p in survivors} < {p.metadata.uid for p in pods}, "no launcher is replaced"
-            await eventually(metric, phases(unbound=len(nodes)), "the launcher count")
-        finally:
-            await metrics.cleanup()
+        await objects.set_count("gpus", {"standin": 1})
+        survivors = await settled(api, namespace, dict.fromkeys(nodes, 1))
+        assert {p.metadata.uid for p in survivors} < {p.metadata.uid for p in pods}, "no launcher is replaced"
+        await eventually(metric, phases(unbound=len(nodes)), "the launcher count")
 
 
 @pytest.mark.usefixtures("crds")
@@ -302,29 +298,25 @@ async def test_without_its_launcher_config_the_populator_keeps_hands_off(api: cl
     objects = Objects(api, namespace)
     nodes = await gpu_nodes(api)
     port = free_port()
-    async with populator(api, namespace) as registry:
-        metrics = await serve_metrics(registry, "127.0.0.1", port)
-        try:
-            await objects.create(launcher_config("paused", PAUSE))
-            await objects.create(policy("gpus", {"paused": 1}))
-            before = await settled(api, namespace, dict.fromkeys(nodes, 1))
+    async with populator(api, namespace) as registry, serve_metrics(registry, "127.0.0.1", port):
+        await objects.create(launcher_config("paused", PAUSE))
+        await objects.create(policy("gpus", {"paused": 1}))
+        before = await settled(api, namespace, dict.fromkeys(nodes, 1))
 
-            # Orphan: otherwise the garbage collector deletes the launchers the LauncherConfig owns.
-            await client.CustomObjectsApi(api).delete_namespaced_custom_object(
-                GROUP, VERSION, namespace, "launcherconfigs", "paused", propagation_policy="Orphan"
-            )
-            missing = 'LauncherConfig "paused" referenced in CountForLauncher does not exist'
-            await eventually(lambda: objects.errors("LauncherPopulationPolicy", "gpus"), [missing], "the LPP errors")
-            await objects.set_count("gpus", {"paused": 2})
-            await eventually(lambda: objects.errors("LauncherPopulationPolicy", "gpus"), [missing], "the LPP errors")
-            await asyncio.sleep(QUIET_S)
-            after = await launchers(api, namespace)
-            assert sorted(p.metadata.uid for p in after) == sorted(p.metadata.uid for p in before)
-            assert not any(p.metadata.deletion_timestamp for p in after)
-            # Without their LauncherConfig, the launchers count as stale.
-            await eventually(lambda: pod_count_metric(port, "paused"), phases(stale=len(nodes)), "the launcher count")
-        finally:
-            await metrics.cleanup()
+        # Orphan: otherwise the garbage collector deletes the launchers the LauncherConfig owns.
+        await client.CustomObjectsApi(api).delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, "launcherconfigs", "paused", propagation_policy="Orphan"
+        )
+        missing = 'LauncherConfig "paused" referenced in CountForLauncher does not exist'
+        await eventually(lambda: objects.errors("LauncherPopulationPolicy", "gpus"), [missing], "the LPP errors")
+        await objects.set_count("gpus", {"paused": 2})
+        await eventually(lambda: objects.errors("LauncherPopulationPolicy", "gpus"), [missing], "the LPP errors")
+        await asyncio.sleep(QUIET_S)
+        after = await launchers(api, namespace)
+        assert sorted(p.metadata.uid for p in after) == sorted(p.metadata.uid for p in before)
+        assert not any(p.metadata.deletion_timestamp for p in after)
+        # Without their LauncherConfig, the launchers count as stale.
+        await eventually(lambda: pod_count_metric(port, "paused"), phases(stale=len(nodes)), "the launcher count")
 
 
 @pytest.mark.usefixtures("crds")
