@@ -289,8 +289,7 @@ def duality_of(h: Harness, requester: str, pod: str) -> float | None:
 async def test_a_deleted_pods_duality_series_go_with_it(h: Harness) -> None:
     """No series left behind (issue 25): a deleted requester's, and a deleted provider's, fma_duality go."""
     for requester, launcher in (("a", "launcher-a"), ("b", "launcher-b"), ("c", "launcher-c")):
-        h.controller.metrics.duality.labels(NS, requester, launcher, keys.INFERENCE_SERVER_CONTAINER, "i", GPU0,
-                                            NODE).set(1)  # fmt: skip
+        h.controller.metrics.set_duality(1, NS, requester, launcher, keys.INFERENCE_SERVER_CONTAINER, "i", GPU0, NODE)
     h.put(requester_obj("a", "a-uid"), launcher_obj("launcher-c"))
     h.remove(requester_obj("a", "a-uid"))
     h.remove(launcher_obj("launcher-c"))

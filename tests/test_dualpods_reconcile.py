@@ -17,6 +17,7 @@ from api.launcher import InstanceStatus, VllmConfig
 from controller import pods
 from controller.dualpods.binding import LAUNCHER_SEEN_RECHECK_S
 from controller.dualpods.devices import Device
+from controller.dualpods.memory import SWEEP_S
 from controller.dualpods.passes import RELAY_RECHECK_S
 from controller.dualpods.phases import Phase
 from controller.dualpods.release import RELEASE_POLL_S
@@ -124,6 +125,20 @@ async def test_the_memory_of_a_requester_is_dropped_once_both_pods_are_gone(h: H
     assert h.journal == []
     for table in (memory.paths, memory.victims, memory.relayed, memory.actuated):
         assert set(table) == {"other-uid"}
+
+
+async def test_gone_pairs_are_forgotten_at_most_once_every_sweep_interval(h: Harness) -> None:
+    """A sweep reads every cached Pod; a swap wave ends thousands of pairs, and sweeps each SWEEP_S at most."""
+    memory = h.reconciler.memory
+    memory.paths["gone-1"] = "warm"
+    await h.reconcile()
+    assert "gone-1" not in memory.paths
+    memory.paths["gone-2"] = "warm"
+    await h.reconcile()
+    assert "gone-2" in memory.paths, "no second sweep within SWEEP_S"
+    memory.swept_at -= SWEEP_S
+    await h.reconcile()
+    assert "gone-2" not in memory.paths
 
 
 async def test_requester_finalizer_is_removed_when_no_provider_is_bound(h: Harness) -> None:

@@ -133,9 +133,9 @@ async def _announce_devices(p: Pass, launcher: str, wanted: str, gpus: list[str]
         return
     named = await p.clients.devices.named(node, gpus)
     for uuid, device in named.items():
-        p.world.metrics.requester_devices.labels(
+        p.world.metrics.set_requester_device(
             p.world.namespace, pods.name(p.requester), uuid, device.driver, device.pool, device.name
-        ).set(1)
+        )
     devices = ", ".join(f"{named[u]} ({u})" if u in named else u for u in gpus)
     await p.event(p.requester, "Normal", "Bound", f"instance {wanted} on launcher {launcher} runs on {devices}")
 

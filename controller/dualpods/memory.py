@@ -11,10 +11,14 @@ is told by comparing resourceVersions, as integers (KEP-5504, GA in Kubernetes 1
 not one is never taken as older.
 """
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from controller import pods
+
+SWEEP_S = 10.0  # the least time between two sweeps of gone Pods' memory
 
 
 @dataclass
@@ -37,6 +41,7 @@ class Memory:
     # a pass that still finds the requester unbound must not create another (binding.py)
     launching: dict[str, tuple[str, float]] = field(default_factory=dict)
     written: dict[str, int] = field(default_factory=dict)  # Pod UID -> the resourceVersion of its last write
+    swept_at: float = float("-inf")  # when (monotonic) forget_gone last swept
 
     def wrote(self, pod: pods.Pod, version: str) -> None:
         if (number := _version(version)) is not None:
@@ -52,8 +57,14 @@ class Memory:
         del self.written[pods.uid(pod)]
         return False
 
-    def keep_only(self, uids: set[str]) -> None:
-        """Forget the Pods not among `uids` (FMA drops an inference server's state once both Pods are gone)."""
+    def forget_gone(self, live_uids: Callable[[], set[str]]) -> None:
+        """Forget the Pods not among `live_uids()` (FMA drops an inference server's state once both Pods are
+        gone), at most once every SWEEP_S: a sweep reads every cached Pod, and a swap wave ends thousands of
+        pairs. What a gone Pod leaves meanwhile is keyed by its UID, which no other Pod will have."""
+        if time.monotonic() - self.swept_at < SWEEP_S:
+            return
+        self.swept_at = time.monotonic()
+        uids = live_uids()
         tables: list[dict[str, Any]] = [
             self.paths,
             self.victims,

@@ -6,6 +6,7 @@ churns Pods does not grow the scrape without bound. The counts per InferenceServ
 stay at 0 once nothing is counted, as FMA's: there are as many as there are such objects.
 """
 
+from collections import defaultdict
 from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -29,8 +30,15 @@ CREATE_BUCKETS = (0.001, 0.01, 0.1, 1, 2, 3, 4, 5)
 QUEUE_BUCKETS = tuple(4**k / 64 for k in range(7))
 
 
+PodKey = tuple[str, str]  # (namespace, Pod name)
+Series = tuple[Gauge, tuple[str, ...], tuple[PodKey, ...]]  # a gauge, its label values, the Pods they name
+
+
 class DualPodsMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
+        # The series that name each Pod, so that forget_pod removes exactly those: prometheus_client's
+        # remove_by_labels reads every series of the gauge, thousands for each Pod a swap wave deletes.
+        self._series_of: defaultdict[PodKey, set[Series]] = defaultdict(set)
         self.actuation_seconds = Histogram(
             "fma_actuation_seconds",
             "Requester container start to the reply to its first successful become-ready.",
@@ -120,8 +128,30 @@ class DualPodsMetrics:
             registry=registry,
         )
 
+    def set_duality(
+        self, value: float, namespace: str, requester: str, provider: str, container: str, instance: str, gpu: str,
+        node: str,
+    ) -> None:  # fmt: skip
+        labels = (namespace, requester, provider, container, instance, gpu, node)
+        self._set(self.duality, labels, ((namespace, requester), (namespace, provider)), value)
+
+    def set_requester_device(
+        self, namespace: str, requester: str, gpu: str, driver: str, pool: str, device: str
+    ) -> None:
+        labels = (namespace, requester, gpu, driver, pool, device)
+        self._set(self.requester_devices, labels, ((namespace, requester),), 1)
+
+    def _set(self, gauge: Gauge, labels: tuple[str, ...], named: tuple[PodKey, ...], value: float) -> None:
+        gauge.labels(*labels).set(value)
+        for key in named:
+            self._series_of[key].add((gauge, labels, named))
+
     def forget_pod(self, namespace: str, name: str) -> None:
         """The Pod is gone: drop the series that name it (fma_duality as requester or as provider, its devices)."""
-        for label in ("requester_name", "exported_pod"):
-            self.duality.remove_by_labels({"exported_namespace": namespace, label: name})
-        self.requester_devices.remove_by_labels({"exported_namespace": namespace, "requester_name": name})
+        for gauge, labels, named in self._series_of.pop((namespace, name), set()):
+            gauge.remove(*labels)
+            for other in named:
+                if other != (namespace, name) and (series := self._series_of.get(other)) is not None:
+                    series.discard((gauge, labels, named))
+                    if not series:
+                        del self._series_of[other]

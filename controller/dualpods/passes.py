@@ -185,7 +185,8 @@ class Pass:
         if binding is None:
             return
         for gpu in config.get("gpu_uuids") or (direct_gpus.split(",") if direct_gpus else []):
-            self.world.metrics.duality.labels(
+            self.world.metrics.set_duality(
+                value,
                 self.world.namespace,
                 binding.requester_name,
                 pods.name(provider),
@@ -193,4 +194,4 @@ class Pass:
                 pods.annotations(provider).get(keys.INSTANCE_ID_ANNOTATION, ""),
                 gpu,
                 str(pods.node_name(provider)),
-            ).set(value)
+            )

@@ -23,7 +23,7 @@ async def nothing(p: Pass) -> StepResult:
 
 async def forget(p: Pass) -> StepResult:
     """Both Pods are gone: forget what memory holds of them (as FMA drops an inference server's state)."""
-    p.memory.keep_only({pods.uid(pod) for pod in p.world.caches.pods.items()})
+    p.memory.forget_gone(lambda: {pods.uid(pod) for pod in p.world.caches.pods.items()})
     p.memory.phases.pop(p.s.name, None)
     return DONE
 
