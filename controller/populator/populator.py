@@ -54,9 +54,10 @@ log = logging.getLogger(__name__)
 BY_KEY = "key"
 BY_CONFIG = "config"
 BY_NODE = "node"
-# A LauncherConfig's instance counts (its status) follow its launchers' summaries within this: a wave writes a
-# summary onto every launcher, and each recount reads all of them, so they are recounted once per settle time,
-# not once per write (1,000 launchers: about 830 summary writes in 22 s of the benchmark's idle phase).
+# A LauncherConfig's instance counts (its status) follow its launchers' summaries within this, and a policy's
+# readiness its launchers' readiness: a wave writes a summary onto every launcher (and a population makes
+# thousands Ready), and each recount reads all of them, so they are recounted once per settle time, not once
+# per change (1,000 launchers: about 830 summary writes in 22 s of the benchmark's idle phase).
 COUNTS_SETTLE_S = 1.0
 
 
@@ -233,9 +234,9 @@ class Populator:
             self._views.forget(old["metadata"]["name"])
         configs = {key.config for pod in (old, new) if pod is not None and (key := launcher_key(pod))}
         if _population_facts(old) != _population_facts(new):
-            for config in configs:
+            for config in configs:  # a policy's readiness reads all its launchers: recomputed once they settle
                 for policy in self._digest.policies_naming(config):
-                    self._digest_queue.add(DigestItem("policy", policy))
+                    self._digest_queue.add_after(DigestItem("policy", policy), COUNTS_SETTLE_S)
         if launcher_summary.annotation_on(old) != launcher_summary.annotation_on(new):
             for config in configs:  # its instance counts may have changed: recounted once the writes settle
                 self._digest_queue.add_after(DigestItem("config", config), COUNTS_SETTLE_S)
