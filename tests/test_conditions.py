@@ -7,6 +7,7 @@ from typing import Any
 
 from api import keys
 from api.crds import InferenceServerConfigStatus, Status
+from api.launcher_summary import of_pod
 from controller.conditions import Problem, Readiness, computed, current
 from controller.dualpods.isc_status import IscSnapshot, isc_status, observe_isc
 from controller.populator.key import LauncherKey
@@ -153,7 +154,7 @@ async def test_an_isc_and_its_launcher_config_count_their_instances_serving_and_
     status = isc_status(await isc_snapshot(isc_obj(), lc_obj(), one, two, launcher_obj("l3")), None, T0)
     assert status is not None
     assert (status.serving_instances, status.sleeping_instances) == (1, 1)
-    config = config_status({"metadata": {"name": "lc", "generation": 1}}, None, [one, two], T0)
+    config = config_status({"metadata": {"name": "lc", "generation": 1}}, None, map(of_pod, [one, two]), T0)
     assert (config.serving_instances, config.sleeping_instances) == (1, 2)
 
 

@@ -93,6 +93,21 @@ def test_an_annotation_that_is_not_a_summary_reads_as_none() -> None:
     assert json.loads(text)["instances"][0]["since"].startswith("2026-12-02T06:00:00")
 
 
+def test_a_launchers_summary_is_parsed_once_per_text_it_carries() -> None:
+    parsed = launcher_summary.ParsedSummaries()
+    before = _launcher("l1", "node-a", inst("a"))
+    first = parsed.of_pod(before)
+    assert first == summarize([inst("a")], None, T0)
+    assert parsed.of_pod(json.loads(json.dumps(before))) is first, "the same text, from a later event"
+    after = _launcher("l1", "node-a", inst("a"), inst("b"))
+    second = parsed.of_pod(after)
+    assert second == summarize([inst("a"), inst("b")], None, T0)
+    parsed.forget("l1")
+    again = parsed.of_pod(after)
+    assert again == second
+    assert again is not second, "read again once forgotten"
+
+
 async def test_the_controller_writes_a_launchers_summary_once_and_again_when_it_changes(h: Harness) -> None:
     h.put(launcher_obj())
     h.views.put(h.pod(LAUNCHER), inst("a", sleeping=False), inst("b", sleeping=True, gpus=(GPU1,)))

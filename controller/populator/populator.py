@@ -98,6 +98,7 @@ class Populator:
     ) -> None:
         core = client.CoreV1Api(api)
         self._views = views
+        self._summaries = launcher_summary.ParsedSummaries()
         self._namespace = namespace
         self._options = options
         self._pods = Informer(
@@ -232,6 +233,7 @@ class Populator:
             self._views.track(new["metadata"]["name"], pods.pod_ip(new) if running else None, incarnation)
         elif old is not None:
             self._views.forget(old["metadata"]["name"])
+            self._summaries.forget(old["metadata"]["name"])
         configs = {key.config for pod in (old, new) if pod is not None and (key := launcher_key(pod))}
         if _population_facts(old) != _population_facts(new):
             for config in configs:  # a policy's readiness reads all its launchers: recomputed once they settle
@@ -261,9 +263,9 @@ class Populator:
             case "config":
                 config = self._update_config(item.name)
                 if config is not None:
-                    launchers = self._pods.by_index(BY_CONFIG, item.name)
+                    summaries = map(self._summaries.of_pod, self._pods.by_index(BY_CONFIG, item.name))
                     error = self._digest.config_error(item.name)
-                    await self._status.write(LauncherConfig, config, config_status(config, error, launchers, now))
+                    await self._status.write(LauncherConfig, config, config_status(config, error, summaries, now))
             case "policy":
                 policy = self._update_policy(item.name)
                 if policy is not None:

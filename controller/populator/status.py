@@ -9,12 +9,13 @@ scheduler cannot place them (`Unschedulable`, with its message), or they are on 
 stuck ones named in the message).
 """
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
 from api import keys, launcher_summary
 from api.crds import LauncherConfigStatus, Status
+from api.launcher_summary import LauncherSummary
 from controller import pods
 from controller.conditions import Problem, Readiness, computed, current
 from controller.launcher_template import Pod
@@ -25,12 +26,11 @@ VALID = Readiness(True, "Valid")
 
 
 def config_status(
-    config: Mapping[str, Any], error: str | None, launchers: list[Pod], now: datetime
+    config: Mapping[str, Any], error: str | None, summaries: Iterable[LauncherSummary | None], now: datetime
 ) -> LauncherConfigStatus:
-    """`launchers`: the config's launcher Pods, as cached; their summaries count its instances."""
+    """`summaries`: those its launcher Pods carry (None: a launcher without one); they count its instances."""
     problems = [Problem("TemplateError", error)] if error else []
-    summaries = [summary for pod in launchers if (summary := launcher_summary.of_pod(pod)) is not None]
-    serving, sleeping = launcher_summary.counts(summaries)
+    serving, sleeping = launcher_summary.counts(summary for summary in summaries if summary is not None)
     shown = current(LauncherConfigStatus, config)
     return computed(shown, _generation(config), problems, VALID, now, serving_instances=serving,
                     sleeping_instances=sleeping)  # fmt: skip
