@@ -1,6 +1,8 @@
 """What the controllers cache of an object and what they send back: trimmed caches, metadata patches, and
 when a cached copy is older than the controller's own write."""
 
+import json
+
 import aiohttp
 import pytest
 
@@ -51,6 +53,26 @@ def test_the_cache_holds_trimmed_objects() -> None:
     assert cached is not None
     assert LAST_APPLIED not in cached["metadata"]["annotations"]
     assert "fieldsV1" not in cached["metadata"]["managedFields"][0]
+
+
+def test_cached_objects_share_their_keys_and_short_strings() -> None:
+    """Each object comes from its own json.loads; the cache keeps one copy of what they have in common."""
+
+    async def never(**_: object) -> aiohttp.ClientResponse:
+        raise AssertionError("not listed in this test")
+
+    informer = Informer("pods", never)
+    long = "x" * 200
+    for name in ("a", "b"):
+        pod = json.loads(json.dumps({"metadata": {"name": name, "namespace": "ns", "annotations": {"big": long}}}))
+        informer.upsert(pod)
+    a, b = informer.get("ns/a"), informer.get("ns/b")
+    assert a is not None
+    assert b is not None
+    assert a["metadata"]["namespace"] is b["metadata"]["namespace"]
+    assert next(iter(a["metadata"])) is next(iter(b["metadata"])), "the key 'name'"
+    assert a["metadata"]["annotations"]["big"] == long
+    assert a["metadata"]["annotations"]["big"] is not b["metadata"]["annotations"]["big"], "long values not interned"
 
 
 @pytest.mark.parametrize(
