@@ -171,7 +171,7 @@ async def main() -> int:
     except ValueError as err:
         sys.exit(f"bench/scale.py: {err}")
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
-        result = await run_scale(spec, Path(tmp), args.profile)
+        result = await run_scale(spec, Path(tmp), args.profile, lambda line: print(line, file=sys.stderr, flush=True))
     if args.json is not None:
         args.json.write_text(json.dumps(dataclasses.asdict(result), indent=2) + "\n")
     print("\n".join(report(result)))

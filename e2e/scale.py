@@ -31,7 +31,7 @@ import ssl
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,7 @@ LAUNCHER_CONFIG = "scale"
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 FIRST_PORT = 8005
 REPORT_EVERY_S = 1.0
+PROGRESS_EVERY_S = 60.0  # a long run says how far each wave has come this often
 
 
 @dataclass(frozen=True)
@@ -365,8 +366,16 @@ class Meter:
 
 
 class Scenario:
-    def __init__(self, spec: ScaleSpec, cluster: LoopbackCluster, env: DualPodsEnv, session: aiohttp.ClientSession):
+    def __init__(
+        self,
+        spec: ScaleSpec,
+        cluster: LoopbackCluster,
+        env: DualPodsEnv,
+        session: aiohttp.ClientSession,
+        progress: Callable[[str], None],
+    ):
         self.spec = spec
+        self.progress = progress
         self.cluster = cluster
         self.env = env
         self.session = session
@@ -432,6 +441,7 @@ class Scenario:
         ready_at: dict[str, float] = {}
         old_gone = started
         timed_out = False
+        said = started
         while True:
             report = await self._report("requester")
             current = {pods.uid(p) for m in up for p in self.pods.requesters(m) if not pods.is_deleting(p)}
@@ -443,6 +453,10 @@ class Scenario:
             if time.time() - started > self.spec.wave_timeout:
                 timed_out = True
                 break
+            if time.time() - said >= PROGRESS_EVERY_S:
+                said = time.time()
+                told = f"{len(ready_at)} of {len(current)} told ready after {said - started:.0f} s"
+                self.progress(f"{name} wave: {told}; {self._controller_rss()}")
             await asyncio.sleep(REPORT_EVERY_S)
         new = {uid: at for uid, at in ready_at.items() if (self.pods.created(uid) or 0.0) >= started}
         finished = max([old_gone, *new.values()])
@@ -453,7 +467,14 @@ class Scenario:
         waiting = [p for m in up for p in self.pods.requesters(m) if pods.uid(p) not in ready_at]
         wave.problems = dict(collections.Counter(_problem(p) for p in waiting).most_common(5))
         await self._check(wave)
+        self.progress(f"{name} wave over after {wave.seconds:.0f} s: {len(latencies)} told ready, not ready "
+                      f"{wave.not_ready}, unbound {wave.unbound}, double-bound {wave.double_bound}, GPUs shared "
+                      f"{wave.shared_gpus}; {self._controller_rss()}")  # fmt: skip
         return wave
+
+    def _controller_rss(self) -> str:
+        _, rss = self.footprint()
+        return ", ".join(f"{name} RSS {rss[name]:.0f} MiB" for name in (DUAL_PODS, POPULATOR) if name in rss)
 
     async def _report(self, role: Role) -> Report:
         """What the simulated containers of `role` hold now, from every simulation process of the role."""
@@ -612,9 +633,15 @@ async def _summaries(profiles: dict[str, Profile], result: ScaleResult) -> None:
             result.profiles[name] = summary
 
 
-async def run_scale(spec: ScaleSpec, work_dir: Path, profile_dir: Path | None = None) -> ScaleResult:
+async def run_scale(
+    spec: ScaleSpec,
+    work_dir: Path,
+    profile_dir: Path | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> ScaleResult:
     """Bring up the cluster, measure, and take everything down again (also on failure). With
-    `profile_dir`, the controllers are sampled with py-spy and their raw profiles kept there."""
+    `profile_dir`, the controllers are sampled with py-spy and their raw profiles kept there; `progress`
+    hears each minute of a wave and each wave's outcome, which a run stopped later keeps."""
     cluster = LoopbackCluster(work_dir / "cluster")
     started = time.monotonic()
     try:
@@ -628,7 +655,7 @@ async def run_scale(spec: ScaleSpec, work_dir: Path, profile_dir: Path | None = 
             env = DualPodsEnv(cluster, api, namespace, work_dir)
             await env.setup()
             await env.controllers.install(*spec.chart_values)
-            scenario = Scenario(spec, cluster, env, session)
+            scenario = Scenario(spec, cluster, env, session, progress)
             await scenario.pods.start()
             try:
                 await scenario.create_models()

@@ -14,7 +14,8 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 async def test_forty_requesters_on_ten_simulated_nodes(tmp_path: Path) -> None:
     spec = ScaleSpec(nodes=10, gpus_per_node=4, requesters=40, models=2, wave_timeout=240, idle_seconds=2)
-    result = await run_scale(spec, tmp_path)
+    progress: list[str] = []
+    result = await run_scale(spec, tmp_path, progress=progress.append)
 
     assert result.launchers_created_seconds <= result.launchers_ready_seconds
     assert result.populator_phase.requests_by_call.get("POST pods/binding") == 40, "one launcher per GPU"
@@ -28,6 +29,9 @@ async def test_forty_requesters_on_ten_simulated_nodes(tmp_path: Path) -> None:
         assert set(wave.steps) == {f"{a} -> {b}" for a, b in STEPS}, "every step of every requester timed"
         assert wave.phase.requests_by_verb.get("POST", 0) > 0
     assert len(first.latencies) == 40, "every requester of the first wave is new"
+    over = [line for line in progress if " wave over after " in line]
+    assert [line.split()[0] for line in over] == ["first", "swap"], progress
+    assert all("unbound 0, double-bound 0, GPUs shared 0" in line for line in over), over
     assert len(swap.latencies) == 20, "half the models moved to the other half"
     for component in (DUAL_PODS, POPULATOR):
         figures = result.controllers[component]
