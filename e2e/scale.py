@@ -43,7 +43,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api import keys
 from controller import pods
-from controller.informer import Informer
+from controller.informer import LAST_APPLIED, Informer
 from e2e.chart import DUAL_PODS, POPULATOR
 from e2e.cluster.cluster import LoopbackCluster, default_nodes
 from e2e.dualpods_env import DualPodsEnv, Obj
@@ -52,7 +52,6 @@ from e2e.profiles import Profile, Summary
 from e2e.simulation.protocol import Report, Role
 
 LAUNCHER_CONFIG = "scale"
-LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 FIRST_PORT = 8005
 REPORT_EVERY_S = 1.0
 PROGRESS_EVERY_S = 60.0  # a long run says how far each wave has come this often
