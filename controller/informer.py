@@ -5,19 +5,19 @@ cache is fed by the controllers' one list/watch loop (controller.listwatch): lis
 (`limit`/`continue`), the watch resumes from the last resourceVersion it saw, and when that is gone
 (410 Gone, "resourceVersion too old") it lists again and emits the differences, so handlers see every
 change as (old, new) pairs exactly once per observed version. Objects are trimmed before they are cached
-(`trim`: no managedFields field sets, no last-applied annotation, keys and short strings shared). `upsert` and
+(`trim`: no managedFields field sets, no last-applied annotation), and read with `decode`, which shares their keys
+and short strings. `upsert` and
 `remove` load the cache by hand (tests, and a controller that learns of a change before its watch does).
 """
 
 import asyncio
-import json
 import logging
-import sys
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 import aiohttp
+import pydantic_core
 
 from controller.listwatch import Backoff, Expired, lines, list_and_watch
 
@@ -37,7 +37,15 @@ STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=10, sock_connect=10)
 
 LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 MANAGED_FIELDS_KEPT = ("manager", "operation", "time")
-SHARED_STRING_MAX = 64  # string values up to this long are shared between cached objects
+
+
+def decode(data: bytes | str) -> Any:
+    """JSON as the controllers read the API server's objects: with pydantic-core's parser, whose string cache
+    gives the objects of a cache one copy of the keys and short strings they have in common ("metadata",
+    "True", a node's name, an image) where json.loads made new ones for each object. Shared, a cached launcher
+    Pod took 14.3 KiB instead of 27.9 KiB (5,000 launchers, docs/benchmarks.md); sharing them by hand
+    (`sys.intern` over every object json.loads made) had cost a sixth of a controller's CPU."""
+    return pydantic_core.from_json(data, cache_strings="all")
 
 
 def trim(obj: Obj) -> Obj:
@@ -45,7 +53,7 @@ def trim(obj: Obj) -> Obj:
     when stays, which is all a controller reads of it) and without kubectl's last-applied annotation (a copy
     of the object as applied). Together they were nearly half of a Pod's JSON (docs/benchmarks.md). Writes
     never send them back (PodWriter patches what it changes; status writes leave managedFields out), so the
-    API server keeps its own. The rest is kept with its keys and short strings shared (`_shared`)."""
+    API server keeps its own."""
     meta = obj.get("metadata")
     if isinstance(meta, dict):
         fields = meta.get("managedFields")
@@ -54,22 +62,7 @@ def trim(obj: Obj) -> Obj:
         annotations = meta.get("annotations")
         if annotations and LAST_APPLIED in annotations:
             meta["annotations"] = {k: v for k, v in annotations.items() if k != LAST_APPLIED}
-    shared: Obj = _shared(obj)
-    return shared
-
-
-def _shared(value: Any) -> Any:
-    """`value` with every key and every string of up to SHARED_STRING_MAX characters interned. json.loads
-    makes new strings for each object it reads, so a cache of thousands of Pods held thousands of copies of
-    "metadata", "True", a node's name, an image; shared, a cached launcher Pod took 14.3 KiB instead of
-    27.9 KiB (measured with 5,000 launchers, docs/benchmarks.md)."""
-    if type(value) is dict:
-        return {sys.intern(k): _shared(v) for k, v in value.items()}
-    if type(value) is list:
-        return [_shared(v) for v in value]
-    if type(value) is str and len(value) <= SHARED_STRING_MAX:
-        return sys.intern(value)
-    return value
+    return obj
 
 
 class ListWatchFunction(Protocol):
@@ -188,12 +181,12 @@ class Informer:
             self._backoff.reset()
             async for line in lines(response.content, WATCH_SILENCE_S):
                 if line.strip():
-                    self._on_event(json.loads(line))
+                    self._on_event(decode(line))
 
     async def _call(self, **kwargs: Any) -> Obj:
         response = await self._list_watch(_preload_content=False, **self._selector, **kwargs)
         async with response:
-            body: Obj = json.loads(await response.read())
+            body: Obj = decode(await response.read())
         if response.status == 410:  # a list's continue token expired: start over
             raise Expired(f"list: {body.get('message')}")
         if response.status != 200:

@@ -8,7 +8,7 @@ import pytest
 
 from controller.dualpods.memory import Memory
 from controller.dualpods.writer import merge_patch, metadata_patch
-from controller.informer import LAST_APPLIED, Informer, trim
+from controller.informer import LAST_APPLIED, Informer, decode, trim
 
 
 def _pod() -> dict[str, object]:
@@ -56,7 +56,7 @@ def test_the_cache_holds_trimmed_objects() -> None:
 
 
 def test_cached_objects_share_their_keys_and_short_strings() -> None:
-    """Each object comes from its own json.loads; the cache keeps one copy of what they have in common."""
+    """Each object is read from its own JSON; the cache keeps one copy of what they have in common."""
 
     async def never(**_: object) -> aiohttp.ClientResponse:
         raise AssertionError("not listed in this test")
@@ -64,15 +64,15 @@ def test_cached_objects_share_their_keys_and_short_strings() -> None:
     informer = Informer("pods", never)
     long = "x" * 200
     for name in ("a", "b"):
-        pod = json.loads(json.dumps({"metadata": {"name": name, "namespace": "ns", "annotations": {"big": long}}}))
-        informer.upsert(pod)
+        pod = {"metadata": {"name": name, "namespace": "ns", "annotations": {"big": long}}}
+        informer.upsert(decode(json.dumps(pod)))
     a, b = informer.get("ns/a"), informer.get("ns/b")
     assert a is not None
     assert b is not None
     assert a["metadata"]["namespace"] is b["metadata"]["namespace"]
     assert next(iter(a["metadata"])) is next(iter(b["metadata"])), "the key 'name'"
     assert a["metadata"]["annotations"]["big"] == long
-    assert a["metadata"]["annotations"]["big"] is not b["metadata"]["annotations"]["big"], "long values not interned"
+    assert a["metadata"]["annotations"]["big"] is not b["metadata"]["annotations"]["big"], "long values not shared"
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,6 @@ last changed it: the least-recently-used order of direct providers (FMA's sleepe
 """
 
 import copy
-import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +26,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
 from controller import pods
+from controller.informer import decode
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class PodWriter:
                 # like a changed resourceVersion: the Pod it read is not there any more.
                 replaced = response.status == 422 and "metadata.uid" in reason
                 raise ApiException(status=409 if replaced else response.status, reason=reason)
-            written: dict[str, Any] = json.loads(await response.read())
+            written: dict[str, Any] = decode(await response.read())
         return str(written["metadata"]["resourceVersion"])
 
     async def create(self, pod: pods.Pod) -> pods.Pod:
@@ -81,7 +81,7 @@ class PodWriter:
         async with response:
             if response.status >= 300:
                 raise ApiException(status=response.status, reason=await response.text())
-            created: dict[str, Any] = await response.json()
+            created: dict[str, Any] = decode(await response.read())
         return created
 
     async def delete(self, pod: pods.Pod, why: str) -> None:

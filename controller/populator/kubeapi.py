@@ -4,7 +4,6 @@ and their Events (the status of LauncherConfigs and policies goes through contro
 `LauncherApi` is what the reconcile of a key needs; unit tests give it an in-memory fake.
 """
 
-import json
 import logging
 from enum import Enum
 from typing import Protocol
@@ -14,6 +13,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
 from controller.events import EventSink
+from controller.informer import decode
 from controller.launcher_template import Pod
 from controller.populator.key import LauncherKey, selector
 
@@ -67,7 +67,7 @@ class KubeLauncherApi:
             body = await response.read()
         if response.status != 200:
             raise ApiException(status=response.status, reason=body.decode(errors="replace")[:500])
-        items: list[Pod] = json.loads(body).get("items") or []
+        items: list[Pod] = decode(body).get("items") or []
         return items
 
     async def create(self, pod: Pod) -> Pod:
@@ -79,7 +79,7 @@ class KubeLauncherApi:
             body = await response.read()
         if response.status >= 300:
             raise ApiException(status=response.status, reason=body.decode(errors="replace")[:500])
-        created: Pod = json.loads(body)
+        created: Pod = decode(body)
         log.info("created launcher Pod %s on node %s", created["metadata"]["name"], node)
         return created
 
