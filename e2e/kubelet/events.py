@@ -5,7 +5,7 @@ import uuid
 
 from kubernetes_asyncio import client
 
-from e2e.kubelet.apierrors import API_ERRORS, describe
+from e2e.kubelet.apierrors import API_ERRORS, answer_of, describe
 from e2e.kubelet.status import now, timestamp
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,6 @@ class EventRecorder:
             "reportingInstance": self._node,
         }
         try:
-            await self._core.create_namespaced_event(meta.namespace, body)
+            await answer_of(self._core.create_namespaced_event(meta.namespace, body, _preload_content=False))
         except API_ERRORS as error:
             log.warning("could not record event %s on %s/%s: %s", reason, meta.namespace, meta.name, describe(error))

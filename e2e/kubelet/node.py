@@ -9,7 +9,7 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from e2e.kubelet.apierrors import API_ERRORS, describe
+from e2e.kubelet.apierrors import API_ERRORS, answer_of, describe
 from e2e.kubelet.config import NodeConfig
 from e2e.kubelet.gpus import RESOURCE
 from e2e.kubelet.status import now, timestamp
@@ -151,7 +151,9 @@ class NodeRegistration:
         name = self.config.name
         spec = {"holderIdentity": name, "leaseDurationSeconds": _LEASE_SECONDS, "renewTime": _micro(now())}
         try:
-            await self._leases.patch_namespaced_lease(name, LEASE_NAMESPACE, {"spec": spec})
+            await answer_of(
+                self._leases.patch_namespaced_lease(name, LEASE_NAMESPACE, {"spec": spec}, _preload_content=False)
+            )
         except ApiException as error:
             if error.status != 404:
                 raise

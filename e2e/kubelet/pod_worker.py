@@ -8,7 +8,6 @@ address and directories released.
 
 import asyncio
 import contextlib
-import json
 import logging
 import shutil
 from ipaddress import IPv4Address
@@ -19,7 +18,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from controller.listwatch import Backoff
 from e2e.kubelet import dra
-from e2e.kubelet.apierrors import API_ERRORS, describe
+from e2e.kubelet.apierrors import API_ERRORS, answer_of, describe
 from e2e.kubelet.env import ContainerConfigError, PodFields
 from e2e.kubelet.gpus import RESOURCE, InsufficientGpusError
 from e2e.kubelet.runtime import NodeRuntime
@@ -261,14 +260,9 @@ class PodWorker:
             return
         meta = self.pod.metadata
         try:
-            # The answer (the whole Pod) is not decoded into kubernetes-asyncio's models: only its version is read.
-            answer = await self._runtime.core.patch_namespaced_pod_status(
-                meta.name, meta.namespace, body, _preload_content=False
+            written = await answer_of(
+                self._runtime.core.patch_namespaced_pod_status(meta.name, meta.namespace, body, _preload_content=False)
             )
-            async with answer:
-                if answer.status >= 300:
-                    raise ApiException(status=answer.status, reason=await answer.text())
-                written = json.loads(await answer.read())
             self._last_sent = body
             self._written_version = int(written["metadata"]["resourceVersion"])
         except API_ERRORS as error:

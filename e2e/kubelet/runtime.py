@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from kubernetes_asyncio import client
 
 from e2e.kubelet.addresses import AddressBlock
+from e2e.kubelet.apierrors import answer_of
 from e2e.kubelet.config import GpuMode, KubeletConfig
 from e2e.kubelet.events import EventRecorder
 from e2e.kubelet.gpus import GpuAllocator
@@ -58,15 +59,18 @@ class NodeRuntime:
 
     async def service_account_token(self, pod: client.V1Pod, audience: str | None, expiration_seconds: int) -> str:
         """A token of the Pod's ServiceAccount bound to the Pod (the TokenRequest API, as a kubelet asks)."""
-        request = client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(
-                audiences=[audience] if audience else [],
-                expiration_seconds=expiration_seconds,
-                bound_object_ref=client.V1BoundObjectReference(
-                    api_version="v1", kind="Pod", name=pod.metadata.name, uid=pod.metadata.uid
-                ),
+        bound = {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name, "uid": pod.metadata.uid}
+        request = {
+            "spec": {
+                "audiences": [audience] if audience else [],
+                "expirationSeconds": expiration_seconds,
+                "boundObjectRef": bound,
+            }
+        }
+        account = pod.spec.service_account_name or "default"
+        granted = await answer_of(
+            self.core.create_namespaced_service_account_token(
+                account, pod.metadata.namespace, request, _preload_content=False
             )
         )
-        account = pod.spec.service_account_name or "default"
-        granted = await self.core.create_namespaced_service_account_token(account, pod.metadata.namespace, request)
-        return str(granted.status.token)
+        return str(granted["status"]["token"])
