@@ -253,10 +253,11 @@ def main(argv: list[str] | None = None, prog: str = "python -m launcher") -> Non
     manager.start_zygotes()
     app = build_app(manager, token, dialect)
 
-    async def reap_children(app: web.Application) -> None:
+    async def on_start(app: web.Application) -> None:
         asyncio.get_running_loop().add_signal_handler(signal.SIGCHLD, manager.reaper.reap)
+        inventory.read_early()
 
-    app.on_startup.append(reap_children)
+    app.on_startup.append(on_start)
     try:
         web.run_app(app, host=args.host, port=args.port, print=None, access_log=None, shutdown_timeout=15)
     finally:

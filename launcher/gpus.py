@@ -23,21 +23,31 @@ Loader = Callable[[], Awaitable[GpuMap]]
 
 
 class GpuInventory:
-    """Translates UUIDs to indices, re-reading its source once when it meets an unknown UUID."""
+    """Translates UUIDs to indices, re-reading its source once when it meets an unknown UUID. One read at a
+    time: callers that come while the source is read share that read."""
 
     def __init__(self, source: str, load: Loader) -> None:
         self.source = source
         self._load = load
-        self._map: GpuMap | None = None
+        self._reading: asyncio.Future[GpuMap] | None = None
+
+    def read_early(self) -> None:
+        """Start reading the source now, in the background (at the launcher's start, as FMA's launcher reads
+        its GPUs when it starts): the first instance does not wait for NVML's init or for the API server."""
+        if self._reading is None:
+            self._reading = asyncio.ensure_future(self._read())
 
     async def mapping(self, refresh: bool = False) -> GpuMap:
-        if self._map is None or refresh:
-            try:
-                self._map = await self._load()
-            except Exception as err:  # the source is outside our control; report, don't crash
-                log.error("cannot read GPUs from %s: %s", self.source, err)
-                self._map = {}
-        return self._map
+        if self._reading is None or (refresh and self._reading.done()):
+            self._reading = asyncio.ensure_future(self._read())
+        return await asyncio.shield(self._reading)  # a caller that gives up does not end the others' read
+
+    async def _read(self) -> GpuMap:
+        try:
+            return await self._load()
+        except Exception as err:  # the source is outside our control; report, don't crash
+            log.error("cannot read GPUs from %s: %s", self.source, err)
+            return {}
 
     async def indices(self, uuids: list[str]) -> list[int]:
         known = await self.mapping()

@@ -38,7 +38,7 @@ from e2e.cluster.ports import free_port
 from e2e.waiting import cancel_while_waiting
 from launcher import gpu_memory, liveness, startup_phases, stopping, validation
 from launcher.engine_defaults import GIB, GpuMemory, Machine, transformers_defaults, vllm_defaults
-from launcher.errors import BadRequest, Conflict, Gone, InvalidOptions, RangeNotSatisfiable
+from launcher.errors import BadRequest, Conflict, Gone, InvalidOptions, RangeNotSatisfiable, UnknownGpu
 from launcher.events import EventLog, Subscription
 from launcher.gpus import GpuInventory, naive_loader
 from launcher.instance import Instance
@@ -691,3 +691,46 @@ async def test_a_copy_cancelled_by_the_launchers_shutdown_ends_the_wait_for_it(t
     instance.output.cancel()
     async with asyncio.timeout(1):
         await waiting  # returns: no CancelledError
+
+
+class _CountedSource:
+    """A GPU source that counts its reads and answers each when `release` is set (an API read or NVML's init)."""
+
+    def __init__(self, answers: list[dict[str, int] | Exception]) -> None:
+        self.answers = answers
+        self.reads = 0
+        self.release = asyncio.Event()
+
+    async def load(self) -> dict[str, int]:
+        self.reads += 1
+        await self.release.wait()
+        answer = self.answers[min(self.reads, len(self.answers)) - 1]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+async def test_gpus_read_early_are_one_read_that_the_first_instance_joins() -> None:
+    source = _CountedSource([{"GPU-a": 0, "GPU-b": 1}])
+    inventory = GpuInventory("test source", source.load)
+    inventory.read_early()
+    await asyncio.sleep(0)
+    assert source.reads == 1, "the read starts with the launcher, before any instance asks"
+    waiting = [asyncio.ensure_future(inventory.indices(["GPU-b"])) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    source.release.set()
+    assert await asyncio.gather(*waiting) == [[1], [1], [1]]
+    assert await inventory.indices(["GPU-a", "GPU-b"]) == [0, 1]
+    assert source.reads == 1, "every caller shared the one read"
+
+
+async def test_gpus_an_unknown_uuid_or_a_failed_read_reads_the_source_again() -> None:
+    source = _CountedSource([RuntimeError("API server unreachable"), {"GPU-a": 0}, {"GPU-a": 0, "GPU-new": 1}])
+    source.release.set()
+    inventory = GpuInventory("test source", source.load)
+    inventory.read_early()
+    assert await inventory.indices(["GPU-a"]) == [0], "the failed early read is read again"
+    assert await inventory.indices(["GPU-new"]) == [1], "a GPU added to the source since is found"
+    assert source.reads == 3
+    with pytest.raises(UnknownGpu, match=r"unknown GPU UUID.*GPU-gone.*available.*GPU-a, GPU-new"):
+        await inventory.indices(["GPU-gone"])

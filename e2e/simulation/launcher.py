@@ -64,6 +64,7 @@ class LauncherContainer(SimulatedContainer):
             zygote=False,  # a simulated instance has no process to fork
         )
         inventory = self._inventory(args.mock_gpus or args.mock_gpu_count)
+        inventory.read_early()
         self.manager = SimulatedInstances(inventory, LauncherMetrics(), EventLog(args.watch_history), settings)
         self._runner = web.AppRunner(
             build_app(self.manager, token), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
