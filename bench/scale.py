@@ -46,8 +46,11 @@ def _cpu_line(phase: Phase) -> str:
 def _requests_line(phase: Phase) -> str:
     verbs = ", ".join(f"{verb} {count}" for verb, count in phase.requests_by_verb.items())
     top = list(phase.requests_by_call.items())[:TOP_CALLS]
-    return f"{sum(phase.requests_by_verb.values())} ({verbs}); most: " + ", ".join(
-        f"{call} {count}" for call, count in top
+    refused = ", ".join(f"{call} {count}" for call, count in phase.refusals_by_call.items()) or "none"
+    return (
+        f"{sum(phase.requests_by_verb.values())} ({verbs}); most: "
+        + ", ".join(f"{call} {count}" for call, count in top)
+        + f"; refused: {refused}"
     )
 
 

@@ -54,6 +54,7 @@ from e2e.simulation.protocol import Report, Role
 LAUNCHER_CONFIG = "scale"
 FIRST_PORT = 8005
 REPORT_EVERY_S = 1.0
+REPORT_OVERLAP_S = 1.0  # each look asks for the changes since a second before the last one was asked
 PROGRESS_EVERY_S = 60.0  # a long run says how far each wave has come this often
 
 
@@ -95,6 +96,7 @@ class Phase:
     cpu: dict[str, float]
     requests_by_verb: dict[str, int]
     requests_by_call: dict[str, int]  # "VERB resource[/subresource]" -> count
+    refusals_by_call: dict[str, int]  # "VERB resource[/subresource] CODE" -> count, for codes of 400 and up
 
 
 @dataclass
@@ -316,17 +318,24 @@ class Processes:
         return times
 
 
-async def api_requests(cluster: LoopbackCluster) -> tuple[collections.Counter[str], collections.Counter[str]]:
-    """The API server's own count of the requests it served, by verb and by call (the verb and the
-    resource[/subresource]: "PATCH pods/status")."""
+@dataclass
+class ApiRequests:
+    """The API server's own count of the requests it served (`apiserver_request_total`), by verb, by call (the
+    verb and the resource[/subresource]: "PATCH pods/status"), and the refused ones by call and code."""
+
+    by_verb: collections.Counter[str]
+    by_call: collections.Counter[str]
+    refusals: collections.Counter[str]
+
+
+async def api_requests(cluster: LoopbackCluster) -> ApiRequests:
     state = cluster.state_dir
     tls = ssl.create_default_context(cafile=str(state / "pki" / "ca.crt"))
     tls.load_cert_chain(state / "pki" / "admin.crt", state / "pki" / "admin.key")
     async with aiohttp.ClientSession() as session, session.get(f"{cluster.state().apiserver_url}/metrics",
                                                                ssl=tls) as answer:  # fmt: skip
         text = await answer.text()
-    by_verb: collections.Counter[str] = collections.Counter()
-    by_call: collections.Counter[str] = collections.Counter()
+    counted = ApiRequests(collections.Counter(), collections.Counter(), collections.Counter())
     for family in text_string_to_metric_families(text):
         if family.name != "apiserver_request":
             continue
@@ -334,10 +343,13 @@ async def api_requests(cluster: LoopbackCluster) -> tuple[collections.Counter[st
             if not sample.name.endswith("_total"):
                 continue
             labels = sample.labels
-            by_verb[labels.get("verb", "")] += int(sample.value)
+            verb, count = labels.get("verb", ""), int(sample.value)
             resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
-            by_call[f"{labels.get('verb', '')} {resource}"] += int(sample.value)
-    return by_verb, by_call
+            counted.by_verb[verb] += count
+            counted.by_call[f"{verb} {resource}"] += count
+            if labels.get("code", "").isdigit() and int(labels["code"]) >= 400:
+                counted.refusals[f"{verb} {resource} {labels['code']}"] += count
+    return counted
 
 
 class Meter:
@@ -350,17 +362,18 @@ class Meter:
     async def start(self) -> None:
         self._started = time.monotonic()
         self._cpu = self._processes.cpu()
-        self._by_verb, self._by_call = await api_requests(self._cluster)
+        self._requests = await api_requests(self._cluster)
 
     async def stop(self) -> Phase:
         seconds = time.monotonic() - self._started
         cpu = self._processes.cpu()
-        by_verb, by_call = await api_requests(self._cluster)
+        now, before = await api_requests(self._cluster), self._requests
         return Phase(
             seconds=seconds,
             cpu={name: round(used - self._cpu.get(name, 0.0), 2) for name, used in cpu.items()},
-            requests_by_verb=dict((by_verb - self._by_verb).most_common()),
-            requests_by_call=dict((by_call - self._by_call).most_common()),
+            requests_by_verb=dict((now.by_verb - before.by_verb).most_common()),
+            requests_by_call=dict((now.by_call - before.by_call).most_common()),
+            refusals_by_call=dict((now.refusals - before.refusals).most_common()),
         )
 
 
@@ -438,13 +451,19 @@ class Scenario:
         """Until every requester of the `up` models is told ready and those of the `down` ones are gone.
         Requesters that were there before the wave began must stay ready; the figures are the new ones'."""
         ready_at: dict[str, float] = {}
+        readiness: dict[str, tuple[bool, float]] = {}  # uid -> (ready, when it was last set), as the simulations say
+        since: float | None = None  # the first look reads every requester, each later one those changed since
         old_gone = started
         timed_out = False
         said = started
         while True:
-            report = await self._report("requester")
+            asked = time.time()
+            for r in (await self._report("requester", changed_since=since)).requesters:
+                if r.transitions:
+                    readiness[r.uid] = (r.ready, r.transitions[-1][0])
+            since = asked - REPORT_OVERLAP_S
             current = {pods.uid(p) for m in up for p in self.pods.requesters(m) if not pods.is_deleting(p)}
-            ready_at = {r.uid: r.transitions[-1][0] for r in report.requesters if r.ready and r.uid in current}
+            ready_at = {uid: at for uid, (ready, at) in readiness.items() if ready and uid in current}
             if [p for m in down for p in self.pods.requesters(m)]:
                 old_gone = time.time()
             elif len(current) >= self.spec.requesters and len(ready_at) >= self.spec.requesters:
@@ -475,9 +494,11 @@ class Scenario:
         _, rss = self.footprint()
         return ", ".join(f"{name} RSS {rss[name]:.0f} MiB" for name in (DUAL_PODS, POPULATOR) if name in rss)
 
-    async def _report(self, role: Role) -> Report:
-        """What the simulated containers of `role` hold now, from every simulation process of the role."""
-        reports = await asyncio.gather(*(c.report() for c in self.cluster.simulations(role, self.session)))
+    async def _report(self, role: Role, changed_since: float | None = None) -> Report:
+        """What the simulated containers of `role` hold now, from every simulation process of the role (with
+        `changed_since`, only the requesters whose readiness changed since)."""
+        simulations = self.cluster.simulations(role, self.session)
+        reports = await asyncio.gather(*(c.report(changed_since) for c in simulations))
         return Report(
             role=role,
             requesters=[r for report in reports for r in report.requesters],

@@ -5,6 +5,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -247,6 +248,40 @@ async def test_a_roles_pods_are_spread_over_its_processes_and_each_reports_its_o
             assert await container.stop(5) == 0
             again = spec.model_copy(update={"id": spec.id.replace("-1", "-2")})
             assert simulations.process_of(again) is simulations.process_of(spec)
+    finally:
+        await simulations.close()
+        block.release_block()
+
+
+async def test_a_report_since_a_time_holds_the_requesters_whose_readiness_changed_since(tmp_path: Path) -> None:
+    """A benchmark polls each second for the requesters told ready since its last look, not all of them."""
+    block = AddressBlock.claim()
+    config = KubeletConfig(kubeconfig=tmp_path / "kubeconfig", state_dir=tmp_path, api_server_port=1)
+    simulations = Simulations(config, SimulationConfig())
+    await simulations.start()
+    specs = []
+    for name in ("told", "waiting"):
+        pod_ip = str(block.allocate())
+        env = {"POD_IP": pod_ip, "REQUESTER_SPI_AUTH": "none", "REQUESTER_GPU_SOURCE": "env"}
+        spec = _spec("requester", pod_ip, tmp_path, env=env)
+        specs.append(spec.model_copy(update={"id": f"{name}-1", "pod": name, "uid": f"uid-{name}"}))
+    try:
+        containers = [await simulations.run(spec) for spec in specs]
+        async with aiohttp.ClientSession() as http:
+            (url_file,) = url_files(tmp_path, "requester")
+            client = SimulationClient(url_file.read_text().strip(), http)
+            before = time.time()
+            async with http.post(f"http://{specs[0].pod_ip}:8081/v1/become-ready") as answer:
+                assert answer.status == 200
+            changed = (await client.report(changed_since=before)).requesters
+            assert [(r.pod, r.ready) for r in changed] == [("told", True)]
+            assert (await client.report(changed_since=time.time() + 1)).requesters == []
+            assert sorted(r.pod for r in (await client.report()).requesters) == ["told", "waiting"]
+            async with http.get(f"{client.url}/report", params={"changed_since": "soon"}) as answer:
+                assert answer.status == 400
+                assert "changed_since" in await answer.text()
+        for container in containers:
+            assert await container.stop(5) == 0
     finally:
         await simulations.close()
         block.release_block()

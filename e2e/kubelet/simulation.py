@@ -84,8 +84,9 @@ class SimulationClient:
     async def kill(self, container_id: str) -> Stopped:
         return Stopped.model_validate_json(await self._post(f"/containers/{container_id}/kill"))
 
-    async def report(self) -> Report:
-        async with self._session.get(self.url + "/report") as answer:
+    async def report(self, changed_since: float | None = None) -> Report:
+        query = {"changed_since": repr(changed_since)} if changed_since is not None else None
+        async with self._session.get(self.url + "/report", params=query) as answer:
             answer.raise_for_status()
             return Report.model_validate_json(await answer.read())
 

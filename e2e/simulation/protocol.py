@@ -3,7 +3,8 @@
     POST /containers                 ContainerSpec -> 201 Started (exit_code set: it failed at once)
     POST /containers/{id}/stop?grace=S -> Stopped (graceful within S seconds, else cut off: 137)
     POST /containers/{id}/kill       -> Stopped (at once)
-    GET  /report                     -> Report: what the simulated containers hold now
+    GET  /report[?changed_since=T]   -> Report: what the simulated containers hold now (with T, epoch seconds,
+                                        only the requesters whose readiness changed at T or later)
 
 The kubelet resolves everything a container needs (its environment, its volumes as host directories),
 exactly as for a process; the simulation process only runs it. Its URL is in the file the kubelet names.

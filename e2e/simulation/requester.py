@@ -43,6 +43,9 @@ class RecordedReadiness(Readiness):
             self.transitions.append((time.time(), ready))
         super().set(ready)
 
+    def changed_since(self, when: float) -> bool:
+        return bool(self.transitions) and self.transitions[-1][0] >= when
+
 
 class RequesterContainer(SimulatedContainer):
     def __init__(self, spec: ContainerSpec, state_dir: Path) -> None:
