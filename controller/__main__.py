@@ -26,6 +26,7 @@ from api import log_format, version
 from api.token_file import TokenFile
 from controller.dualpods.drains import DEFAULT_TIMEOUT_S
 from controller.dualpods.phases import LAUNCHER_START_BUDGET
+from controller.gc_thresholds import tune_for_caches
 from controller.kube import DEFAULT_BURST, DEFAULT_QPS, ApiLimits, api_client
 from controller.launcher_token import ensure_launcher_token
 from controller.leader import LeaderElection, LostLeadership
@@ -224,6 +225,7 @@ async def run(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     log_format.configure("controller", args.log_level, args.log_format)
+    tune_for_caches()
     loop = asyncio.new_event_loop()
     task = loop.create_task(run(args))
     for signum in (signal.SIGTERM, signal.SIGINT):

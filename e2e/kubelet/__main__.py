@@ -5,6 +5,7 @@ import asyncio
 import logging
 from pathlib import Path
 
+from controller.gc_thresholds import tune_for_caches
 from e2e.kubelet.config import KubeletConfig
 from e2e.kubelet.kubelet import Kubelet
 
@@ -15,6 +16,7 @@ def main() -> None:
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args()
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    tune_for_caches()
     asyncio.run(Kubelet(KubeletConfig.load(args.config)).run())
 
 

@@ -14,6 +14,7 @@ from typing import get_args
 
 from aiohttp import web
 
+from controller.gc_thresholds import tune_for_caches
 from e2e.simulation.control import Simulation, control_app
 from e2e.simulation.protocol import Role
 
@@ -50,6 +51,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     args.state_dir.mkdir(parents=True, exist_ok=True)
+    tune_for_caches()
     asyncio.run(serve(args.role, args.url_file, args.state_dir))
 
 
