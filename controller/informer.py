@@ -4,10 +4,10 @@ Objects are the API server's JSON (dicts), never mutated in place: a change repl
 cache is fed by the controllers' one list/watch loop (controller.listwatch): lists are paged
 (`limit`/`continue`), the watch resumes from the last resourceVersion it saw, and when that is gone
 (410 Gone, "resourceVersion too old") it lists again and emits the differences, so handlers see every
-change as (old, new) pairs exactly once per observed version. Objects are trimmed before they are cached
-(`trim`: no managedFields field sets, no last-applied annotation), and read with `decode`, which shares their keys
-and short strings. `upsert` and
-`remove` load the cache by hand (tests, and a controller that learns of a change before its watch does).
+change as (old, new) pairs exactly once per observed version. Objects are read with `decode`, which shares
+their keys and short strings, and trimmed before they are cached (`trim`: no managedFields field sets, no
+last-applied annotation). `upsert` and `remove` load the cache by hand (tests, and a controller that learns of
+a change before its watch does).
 """
 
 import asyncio
