@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+import aiohttp
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from api.crds import GROUP, VERSION, CustomResource
-from controller.informer import ListWatchFunction
+from controller.informer import ListWatchFunction, decode
 from controller.passclock import waiting
 from controller.ratelimit import TokenBucket
 
@@ -162,3 +163,15 @@ def refusal(err: ApiException) -> tuple[str, str]:
         return str(status.get("reason") or ""), str(status.get("message") or text)
     except (ValueError, TypeError, AttributeError):
         return "", str(text)
+
+
+async def answer_of(call: Awaitable[Any]) -> dict[str, Any]:
+    """The JSON answer of a kubernetes-asyncio call made with `_preload_content=False`, or its refusal as
+    ApiException: for callers that read a field or two of what they write (a version, a name, a token), since
+    decoding the whole answer into the client's models cost more CPU than sending the request."""
+    answer: aiohttp.ClientResponse = await call
+    async with answer:
+        if answer.status >= 300:
+            raise ApiException(status=answer.status, reason=await answer.text())
+        decoded: dict[str, Any] = decode(await answer.read())
+        return decoded

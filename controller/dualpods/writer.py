@@ -27,6 +27,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from api import keys
 from controller import pods
 from controller.informer import decode
+from controller.kube import answer_of
 
 log = logging.getLogger(__name__)
 
@@ -75,14 +76,11 @@ class PodWriter:
 
     async def create(self, pod: pods.Pod) -> pods.Pod:
         log.info("k8s call start: create pod %s", pod["metadata"].get("generateName") or pods.name(pod))
-        response = await self._core.create_namespaced_pod(
-            self.namespace, pod, field_manager=FIELD_MANAGER, _preload_content=False, _request_timeout=API_TIMEOUT
+        return await answer_of(
+            self._core.create_namespaced_pod(
+                self.namespace, pod, field_manager=FIELD_MANAGER, _preload_content=False, _request_timeout=API_TIMEOUT
+            )
         )
-        async with response:
-            if response.status >= 300:
-                raise ApiException(status=response.status, reason=await response.text())
-            created: dict[str, Any] = decode(await response.read())
-        return created
 
     async def delete(self, pod: pods.Pod, why: str) -> None:
         """Delete exactly this incarnation (UID and resourceVersion preconditions); gone counts as done."""

@@ -5,7 +5,8 @@ import uuid
 
 from kubernetes_asyncio import client
 
-from e2e.kubelet.apierrors import API_ERRORS, answer_of, describe
+from controller.kube import answer_of
+from e2e.kubelet.apierrors import API_ERRORS, describe
 from e2e.kubelet.status import now, timestamp
 
 log = logging.getLogger(__name__)

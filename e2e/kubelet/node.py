@@ -9,7 +9,8 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from e2e.kubelet.apierrors import API_ERRORS, answer_of, describe
+from controller.kube import answer_of
+from e2e.kubelet.apierrors import API_ERRORS, describe
 from e2e.kubelet.config import NodeConfig
 from e2e.kubelet.gpus import RESOURCE
 from e2e.kubelet.status import now, timestamp

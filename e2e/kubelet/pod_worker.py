@@ -16,9 +16,10 @@ from pathlib import Path
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from controller.kube import answer_of
 from controller.listwatch import Backoff
 from e2e.kubelet import dra
-from e2e.kubelet.apierrors import API_ERRORS, answer_of, describe
+from e2e.kubelet.apierrors import API_ERRORS, describe
 from e2e.kubelet.env import ContainerConfigError, PodFields
 from e2e.kubelet.gpus import RESOURCE, InsufficientGpusError
 from e2e.kubelet.runtime import NodeRuntime

@@ -4,8 +4,8 @@ from dataclasses import dataclass
 
 from kubernetes_asyncio import client
 
+from controller.kube import answer_of
 from e2e.kubelet.addresses import AddressBlock
-from e2e.kubelet.apierrors import answer_of
 from e2e.kubelet.config import GpuMode, KubeletConfig
 from e2e.kubelet.events import EventRecorder
 from e2e.kubelet.gpus import GpuAllocator
