@@ -50,6 +50,15 @@ REQUESTER_FINALIZER: Final = PREFIX + "requester"
 RUNTIME_ANNOTATION: Final = "workspace.kaito.io/runtime"
 RUNTIME_ANNOTATION_ALIAS: Final = "kaito.sh/runtime"
 
+# Sleeper-aware placement (E22), on an InferenceServerConfig or a requester Pod (which wins): PLACEMENT_PREFER_SLEEPER
+# asks that the requester be placed on a free GPU holding a sleeper of its model, PLACEMENT_OFF that it be left as
+# FMA places it (the chart's default decides for requesters that say nothing).
+PLACEMENT_ANNOTATION: Final = PREFIX + "placement"
+PLACEMENT_PREFER_SLEEPER: Final = "prefer-sleeper"
+PLACEMENT_OFF: Final = "off"
+# Written by the dual-pods controller's placement webhook on each requester that opted in: its decision (JSON).
+PLACED_ANNOTATION: Final = PREFIX + "placed"
+
 # Well-known ConfigMap mapping node name -> {GPU UUID: index} (FMA's direct mode and mock GPUs).
 GPU_MAP_CONFIGMAP: Final = "gpu-map"
 # Set only by the loopback test cluster's kubelet where it plays a CDI runtime or a DRA driver: the UUIDs NVML

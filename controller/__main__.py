@@ -22,7 +22,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
-from api import log_format, version
+from api import keys, log_format, version
 from api.token_file import TokenFile
 from controller.dualpods.drains import DEFAULT_TIMEOUT_S
 from controller.dualpods.phases import LAUNCHER_START_BUDGET
@@ -66,7 +66,11 @@ def build_dual_pods(
     api: client.ApiClient, args: argparse.Namespace, registry: CollectorRegistry, token: TokenFile | None
 ) -> Callable[[], Awaitable[None]]:
     from controller.dualpods.controller import DualPodsOptions, run_dual_pods
+    from controller.dualpods.placement.webhook import Endpoint
 
+    if args.placement_webhook and args.metrics_host in ("0.0.0.0", "::", ""):
+        sys.exit("--placement-webhook needs this replica's own address (POD_IP, or --metrics-host): the API server "
+                 "calls the webhook there")  # fmt: skip
     options = DualPodsOptions(
         workers=args.num_workers,
         launcher_token=token,
@@ -76,6 +80,10 @@ def build_dual_pods(
         requester_tokens=requester_tokens(api, args),
         drain_rewarm_timeout_s=args.drain_rewarm_timeout,
         launcher_start_budget_s=args.launcher_start_budget,
+        placement=Endpoint(args.metrics_host, args.placement_port, args.placement_webhook)
+        if args.placement_webhook
+        else None,
+        placement_default_on=args.placement_default == keys.PLACEMENT_PREFER_SLEEPER,
     )
     return functools.partial(run_dual_pods, api, args.namespace, options, registry)
 
@@ -181,6 +189,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=DEFAULT_TIMEOUT_S,
         help="seconds a launcher on a cordoned node is kept from eviction (by the warm label its "
         "PodDisruptionBudget selects) while its sleepers are copied to other nodes (default %(default)g)",
+    )
+    dual_pods.add_argument(
+        "--placement-webhook",
+        metavar="CONFIGURATION",
+        help="E22: serve sleeper-aware placement as the MutatingWebhookConfiguration of this name (its entry "
+        "placement.dual-pods.llm-d.ai), which the leader points at itself (default: not served)",
+    )
+    dual_pods.add_argument(
+        "--placement-port", type=int, default=9443, help="port of the placement webhook (default %(default)s)"
+    )
+    dual_pods.add_argument(
+        "--placement-default",
+        choices=[keys.PLACEMENT_OFF, keys.PLACEMENT_PREFER_SLEEPER],
+        default=keys.PLACEMENT_OFF,
+        help="placement of the requesters that do not say (nor their InferenceServerConfig) (default %(default)s)",
     )
     populator.add_argument(
         "--expectation-timeout",

@@ -31,7 +31,7 @@ import ssl
 import statistics
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -46,12 +46,17 @@ from controller import pods
 from controller.informer import LAST_APPLIED, Informer
 from e2e.chart import DUAL_PODS, POPULATOR
 from e2e.cluster.cluster import LoopbackCluster, default_nodes
+from e2e.dra import DRA_NODES, allow_admin_access, create_claim_template
 from e2e.dualpods_env import DualPodsEnv, Obj
 from e2e.fixtures import fresh_namespace
+from e2e.kubelet.config import GpuMode
 from e2e.profiles import Profile, Summary
 from e2e.simulation.protocol import Report, Role
 
 LAUNCHER_CONFIG = "scale"
+# On DRA Nodes: a launcher sees every GPU of its Node through an admin-access claim, a requester gets one GPU.
+ALL_GPUS_TEMPLATE = "all-gpus"
+ONE_GPU_TEMPLATE = "one-gpu"
 FIRST_PORT = 8005
 REPORT_EVERY_S = 1.0
 REPORT_OVERLAP_S = 1.0  # each look asks for the changes since a second before the last one was asked
@@ -72,6 +77,7 @@ class ScaleSpec:
     wave_timeout: float = 600.0
     chart_values: tuple[str, ...] = ()  # `helm --set` values, e.g. dualPodsController.workers=16
     idle_seconds: float = 20.0  # at rest before the waves: two Lease renewals and a few probes of every Pod
+    gpu_mode: GpuMode = "device-plugin"  # "dra": the Nodes' GPUs come through ResourceClaims (NVIDIA's DRA driver)
 
     def __post_init__(self) -> None:
         if self.requesters > self.nodes * self.gpus_per_node:
@@ -399,10 +405,19 @@ class Scenario:
     async def populate(self) -> tuple[float, float, Phase]:
         """The LauncherConfig and the policy; seconds until every launcher exists, and until all are Ready."""
         spec, env = self.spec, self.env
-        await env.create_launcher_config(LAUNCHER_CONFIG, max_instances=2, launcher_args=[])
+        dra = spec.gpu_mode == "dra"
+        if dra:
+            await allow_admin_access(env.api, env.namespace)
+            await create_claim_template(env.api, env.namespace, ALL_GPUS_TEMPLATE, None)
+            await create_claim_template(env.api, env.namespace, ONE_GPU_TEMPLATE, 1)
+        await env.create_launcher_config(
+            LAUNCHER_CONFIG, max_instances=2, launcher_args=[], claim_template=ALL_GPUS_TEMPLATE if dra else None
+        )
         await self.meter.start()
         started = time.monotonic()
-        await env.create_population_policy("one-per-gpu", LAUNCHER_CONFIG, count=spec.gpus_per_node)
+        await env.create_population_policy(
+            "one-per-gpu", LAUNCHER_CONFIG, count=spec.gpus_per_node, selector=DRA_NODES if dra else None
+        )
         wanted = spec.nodes * spec.gpus_per_node
         created = await self._until(lambda: len(self.pods.launchers()) >= wanted, started, "every launcher created")
         ready = await self._until(
@@ -429,11 +444,18 @@ class Scenario:
                        f"--wake-delay {spec.wake_delay:g}")  # fmt: skip
             await self.env.create_isc(model, LAUNCHER_CONFIG, port=FIRST_PORT + i, options=options)
 
+    async def create_requesters(self, model: str, count: int) -> None:
+        """The ReplicaSet of `model`'s requesters (named after it), one GPU each."""
+        template = ONE_GPU_TEMPLATE if self.spec.gpu_mode == "dra" else None
+        await self.env.create_requesters(
+            model, model, count, probe_period=self.spec.probe_period, claim_template=template
+        )
+
     async def first_wave(self) -> Wave:
         await self.meter.start()
         started = time.time()
         for i, count in self.spec.replicas(list(range(len(self.models)))).items():
-            await self.env.create_requesters(self.models[i], self.models[i], count, probe_period=self.spec.probe_period)
+            await self.create_requesters(self.models[i], count)
         return await self._wave("first", started, set(self.models), set())
 
     async def swap_wave(self) -> Wave:
@@ -458,7 +480,7 @@ class Scenario:
         said = started
         while True:
             asked = time.time()
-            for r in (await self._report("requester", changed_since=since)).requesters:
+            for r in (await self.report("requester", changed_since=since)).requesters:
                 if r.transitions:
                     readiness[r.uid] = (r.ready, r.transitions[-1][0])
             since = asked - REPORT_OVERLAP_S
@@ -494,7 +516,7 @@ class Scenario:
         _, rss = self.footprint()
         return ", ".join(f"{name} RSS {rss[name]:.0f} MiB" for name in (DUAL_PODS, POPULATOR) if name in rss)
 
-    async def _report(self, role: Role, changed_since: float | None = None) -> Report:
+    async def report(self, role: Role, changed_since: float | None = None) -> Report:
         """What the simulated containers of `role` hold now, from every simulation process of the role (with
         `changed_since`, only the requesters whose readiness changed since)."""
         simulations = self.cluster.simulations(role, self.session)
@@ -520,7 +542,7 @@ class Scenario:
         live = [pods.uid(p) for p in self.pods.requesters() if not pods.is_deleting(p)]
         wave.unbound = sum(1 for uid in live if bound[uid] == 0)
         wave.double_bound = sum(1 for uid in live if bound[uid] > 1)
-        report = await self._report("launcher")
+        report = await self.report("launcher")
         nodes = {pods.uid(p): pods.node_name(p) for p in self.pods.launchers()}
         awake = collections.Counter(
             (nodes.get(launcher.uid), gpu)
@@ -653,19 +675,18 @@ async def _summaries(profiles: dict[str, Profile], result: ScaleResult) -> None:
             result.profiles[name] = summary
 
 
-async def run_scale(
-    spec: ScaleSpec,
-    work_dir: Path,
-    profile_dir: Path | None = None,
-    progress: Callable[[str], None] = lambda line: None,
-) -> ScaleResult:
-    """Bring up the cluster, measure, and take everything down again (also on failure). With
-    `profile_dir`, the controllers are sampled with py-spy and their raw profiles kept there; `progress`
-    hears each minute of a wave and each wave's outcome, which a run stopped later keeps."""
+@contextlib.asynccontextmanager
+async def simulated_fleet(
+    spec: ScaleSpec, work_dir: Path, progress: Callable[[str], None] = lambda line: None
+) -> AsyncIterator[tuple[Scenario, float]]:
+    """A loopback cluster of `spec`'s simulated Nodes with the chart installed and the harness's Pod watch
+    started: the scenario, and the seconds the cluster took to come up. Everything is taken down on the way
+    out (also on failure)."""
     cluster = LoopbackCluster(work_dir / "cluster")
     started = time.monotonic()
     try:
-        await cluster.up(default_nodes(spec.nodes, spec.gpus_per_node), die_with_parent=True, simulated=True)
+        nodes = default_nodes(spec.nodes, spec.gpus_per_node, spec.gpu_mode)
+        await cluster.up(nodes, die_with_parent=True, simulated=True)
         up_seconds = time.monotonic() - started
         async with (
             await cluster.api_client() as api,
@@ -678,31 +699,44 @@ async def run_scale(
             scenario = Scenario(spec, cluster, env, session, progress)
             await scenario.pods.start()
             try:
-                await scenario.create_models()
-                profiles = await _profiles(profile_dir, scenario.processes.find(), (POPULATOR,))
-                created, ready, phase = await scenario.populate()
-                result = ScaleResult(spec, up_seconds, created, ready, phase)
-                await _summaries(profiles, result)
-                result.idle_phase = await scenario.idle()
-                result.descriptors, result.rss_mib = scenario.footprint()
-                if spec.requesters:
-                    profiles = await _profiles(profile_dir, scenario.processes.find(), PROFILED_IN_WAVES)
-                    result.waves.append(await scenario.first_wave())
-                    result.waves.append(await scenario.swap_wave())
-                    await _summaries(profiles, result)
-                result.controllers = await scenario.controller_figures()
-                result.pod_bytes = scenario.pod_bytes()
-                result.descriptors, result.rss_mib = scenario.footprint()
-                result.controller_metrics = await scenario.controller_metrics()
-                result.restarts = await scenario.restarts(profile_dir)
-                if profile_dir is not None:
-                    await scenario.keep_logs(profile_dir)
+                yield scenario, up_seconds
             finally:
                 await scenario.pods.stop()
-            return result
     finally:
         with _uninterruptible():
             cluster.down()
+
+
+async def run_scale(
+    spec: ScaleSpec,
+    work_dir: Path,
+    profile_dir: Path | None = None,
+    progress: Callable[[str], None] = lambda line: None,
+) -> ScaleResult:
+    """Bring up the cluster, measure, and take everything down again (also on failure). With
+    `profile_dir`, the controllers are sampled with py-spy and their raw profiles kept there; `progress`
+    hears each minute of a wave and each wave's outcome, which a run stopped later keeps."""
+    async with simulated_fleet(spec, work_dir, progress) as (scenario, up_seconds):
+        await scenario.create_models()
+        profiles = await _profiles(profile_dir, scenario.processes.find(), (POPULATOR,))
+        created, ready, phase = await scenario.populate()
+        result = ScaleResult(spec, up_seconds, created, ready, phase)
+        await _summaries(profiles, result)
+        result.idle_phase = await scenario.idle()
+        result.descriptors, result.rss_mib = scenario.footprint()
+        if spec.requesters:
+            profiles = await _profiles(profile_dir, scenario.processes.find(), PROFILED_IN_WAVES)
+            result.waves.append(await scenario.first_wave())
+            result.waves.append(await scenario.swap_wave())
+            await _summaries(profiles, result)
+        result.controllers = await scenario.controller_figures()
+        result.pod_bytes = scenario.pod_bytes()
+        result.descriptors, result.rss_mib = scenario.footprint()
+        result.controller_metrics = await scenario.controller_metrics()
+        result.restarts = await scenario.restarts(profile_dir)
+        if profile_dir is not None:
+            await scenario.keep_logs(profile_dir)
+        return result
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from typing import Protocol
 from api.launcher import AllInstancesState, InstanceState, VllmConfig
 from controller import pods
 from controller.dualpods.devices import Device
+from controller.dualpods.placement.claim_templates import ClaimTemplates
 from controller.events import EventSink
 from controller.status_writer import StatusWrites
 
@@ -95,3 +96,4 @@ class Clients:
     events: EventSink
     statuses: StatusWrites
     devices: Devices
+    claim_templates: ClaimTemplates | None = None  # placement's derived templates on DRA Nodes (placement/)

@@ -31,6 +31,12 @@ from controller.dualpods.nominal import gpu_keys
 from controller.dualpods.outcomes import Budget
 from controller.dualpods.passes import Options, World
 from controller.dualpods.phases import LAUNCHER_START_BUDGET, Phase
+from controller.dualpods.placement.admission import Placement, PlacementOptions
+from controller.dualpods.placement.announce import PlacementAnnouncer
+from controller.dualpods.placement.choice import decided
+from controller.dualpods.placement.claim_templates import KubeClaimTemplates
+from controller.dualpods.placement.fleet import INDEXES, REQUESTERS_ON_NODE, FleetReader
+from controller.dualpods.placement.webhook import Endpoint, serve_placement
 from controller.dualpods.provider_client import ProviderClient
 from controller.dualpods.reconcile import LAUNCHERS, Reconciler
 from controller.dualpods.requester_client import RequesterClient
@@ -50,7 +56,6 @@ from controller.workqueue import WorkQueue, run_workers
 
 log = logging.getLogger(__name__)
 
-REQUESTERS_ON_NODE = "requesters-on-node"
 DIRECT_REQUESTERS = "direct-requesters"
 ISCS_BY_LAUNCHER_CONFIG = "iscs-by-launcher-config"
 ISC_STATUS_SETTLE_S = 1.0  # an ISC status is written at most this often (its counts change in bursts)
@@ -60,6 +65,7 @@ class KeyKind(StrEnum):
     REQUESTER = "requester"
     ISC = "isc"
     ISC_STATUS = "isc-status"
+    PLACEMENT = "placement"  # tell a requester where it was placed (its Event)
 
 
 REQUESTER = KeyKind.REQUESTER
@@ -68,7 +74,8 @@ ISC_STATUS = KeyKind.ISC_STATUS
 
 
 class Key(NamedTuple):
-    """A work item: one inference server (by requester name), one ISC's instances, or one ISC's status."""
+    """A work item: one inference server (by requester name), one ISC's instances, one ISC's status, or one
+    requester's placement Event."""
 
     kind: KeyKind
     name: str
@@ -84,6 +91,8 @@ class DualPodsOptions:
     requester_tokens: RequesterTokens | None = None  # E15: the credential of calls that change requesters
     drain_rewarm_timeout_s: float = DEFAULT_TIMEOUT_S  # how long a drain waits for a launcher's sleepers to be copied
     launcher_start_budget_s: float = LAUNCHER_START_BUDGET.seconds  # a bound launcher not answering is then an error
+    placement: Endpoint | None = None  # where the placement webhook is served (None: it is not)
+    placement_default_on: bool = False  # requesters that say nothing, nor their ISC, are placed on sleepers
 
 
 def kube_caches(api: client.ApiClient, namespace: str) -> Caches:
@@ -122,7 +131,6 @@ class DualPodsController:
         self.isc_status_settle_s = ISC_STATUS_SETTLE_S
         index = caches.pods.add_index
         index(BOUND_TO, _bound_to)
-        index(REQUESTERS_ON_NODE, _requester_node)
         index(LAUNCHERS_BY_CONFIG_HASH, _launcher_config_hash)
         index(REQUESTERS_BY_ISC, _requester_isc)
         index(LAUNCHERS_BY_SUMMARY_ISC, summary_iscs)
@@ -130,6 +138,8 @@ class DualPodsController:
         index(NOMINAL, _nominal_hash)
         index(GPU, gpu_keys)
         index(DIRECT_REQUESTERS, _direct_requester)
+        for name, function in INDEXES.items():
+            index(name, function)
         caches.iscs.add_index(ISCS_BY_LAUNCHER_CONFIG, lambda isc: [_launcher_config_name(isc)])
         start = Budget(seconds=options.launcher_start_budget_s)
         options_ = Options(
@@ -140,6 +150,17 @@ class DualPodsController:
         )
         self.reconciler = Reconciler(World(namespace, caches, views, clients, Memory(), metrics, options_))
         self.drains = DrainRewarmer(namespace, caches, views, clients, options.drain_rewarm_timeout_s)
+        placement = PlacementOptions(
+            options.placement_default_on, options.launcher_token_secret, options.launcher_runtime_class
+        )
+        self.placement = Placement(
+            FleetReader(namespace, caches, views),
+            placement,
+            clients.claim_templates,
+            on_decision=lambda d: metrics.placements.labels(namespace, d.result.value).inc(),
+        )
+        self.announcer = PlacementAnnouncer(namespace, caches.pods, clients.events)
+        self.synced = asyncio.Event()  # the caches hold a full list: decisions read them from here on
         caches.pods.subscribe(self._count_requesters)
         caches.iscs.subscribe(self._count_iscs)
         caches.pods.subscribe(self._pod_changed)
@@ -163,6 +184,7 @@ class DualPodsController:
                 await asyncio.gather(*(i.synced.wait() for i in self._informers()))
                 log.info("caches synced; %d pods, %d nodes", len(self.caches.pods.items()),
                          len(self.caches.nodes.items()))  # fmt: skip
+                self.synced.set()
                 process = timed(self._process, self.metrics.reconcile_own_seconds, lambda key: key.kind.value)
                 tasks.create_task(run_workers(self.queue, process, self.options.workers))
                 tasks.create_task(self.drains.run())
@@ -178,6 +200,9 @@ class DualPodsController:
                 return await self.reconciler.reconcile_requester(key.name)
             if key.kind is KeyKind.ISC_STATUS:
                 return await self.reconciler.reconcile_isc_status(key.name)
+            if key.kind is KeyKind.PLACEMENT:
+                await self.announcer.announce(key.name)
+                return None
             return await self.reconciler.reconcile_isc(key.name)
         except Exception:
             self.metrics.queue_retries.labels(node).inc()
@@ -227,6 +252,11 @@ class DualPodsController:
         ):  # its instances' counts may have changed
             for isc in {name for pod in (old, new) if pod is not None for name in summary_iscs(pod)}:
                 self._enqueue_isc_status(isc)
+        if new is not None and pods.is_requester(new) and (decision := decided(new)) is not None:
+            if decision.spot is not None:
+                self.placement.reservations.release(decision.spot)
+            if self.announcer.should_tell(new):
+                self._enqueue(Key(KeyKind.PLACEMENT, pods.name(new)))
         for pod in (p for p in (old, new) if p is not None):
             if pods.is_requester(pod):
                 self._enqueue_requester(pods.name(pod))
@@ -301,6 +331,7 @@ class DualPodsController:
         """A deleted requester's or provider's fma_duality series go with it."""
         if old is not None and new is None:
             self.metrics.forget_pod(self.namespace, pods.name(old))
+            self.announcer.forget(old)
 
     def _count_iscs(self, old: Obj | None, new: Obj | None) -> None:
         """`fma_isc_count` of the LauncherConfig(s) the changed ISC names."""
@@ -325,11 +356,15 @@ async def run_dual_pods(
             events=EventRecorder(api, "dual-pods-controller"),
             statuses=StatusWriter(client.CustomObjectsApi(api), namespace),
             devices=SliceDevices(api),
+            claim_templates=KubeClaimTemplates(api),
         )
         controller = DualPodsController(namespace, kube_caches(api, namespace), views, clients, metrics, options)
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(views.run())
             tasks.create_task(controller.run())
+            if options.placement is not None:
+                await controller.synced.wait()
+                tasks.create_task(serve_placement(api, controller.placement, options.placement))
 
 
 def _incarnation(pod: Obj) -> tuple[str, int]:
@@ -368,11 +403,6 @@ def _launcher_config_name(isc: Obj) -> str:
 def _bound_to(pod: Obj) -> list[str]:
     binding = pods.binding(pod)
     return [binding.requester_name] if binding else []
-
-
-def _requester_node(pod: Obj) -> list[str]:
-    node = pods.node_name(pod)
-    return [node] if node and pods.is_requester(pod) else []
 
 
 def _launcher_config_hash(pod: Obj) -> list[str]:

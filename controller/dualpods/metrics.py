@@ -127,6 +127,13 @@ class DualPodsMetrics:
             ["exported_namespace", "isc_name", "action"],
             registry=registry,
         )
+        self.placements = Counter(
+            "dualpods_placements",
+            "Requesters that opted in to sleeper-aware placement, by result: PlacedOnSleeper (preferred onto a free "
+            "GPU holding a sleeper of its model), NoSleeper (none free where it may run), PlacementInvalid.",
+            ["exported_namespace", "result"],
+            registry=registry,
+        )
 
     def set_duality(
         self, value: float, namespace: str, requester: str, provider: str, container: str, instance: str, gpu: str,

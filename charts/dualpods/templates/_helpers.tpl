@@ -245,3 +245,12 @@ spec:
       app.kubernetes.io/component: {{ .name }}
 {{- end }}
 {{- end -}}
+
+{{/* Non-empty when sleeper-aware placement is on: its webhook's configuration is cluster-scoped. */}}
+{{- define "dualpods.placement" -}}
+{{- if and .Values.placement.enabled .Values.dualPodsController.enabled .Values.rbac.clusterScoped }}true{{ end -}}
+{{- end -}}
+
+{{- define "dualpods.placementWebhook" -}}
+{{ include "dualpods.clusterName" (dict "root" . "suffix" "placement") }}
+{{- end -}}

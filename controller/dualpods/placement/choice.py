@@ -1,0 +1,204 @@
+"""Which free sleeper a new requester should land on, and the Pod change that asks the scheduler for it. Pure.
+
+A requester is created with no Node; the scheduler picks one. To start hot it must land on the Node, and get the
+GPUs, that hold a sleeping instance of exactly its model in an unbound launcher (a *spot*). The choice here is
+among the free spots (`fleet.py` finds them) on Nodes the requester may run on (its own node selector, required
+node affinity and tolerations, and a schedulable Node); the change is a *preferred* node-affinity term for that
+Node (weight 100), never a requirement: when the spot is taken meanwhile or the Node cannot take the Pod, the
+scheduler places it as it would have anyway. So placement is never worse than the stock scheduler, and no Pod is
+left Pending because of it. The decision is recorded on the Pod (PLACED_ANNOTATION) for the Event, the metrics
+and `kubectl dualpods status`.
+"""
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import Any
+
+from api import keys
+
+Obj = dict[str, Any]
+PREFERENCE_WEIGHT = 100  # the most a preferred scheduling term can weigh
+
+
+class Result(StrEnum):
+    """The outcome of one placement: also the reason of its Event and a label of dualpods_placements_total."""
+
+    PLACED_ON_SLEEPER = "PlacedOnSleeper"  # preferred onto a free GPU holding a sleeper of its model
+    NO_SLEEPER = "NoSleeper"  # opted in, but no free sleeper of its model where it may run: placed as usual
+    INVALID = "PlacementInvalid"  # its placement annotation means nothing: placed as usual, and told why
+
+
+@dataclass(frozen=True)
+class Spot:
+    """A sleeping instance of the wanted model on `gpus` of `node`, in the unbound launcher `launcher`."""
+
+    node: str
+    gpus: tuple[str, ...]
+    launcher: str
+    instance: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    result: Result
+    why: str
+    spot: Spot | None = None
+
+    def annotation(self) -> str:
+        return json.dumps({"result": self.result.value, "why": self.why, **(asdict(self.spot) if self.spot else {})})
+
+
+def opted_in(requester_annotations: Mapping[str, str], isc_annotations: Mapping[str, str], default: bool) -> bool:
+    """Whether a requester asks for sleeper-aware placement: its own annotation wins over its ISC's, and the
+    chart's default decides where neither says. ValueError for a value that is neither on nor off."""
+    for where, annotations in (
+        ("the requester Pod", requester_annotations),
+        ("its InferenceServerConfig", isc_annotations),
+    ):
+        value = annotations.get(keys.PLACEMENT_ANNOTATION)
+        if value is None:
+            continue
+        if value not in (keys.PLACEMENT_PREFER_SLEEPER, keys.PLACEMENT_OFF):
+            raise ValueError(
+                f"{keys.PLACEMENT_ANNOTATION}: {value!r} on {where} is neither "
+                f"{keys.PLACEMENT_PREFER_SLEEPER!r} nor {keys.PLACEMENT_OFF!r}"
+            )
+        return value == keys.PLACEMENT_PREFER_SLEEPER
+    return default
+
+
+def gpus_asked(spec: Obj) -> int | None:
+    """How many GPUs the Pod asks the scheduler for through the device plugin; None where its GPUs come from
+    ResourceClaims (DRA: the claim says), 0 where it asks for none (FMA's GPU pin: it names its GPU itself)."""
+    if spec.get("resourceClaims"):
+        return None
+    total = 0
+    for container in spec.get("containers") or []:
+        resources = container.get("resources") or {}
+        count = (resources.get("limits") or {}).get(keys.GPU_RESOURCE) or (resources.get("requests") or {}).get(
+            keys.GPU_RESOURCE
+        )
+        total += int(count or 0)
+    return total
+
+
+def choose(spots: Mapping[Spot, int], nodes: Mapping[str, Obj], spec: Obj, seed: str) -> Spot | None:
+    """The spot for a requester of Pod spec `spec` among free `spots`, on a Node it may run on: the one that blocks
+    the fewest other sleepers (each spot's count), so that requesters of other models arriving next still find
+    theirs; spots that are equally good are ranked by a hash of `seed` (the admission request's UID), so that
+    requesters arriving together spread over them."""
+    fitting = [s for s in spots if (node := nodes.get(s.node)) is not None and may_run_on(node, spec)]
+    if not fitting:
+        return None
+    return min(
+        fitting,
+        key=lambda s: (spots[s], hashlib.blake2b(f"{seed}/{s.node}/{s.gpus}".encode(), digest_size=8).digest()),
+    )
+
+
+def may_run_on(node: Obj, spec: Obj) -> bool:
+    """Whether the scheduler's node filters that read the Pod's own constraints pass: the Node is schedulable, its
+    labels match the node selector and required node affinity, and the Pod tolerates its hard taints."""
+    node_spec = node.get("spec") or {}
+    if node_spec.get("unschedulable") or (node.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    if any(labels.get(key) != value for key, value in (spec.get("nodeSelector") or {}).items()):
+        return False
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if required is not None and not any(_term_matches(term, node) for term in required.get("nodeSelectorTerms") or []):
+        return False
+    tolerations = spec.get("tolerations") or []
+    return all(
+        any(_tolerates(t, taint) for t in tolerations)
+        for taint in node_spec.get("taints") or []
+        if taint.get("effect") in ("NoSchedule", "NoExecute")
+    )
+
+
+def _term_matches(term: Obj, node: Obj) -> bool:
+    """A NodeSelectorTerm: all its label expressions and field expressions hold (an empty term matches nothing)."""
+    expressions = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not expressions and not fields:
+        return False
+    labels = (node.get("metadata") or {}).get("labels") or {}
+    name = (node.get("metadata") or {}).get("name", "")
+    return all(_requirement_holds(r, labels) for r in expressions) and all(
+        _requirement_holds(r, {"metadata.name": name}) for r in fields
+    )
+
+
+def _requirement_holds(requirement: Obj, labels: Mapping[str, str]) -> bool:
+    key, operator, values = requirement.get("key", ""), requirement.get("operator"), requirement.get("values") or []
+    value = labels.get(key)
+    if operator == "In":
+        return value in values
+    if operator == "NotIn":
+        return value not in values
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    if operator in ("Gt", "Lt") and value is not None and values:
+        try:
+            found, bound = int(value), int(values[0])
+        except ValueError:
+            return False
+        return found > bound if operator == "Gt" else found < bound
+    return False
+
+
+def _tolerates(toleration: Obj, taint: Obj) -> bool:
+    effect = toleration.get("effect")
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key")
+    if toleration.get("operator") == "Exists":
+        return not key or key == taint.get("key")
+    return key == taint.get("key") and (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def patch(pod: Obj, decision: Decision, claim_templates: Mapping[int, str] | None = None) -> list[Obj]:
+    """The JSON patch (RFC 6902) that carries `decision` out on the Pod as created: the decision annotation and,
+    with a spot, a preferred node-affinity term for its Node beside the Pod's own terms, and its claims made from
+    the templates `claim_templates` names (by the claim's index) instead of their own."""
+    key = keys.PLACED_ANNOTATION.replace("~", "~0").replace("/", "~1")
+    ops: list[Obj] = []
+    if not (pod.get("metadata") or {}).get("annotations"):
+        ops.append({"op": "add", "path": "/metadata/annotations", "value": {}})
+    ops.append({"op": "add", "path": f"/metadata/annotations/{key}", "value": decision.annotation()})
+    if decision.spot is not None:
+        affinity = dict((pod.get("spec") or {}).get("affinity") or {})
+        node_affinity = dict(affinity.get("nodeAffinity") or {})
+        preferred = list(node_affinity.get("preferredDuringSchedulingIgnoredDuringExecution") or [])
+        preferred.append({
+            "weight": PREFERENCE_WEIGHT,
+            "preference": {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [decision.spot.node]}]},
+        })  # fmt: skip
+        node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
+        affinity["nodeAffinity"] = node_affinity
+        ops.append({"op": "add", "path": "/spec/affinity", "value": affinity})
+    for index, template in sorted((claim_templates or {}).items()):
+        ops.append({"op": "add", "path": f"/spec/resourceClaims/{index}/resourceClaimTemplateName", "value": template})
+    return ops
+
+
+def decided(pod: Obj) -> Decision | None:
+    """The decision recorded on a Pod, if any (None also for an annotation that does not parse)."""
+    text = ((pod.get("metadata") or {}).get("annotations") or {}).get(keys.PLACED_ANNOTATION)
+    if not text:
+        return None
+    try:
+        found = json.loads(text)
+        spot = None
+        if "node" in found:
+            spot = Spot(found["node"], tuple(found["gpus"]), found["launcher"], found["instance"])
+        return Decision(Result(found["result"]), str(found.get("why", "")), spot)
+    except (ValueError, KeyError, TypeError):
+        return None
