@@ -16,6 +16,7 @@ from typing import BinaryIO
 
 from aiohttp import web
 
+from api.keys import SIMULATED_NVML_ENV
 from api.requester import requester_audience
 from e2e.simulation.container import SimulatedContainer, StartFailure, abort_connections, exits_as_failure
 from e2e.simulation.protocol import KILLED, ContainerSpec, RequesterReport
@@ -65,7 +66,11 @@ class RequesterContainer(SimulatedContainer):
         with exits_as_failure():
             args = parse_args(self.spec.args, environ)
         try:
-            gpus = discover(SourceChoice(args.gpu_source), parse(environ.get(ENV_NAME)))
+            gpus = discover(
+                SourceChoice(args.gpu_source),
+                parse(environ.get(ENV_NAME)),
+                simulated_nvml=environ.get(SIMULATED_NVML_ENV),
+            )
         except GpuDiscoveryError as err:
             raise StartFailure(2, f"no usable GPU source: {err}") from None
         metrics = self._metrics
