@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 
 from api import keys
+from api.crds import LauncherConfig
 from controller.dualpods.placement.admission import BadReview
 from controller.dualpods.placement.choice import PREFERENCE_WEIGHT, Decision, Result, Spot, decided, may_run_on
 from controller.dualpods.placement.claim_templates import derive, derived_name
 from controller.dualpods.placement.fleet import RESERVED_S, Reservations
 from controller.informer import Obj
+from controller.launcher_template import node_independent_pod, pod_for_node
 from tests.test_dualpods_fakes import (
     GPU0,
     GPU1,
@@ -33,6 +35,7 @@ from tests.test_dualpods_fakes import (
     launcher_obj,
     lc_obj,
     node_obj,
+    on_node,
     requester_obj,
     summarized,
     wanted_id,
@@ -367,3 +370,34 @@ async def test_a_dra_requester_gets_its_claim_from_the_template_preferring_the_s
     request = {"uid": "dry", "operation": "CREATE", "object": pod, "dryRun": True}
     await h.controller.placement.review({"request": request})
     assert len(templates.asked) == 1  # a dry run makes nothing
+
+
+def launcher_on(node: str, name: str) -> Obj:
+    """An unbound launcher of the LauncherConfig on `node`, as the populator makes them."""
+    template, template_hash = node_independent_pod(LauncherConfig.from_k8s(lc_obj()))
+    pod = pod_for_node(template, template_hash, node)
+    del pod["metadata"]["generateName"]
+    pod["metadata"].update(name=name, uid=f"{name}-uid", resourceVersion="1", finalizers=[])
+    on_node(pod, ip="127.0.2.1", ready=True, running=True, restarts=0)
+    pod["spec"]["nodeName"] = node
+    return pod
+
+
+@pytest.mark.parametrize("seed", [f"review-{i}" for i in range(8)])
+async def test_a_sleeper_on_its_nodes_only_free_gpu_is_preferred_under_the_device_plugin(h: Harness, seed: str) -> None:
+    """NODE's other GPU is taken, so the device plugin must give the requester the sleeper's; on node-b it could
+    give either of two."""
+    other_gpus = ("GPU-b0", "GPU-b1")
+    h.put(node_obj("node-b"), gpu_map_obj({NODE: {GPU0: 0, GPU1: 1}, "node-b": {"GPU-b0": 0, "GPU-b1": 1}}))
+    h.put(requester_obj(name="other", uid="other-uid", gpus=(GPU1,)))
+    sleeper = inst(wanted_id(gpus=other_gpus[:1]), gpus=other_gpus[:1])
+    launcher = summarized(launcher_on("node-b", "launcher-b"), sleeper)
+    h.put(launcher)
+    h.views.put(launcher, sleeper)
+    decision = decided(patched(new_requester(), await review(h, new_requester(), seed)))
+    assert decision is not None
+    assert decision.spot == Spot(NODE, (GPU0,), LAUNCHER, WANTED)
+    dra = new_requester(gpus=0, resourceClaims=[{"name": "gpus", "resourceClaimTemplateName": "one-gpu"}])
+    decision = decided(patched(dra, await review(h, dra, seed + "-dra")))
+    assert decision is not None  # under DRA the claim names the GPU: both spots are as good
+    assert decision.spot is not None

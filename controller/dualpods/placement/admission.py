@@ -10,6 +10,7 @@ unchanged: the stock scheduler places it.
 """
 
 import base64
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -108,8 +109,8 @@ class Placement:
         except (ValidationError, ValueError, TemplateError):
             return None  # the reconcile reports what is wrong with the requester's ISC or LauncherConfig
         spots = {
-            s: blocked
-            for s, blocked in self.fleet.spots(isc, lc, template_hash, runtime, self.reservations.current()).items()
+            s: cost if asked is not None else dataclasses.replace(cost, uncertain=False)  # DRA: the claim names the GPU
+            for s, cost in self.fleet.spots(isc, lc, template_hash, runtime, self.reservations.current()).items()
             if asked is None or len(s.gpus) == asked
         }
         nodes = {s.node: node for s in spots if (node := self.fleet.caches.nodes.get(s.node)) is not None}

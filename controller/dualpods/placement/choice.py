@@ -15,11 +15,15 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import SupportsRichComparison
 
 from api import keys
 
 Obj = dict[str, Any]
+T = TypeVar("T", bound="SupportsRichComparison")
 PREFERENCE_WEIGHT = 100  # the most a preferred scheduling term can weigh
 
 
@@ -85,11 +89,10 @@ def gpus_asked(spec: Obj) -> int | None:
     return total
 
 
-def choose(spots: Mapping[Spot, int], nodes: Mapping[str, Obj], spec: Obj, seed: str) -> Spot | None:
-    """The spot for a requester of Pod spec `spec` among free `spots`, on a Node it may run on: the one that blocks
-    the fewest other sleepers (each spot's count), so that requesters of other models arriving next still find
-    theirs; spots that are equally good are ranked by a hash of `seed` (the admission request's UID), so that
-    requesters arriving together spread over them."""
+def choose(spots: Mapping[Spot, T], nodes: Mapping[str, Obj], spec: Obj, seed: str) -> Spot | None:
+    """The spot for a requester of Pod spec `spec` among free `spots`, on a Node it may run on: the one of lowest
+    cost (fleet.Cost); spots that are equally good are ranked by a hash of `seed` (the admission request's UID), so
+    that requesters arriving together spread over them."""
     fitting = [s for s in spots if (node := nodes.get(s.node)) is not None and may_run_on(node, spec)]
     if not fitting:
         return None

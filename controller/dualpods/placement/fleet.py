@@ -77,6 +77,17 @@ class Reservations:
         return list(self._held)
 
 
+@dataclass(frozen=True, order=True)
+class Cost:
+    """What taking a spot costs; the lower, the better. `uncertain`: other GPUs of its Node are free too, and under
+    the device plugin the kubelet's device plugin, not the scheduler, picks among them (DRA names the GPU: the
+    requester's claim does). `blocked`: the other sleepers it makes unusable (on its GPUs, or in its launcher),
+    which requesters of other models arriving next may want."""
+
+    uncertain: bool
+    blocked: int
+
+
 class FleetReader:
     """Reads the free spots of a model from the controller's caches (which must carry INDEXES and
     LAUNCHERS_BY_SUMMARY_ISC) and launcher views."""
@@ -88,13 +99,13 @@ class FleetReader:
 
     def spots(
         self, isc: InferenceServerConfig, lc: LauncherConfig, template_hash: str, runtime: str, reserved: list[Spot]
-    ) -> dict[Spot, int]:
+    ) -> dict[Spot, Cost]:
         """The free spots of `isc` (its instances for `runtime`) in launchers of `lc` (of `template_hash`), each with
-        the number of other sleepers that taking it would block (on its GPUs, or in its launcher)."""
+        what taking it costs."""
         promised_gpus = {(s.node, gpu) for s in reserved for gpu in s.gpus}
         promised_launchers = {s.launcher for s in reserved}
         wanted: dict[tuple[str, ...], str] = {}
-        found: dict[Spot, int] = {}
+        found: dict[Spot, Cost] = {}
         nodes: dict[str, _NodeUse] = {}
         for launcher in self.caches.pods.by_index(LAUNCHERS_BY_SUMMARY_ISC, isc.metadata.name):
             name, node = pods.name(launcher), pods.node_name(launcher)
@@ -122,7 +133,7 @@ class FleetReader:
                 use = nodes.get(node) or nodes.setdefault(node, self._use_of(node))
                 if use.free(gpus, promised_gpus):
                     blocked = sum(use.sleepers[gpu] for gpu in gpus) + _sleepers(view.instances.values()) - 2
-                    found[Spot(node, gpus, name, state.instance_id)] = blocked
+                    found[Spot(node, gpus, name, state.instance_id)] = Cost(not use.only_free(gpus), blocked)
         return found
 
     def _use_of(self, node: str) -> "_NodeUse":
@@ -173,6 +184,11 @@ class _NodeUse:
         if wanted & self.busy or any((self.node, gpu) in promised for gpu in wanted):
             return False
         return self.capacity is None or self.capacity - len(self.busy) - self.unknown >= len(wanted)
+
+    def only_free(self, gpus: tuple[str, ...]) -> bool:
+        """Whether `gpus` are all the Node has free: a device plugin, which picks among the free ones, must pick
+        them."""
+        return self.capacity is not None and self.capacity - len(self.busy) - self.unknown == len(gpus)
 
 
 def _sleepers(states: Iterable[InstanceState]) -> int:
