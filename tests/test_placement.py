@@ -401,3 +401,42 @@ async def test_a_sleeper_on_its_nodes_only_free_gpu_is_preferred_under_the_devic
     decision = decided(patched(dra, await review(h, dra, seed + "-dra")))
     assert decision is not None  # under DRA the claim names the GPU: both spots are as good
     assert decision.spot is not None
+
+
+def required_terms(pod: Obj) -> list[Obj]:
+    terms: list[Obj] = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+        "nodeSelectorTerms"
+    ]
+    return terms
+
+
+async def test_in_a_fleet_larger_than_the_scheduler_scores_in_full_the_requester_is_confined_to_nodes_with_room(
+    h: Harness,
+) -> None:
+    """kube-scheduler looks at 100 feasible Nodes of a larger fleet: the spot's Node must be among them."""
+    others = [f"node-{i:03}" for i in range(200)]
+    h.put(*(node_obj(name) for name in others))
+    h.put(gpu_map_obj({NODE: {GPU0: 0, GPU1: 1}} | {name: {f"GPU-{name}": 0} for name in others}))
+    full = others[:60]  # a requester on each of these holds its only GPU
+    h.put(*(requester_obj(name=f"on-{n}", uid=f"on-{n}", gpus=(f"GPU-{n}",)) | {"spec": {"nodeName": n}} for n in full))
+    own = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["z"]}]}, {}]}
+    pod = new_requester(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": own}})
+    placed = patched(pod, await review(h, pod))
+    assert preferred_nodes(placed) == [NODE]
+    terms = required_terms(placed)
+    assert [t.get("matchExpressions") for t in terms] == [own["nodeSelectorTerms"][0]["matchExpressions"], None]
+    (allowed,) = {tuple(t["matchFields"][-1]["values"]) for t in terms}
+    assert len(allowed) == 100
+    assert allowed[0] == NODE
+    assert not set(allowed) & set(full)
+    decision = decided(placed)
+    assert decision is not None
+    assert decision.result is Result.PLACED_ON_SLEEPER
+
+
+async def test_in_a_fleet_the_scheduler_scores_in_full_the_requester_may_go_anywhere(h: Harness) -> None:
+    h.put(*(node_obj(f"node-{i:03}") for i in range(90)))
+    pod = new_requester()
+    placed = patched(pod, await review(h, pod))
+    assert preferred_nodes(placed) == [NODE]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in placed["spec"]["affinity"]["nodeAffinity"]

@@ -23,7 +23,7 @@ from api import keys
 from api.crds import InferenceServerConfig, LauncherConfig
 from controller import pods
 from controller.dualpods.identity import runtime_of
-from controller.dualpods.placement.choice import Decision, Result, choose, gpus_asked, opted_in, patch
+from controller.dualpods.placement.choice import SCORED_IN_FULL, Decision, Result, choose, gpus_asked, opted_in, patch
 from controller.dualpods.placement.claim_templates import ClaimTemplates
 from controller.dualpods.placement.fleet import FleetReader, Reservations
 from controller.informer import Obj
@@ -122,7 +122,10 @@ class Placement:
             self.reservations.add(spot)
         gpus = ",".join(spot.gpus)
         why = f"GPU {gpus} of Node {spot.node} holds {isc_name}'s sleeping instance {spot.instance} in {spot.launcher}"
-        return self._decided(Decision(Result.PLACED_ON_SLEEPER, why, spot))
+        fallback = self.fleet.open_nodes(spec, len(spot.gpus), spot.node, SCORED_IN_FULL - 1, seed)
+        return self._decided(
+            Decision(Result.PLACED_ON_SLEEPER, why, spot, None if fallback is None else tuple(fallback))
+        )
 
     async def _claim_templates(self, pod: Obj, decision: Decision, dry_run: bool) -> dict[int, str]:
         """On DRA Nodes, the derived template (claim_templates.py) for each of the Pod's claims made from a template:

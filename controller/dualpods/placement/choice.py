@@ -25,6 +25,11 @@ from api import keys
 Obj = dict[str, Any]
 T = TypeVar("T", bound="SupportsRichComparison")
 PREFERENCE_WEIGHT = 100  # the most a preferred scheduling term can weigh
+# kube-scheduler scores every feasible Node only in a fleet of fewer than this many (minFeasibleNodesToFind in its
+# schedule_one.go); in a larger one it stops at that many feasible Nodes (or a share of the fleet), starting where its
+# last search ended, and a preferred Node outside those is never looked at. There, the requester is confined to the
+# spot's Node and at most SCORED_IN_FULL - 1 others that have room: all are looked at, and the preference decides.
+SCORED_IN_FULL = 100
 
 
 class Result(StrEnum):
@@ -50,6 +55,9 @@ class Decision:
     result: Result
     why: str
     spot: Spot | None = None
+    # Where the requester may go besides the spot's Node, in a fleet larger than the scheduler looks at in full
+    # (SCORED_IN_FULL): None, anywhere.
+    fallback: tuple[str, ...] | None = None
 
     def annotation(self) -> str:
         return json.dumps({"result": self.result.value, "why": self.why, **(asdict(self.spot) if self.spot else {})})
@@ -185,11 +193,25 @@ def patch(pod: Obj, decision: Decision, claim_templates: Mapping[int, str] | Non
             "preference": {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [decision.spot.node]}]},
         })  # fmt: skip
         node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
+        if decision.fallback is not None:
+            node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = _confined(
+                node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"),
+                [decision.spot.node, *decision.fallback],
+            )
         affinity["nodeAffinity"] = node_affinity
         ops.append({"op": "add", "path": "/spec/affinity", "value": affinity})
     for index, template in sorted((claim_templates or {}).items()):
         ops.append({"op": "add", "path": f"/spec/resourceClaims/{index}/resourceClaimTemplateName", "value": template})
     return ops
+
+
+def _confined(required: Obj | None, nodes: list[str]) -> Obj:
+    """The Pod's required node affinity, each of its terms (any of which may hold) narrowed to `nodes`."""
+    within = {"key": "metadata.name", "operator": "In", "values": nodes}
+    terms = [dict(term) for term in (required or {}).get("nodeSelectorTerms") or [{}]]
+    for term in terms:
+        term["matchFields"] = [*(term.get("matchFields") or []), within]
+    return {**(required or {}), "nodeSelectorTerms": terms}
 
 
 def decided(pod: Obj) -> Decision | None:

@@ -13,6 +13,7 @@ cost of a placement grows with the model's launchers, not the fleet's.
 """
 
 import collections
+import hashlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from controller import pods
 from controller.dualpods.gpu_map import gpu_locations
 from controller.dualpods.identity import instance_id
 from controller.dualpods.isc_status import LAUNCHERS_BY_SUMMARY_ISC
-from controller.dualpods.placement.choice import Spot, decided, gpus_asked
+from controller.dualpods.placement.choice import Spot, decided, gpus_asked, may_run_on
 from controller.dualpods.snapshot import Caches
 from controller.informer import Obj
 from controller.launcher_template import launcher_config_hash
@@ -96,6 +97,7 @@ class FleetReader:
         self.namespace = namespace
         self.caches = caches
         self.views = views
+        self._gpu_counts: tuple[str | None, dict[str, int]] = (None, {})
 
     def spots(
         self, isc: InferenceServerConfig, lc: LauncherConfig, template_hash: str, runtime: str, reserved: list[Spot]
@@ -136,6 +138,32 @@ class FleetReader:
                     found[Spot(node, gpus, name, state.instance_id)] = Cost(not use.only_free(gpus), blocked)
         return found
 
+    def _gpus_listed(self) -> dict[str, int]:
+        """Node -> how many GPUs the gpu-map lists for it (parsed once per version of the map)."""
+        configmap = self.caches.configmaps.get(f"{self.namespace}/{keys.GPU_MAP_CONFIGMAP}") or {}
+        version = (configmap.get("metadata") or {}).get("resourceVersion", "")
+        if self._gpu_counts[0] != version:
+            counted = collections.Counter(where.node for where in gpu_locations(configmap).values())
+            self._gpu_counts = (version, dict(counted))
+        return self._gpu_counts[1]
+
+    def open_nodes(self, spec: Obj, gpus: int, besides: str, limit: int, seed: str) -> tuple[str, ...] | None:
+        """Up to `limit` Nodes other than `besides` where a Pod of spec `spec` asking for `gpus` GPUs may run now (its
+        own constraints, and that many GPUs free), in an order of `seed`'s; None when the whole fleet is within the
+        limit (the scheduler then looks at every Node anyway)."""
+        nodes = self.caches.nodes.items()
+        if len(nodes) <= limit + 1:
+            return None
+        ranked = sorted(nodes, key=lambda n: hashlib.blake2b(f"{seed}/{pods.name(n)}".encode(), digest_size=8).digest())
+        found = []
+        for node in ranked:
+            name = pods.name(node)
+            if name != besides and may_run_on(node, spec) and self._use_of(name).room() >= gpus:
+                found.append(name)
+                if len(found) == limit:
+                    break
+        return tuple(found)
+
     def _use_of(self, node: str) -> "_NodeUse":
         busy: set[str] = set()
         sleepers: collections.Counter[str] = collections.Counter()
@@ -162,8 +190,7 @@ class FleetReader:
 
     def _capacity(self, node: str) -> int | None:
         """The Node's GPUs: those the gpu-map lists for it, else its allocatable `nvidia.com/gpu`."""
-        configmap = self.caches.configmaps.get(f"{self.namespace}/{keys.GPU_MAP_CONFIGMAP}")
-        listed = sum(1 for where in gpu_locations(configmap or {}).values() if where.node == node)
+        listed = self._gpus_listed().get(node)
         if listed:
             return listed
         found = self.caches.nodes.get(node)
@@ -184,6 +211,10 @@ class _NodeUse:
         if wanted & self.busy or any((self.node, gpu) in promised for gpu in wanted):
             return False
         return self.capacity is None or self.capacity - len(self.busy) - self.unknown >= len(wanted)
+
+    def room(self) -> int:
+        """GPUs free on the Node (a Node whose GPUs are not known has room for one)."""
+        return 1 if self.capacity is None else self.capacity - len(self.busy) - self.unknown
 
     def only_free(self, gpus: tuple[str, ...]) -> bool:
         """Whether `gpus` are all the Node has free: a device plugin, which picks among the free ones, must pick
