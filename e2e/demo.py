@@ -2,13 +2,15 @@
 
 The cluster is up (`make cluster-up`); this installs the Helm chart into a fresh namespace, creates a
 LauncherConfig, two InferenceServerConfigs for two tiny models and a requester ReplicaSet per model
-(both asking for the same GPU), then swaps A -> B -> A -> B by scaling the sets, printing each step,
-how long it took and what the served model answered. The cluster is left up to look around. With
+(neither pinned to a Node or a GPU: both models opt in to sleeper-aware placement, which steers each new
+requester to the GPU holding its model's sleeper), then swaps A -> B -> A -> B by scaling the sets, printing
+each step, where the requester was placed and why, how long it took and what the served model answered. The
+cluster is left up to look around. With
 `--images` (`make demo IMAGES=1`) the components run from the images `make images` builds, as real
 containers, instead of from this checkout as local processes. With `--dra` (`make demo DRA=1`, on a cluster
 whose Nodes NVIDIA's DRA driver serves: no `nvidia.com/gpu`, a ResourceSlice each) the requesters get their
-GPU from a ResourceClaim for that one device, the launchers see the Node's GPUs through an admin-access
-claim, and the population policy selects the Node by the devices the driver publishes.
+GPU from a ResourceClaim for one device, the launchers see the Node's GPUs through an admin-access claim, and
+the population policy selects the Node by the devices the driver publishes.
 """
 
 import argparse
@@ -22,17 +24,20 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
+from controller import pods
+from controller.dualpods.placement.choice import Result, decided
 from e2e.actuation import Actuation, actuate, release
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import kubectl
 from e2e.dra import DRA_NODES, allow_admin_access, create_claim_template
-from e2e.dualpods_env import ENFORCE, PROCESSES, RESTRICTED_NAMESPACE, WARN, DualPodsEnv, Images, built_images
+from e2e.dualpods_env import ENFORCE, PROCESSES, RESTRICTED_NAMESPACE, WARN, DualPodsEnv, Images, Obj, built_images
 from e2e.kubelet import oci
 from e2e.kubelet.dra import DRIVER
 from e2e.tiny_model import ensure_tiny_model
 from e2e.waiting import wait_for, wait_service_account
 
 MODELS = {"model-a": (1, 8005), "model-b": (2, 8006)}
+PLACED = {keys.PLACEMENT_ANNOTATION: keys.PLACEMENT_PREFER_SLEEPER}  # sleeper-aware placement, for both models
 PROMPT = "Say hello"
 
 
@@ -94,12 +99,26 @@ async def chat(env: DualPodsEnv, replica_set: str, port: int) -> str:
     return reply.choices[0].message.content or ""
 
 
+def placement(requester: Obj) -> str:
+    """Where the requester went and why: the placement webhook's decision, and the Node and GPU it landed on."""
+    gpus = pods.annotations(requester).get(keys.ACCELERATORS_ANNOTATION)
+    landed = f"on Node {requester['spec']['nodeName']}, GPU {gpus}"
+    decision = decided(requester)
+    if decision is None:
+        return f"placed by the scheduler alone {landed}"
+    if decision.result is Result.PLACED_ON_SLEEPER:
+        return f"{landed}: {decision.result.value}, {decision.why}"
+    return f"{landed}, by the scheduler: {decision.result.value}, {decision.why}"
+
+
 async def step(env: DualPodsEnv, what: str, replica_set: str, timings: list[tuple[str, Actuation]]) -> None:
     say(f"\n{what}")
     actuation = await actuate(env, replica_set, within=600)
     timings.append((what, actuation))
-    launcher = await env.launcher_of((await env.requesters(replica_set))[0])
-    say(f"  requester {actuation.requester} bound to {launcher['metadata']['name']}")
+    requester = (await env.requesters(replica_set))[0]
+    launcher = await env.launcher_of(requester)
+    say(f"  requester {actuation.requester} {placement(requester)}")
+    say(f"  bound to {launcher['metadata']['name']}")
     say(f"  container start -> told ready: {actuation.total:6.2f} s   -> Pod Ready: {actuation.pod_ready:6.2f} s")
     answer = await chat(env, replica_set, MODELS[replica_set][1])
     say(f"  {replica_set} answered {answer!r} (random weights: gibberish is expected)")
@@ -125,13 +144,13 @@ async def hot_where(cluster: LoopbackCluster, namespace: str) -> str:
     return await kubectl(cluster, *status)
 
 
-async def claim_the_gpu(env: DualPodsEnv, gpu: str) -> str:
-    """DRA: the ResourceClaimTemplate of the requesters (one GPU, the device whose UUID is `gpu`) after the
-    admin-access one of the launchers (every GPU of the Node); the name of the latter."""
+async def claim_gpus(env: DualPodsEnv) -> str:
+    """DRA: the ResourceClaimTemplate of the requesters (one GPU) after the admin-access one of the launchers (every
+    GPU of the Node); the name of the latter."""
     await allow_admin_access(env.api, env.namespace)
     await create_claim_template(env.api, env.namespace, "all-gpus", None)
-    await create_claim_template(env.api, env.namespace, "the-gpu", 1, uuid=gpu)
-    say("created ResourceClaimTemplates the-gpu (requesters: that one device) and all-gpus (launchers: every GPU")
+    await create_claim_template(env.api, env.namespace, "one-gpu", 1)
+    say("created ResourceClaimTemplates one-gpu (requesters: one device) and all-gpus (launchers: every GPU")
     say(f"of the Node, with admin access; namespace labelled for it). The Node's devices:\n"
         f"{await kubectl(env.cluster, 'get', 'resourceslices', '-o', 'wide')}")  # fmt: skip
     return "all-gpus"
@@ -164,21 +183,19 @@ async def run(state_dir: Path, namespace: str, images: Images, dra: bool) -> Non
         if images is not PROCESSES:
             say(f"  from the images of `make images`: {images.controller}, {images.launcher}, {images.requester}")
         await env.controllers.install(*images.chart_values())
-        node = (await cluster.kubelet.nodes())[0]
-        gpu = sorted(node.gpus)[0]
-        launchers_claim = await claim_the_gpu(env, gpu) if dra else None
+        nodes = await cluster.kubelet.nodes()
+        launchers_claim = await claim_gpus(env) if dra else None
         await env.create_launcher_config(
             "demo-launchers", max_instances=2, launcher_args=[], claim_template=launchers_claim
         )
         for name, (_, port) in MODELS.items():
             options = f"--model {images.model(models[name])} --served-model-name {name} --max-model-len 256"
-            await env.create_isc(name, "demo-launchers", port=port, options=options)
-            if dra:
-                await env.create_requesters(name, name, replicas=0, node=node.name, claim_template="the-gpu")
-            else:
-                await env.create_requesters(name, name, replicas=0, node=node.name, gpu=gpu)
+            await env.create_isc(name, "demo-launchers", port=port, options=options, isc_annotations=PLACED)
+            await env.create_requesters(name, name, replicas=0, claim_template="one-gpu" if dra else None)
         say(f"created LauncherConfig demo-launchers, InferenceServerConfigs and ReplicaSets {', '.join(MODELS)}")
-        say(f"(replicas 0; both sets pinned to {node.name}, GPU {gpu}{' by their claims' if dra else ''})")
+        gpus = sum(len(node.gpus) for node in nodes)
+        say(f"(replicas 0; neither set pinned: {len(nodes)} Nodes, {gpus} GPUs; both ISCs annotated "
+            f"{keys.PLACEMENT_ANNOTATION}: {keys.PLACEMENT_PREFER_SLEEPER})")  # fmt: skip
 
         timings: list[tuple[str, Actuation]] = []
         await step(env, "cold: model-a scaled to 1 — no launcher yet: a launcher Pod is created, it preloads "
@@ -188,7 +205,7 @@ async def run(state_dir: Path, namespace: str, images: Images, dra: bool) -> Non
         )
         say("\ncreated LauncherPopulationPolicy keep-a-launcher: one launcher per GPU node, kept when unbound")
         started = time.monotonic()
-        await env.wait_launchers_ready(len(await cluster.kubelet.nodes()))
+        await env.wait_launchers_ready(len(nodes))
         say(f"  its launchers are Ready, vLLM preloaded ({time.monotonic() - started:.1f} s; the swaps wait for it)")
         await swap(env, "model-a", "model-b", "warm: model-b scaled to 1 — same launcher, new instance", timings)
         await swap(env, "model-b", "model-a", "hot: model-a scaled to 1 — its sleeping instance is woken", timings)
