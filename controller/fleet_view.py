@@ -13,10 +13,11 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
-from api import launcher_summary
+from api import keys, launcher_summary
 from api.launcher_summary import InstanceSummary, SummaryState
 from controller import pods
 from controller.dualpods.gpu_map import gpu_locations
+from controller.dualpods.placement.choice import decided
 from controller.informer import Obj
 
 NO_GPU = "-"  # the row of an instance that uses no GPU (a CPU launcher)
@@ -53,13 +54,42 @@ class ModelStatus(BaseModel):
     asleep: list[Placed] = Field(default_factory=list)
 
 
+class PlacementStatus(BaseModel):
+    """Sleeper-aware placement over the requesters there are now: of those that opted in (their placement decided),
+    how many were preferred onto a sleeper of their model, and how many are served by that very sleeper (hot)."""
+
+    decided: int = 0
+    on_sleeper: int = 0
+    hot: int = 0
+
+
 class FleetStatus(BaseModel):
     nodes: list[NodeStatus]
     models: list[ModelStatus]
+    placement: PlacementStatus = Field(default_factory=PlacementStatus)
 
 
-def fleet_status(launchers: list[Obj], gpu_maps: list[Obj]) -> FleetStatus:
-    """The fleet from launcher Pods (with their summaries) and gpu-map ConfigMaps (any namespaces)."""
+def placement_status(requesters: list[Obj], launchers: list[Obj]) -> PlacementStatus:
+    serving = {
+        (binding.requester_uid, pods.name(pod)): pods.annotations(pod).get(keys.INSTANCE_ID_ANNOTATION)
+        for pod in launchers
+        if (binding := pods.binding(pod)) is not None
+    }
+    status = PlacementStatus()
+    for requester in requesters:
+        decision = decided(requester)
+        if decision is None:
+            continue
+        status.decided += 1
+        if (spot := decision.spot) is not None:
+            status.on_sleeper += 1
+            status.hot += serving.get((pods.uid(requester), spot.launcher)) == spot.instance
+    return status
+
+
+def fleet_status(launchers: list[Obj], gpu_maps: list[Obj], requesters: list[Obj] | None = None) -> FleetStatus:
+    """The fleet from launcher Pods (with their summaries), gpu-map ConfigMaps and requester Pods (any
+    namespaces)."""
     indices: dict[str, dict[str, int]] = defaultdict(dict)  # node -> UUID -> index
     for configmap in gpu_maps:
         for uuid, location in gpu_locations(configmap).items():
@@ -91,7 +121,11 @@ def fleet_status(launchers: list[Obj], gpu_maps: list[Obj]) -> FleetStatus:
             )
             for uuid, found in sorted(by_gpu.items(), key=lambda item: (indices[node].get(item[0], 1 << 30), item[0]))
         ]
-    return FleetStatus(nodes=sorted(nodes.values(), key=lambda n: n.name), models=_models(placed))
+    return FleetStatus(
+        nodes=sorted(nodes.values(), key=lambda n: n.name),
+        models=_models(placed),
+        placement=placement_status(requesters or [], launchers),
+    )
 
 
 def _models(placed: dict[str, list[Placed]]) -> list[ModelStatus]:
@@ -129,7 +163,17 @@ def as_table(fleet: FleetStatus, now: datetime) -> str:
     models = [("MODEL", "SERVING", "LOADING", "ASLEEP")]
     for model in fleet.models:
         models.append((model.model, _where(model.serving), _where(model.loading), _where(model.asleep)))
-    return "\n".join([_columns(rows), *notes, "", _columns(models)])
+    return "\n".join([_columns(rows), *notes, "", _columns(models), *_placement_line(fleet.placement)])
+
+
+def _placement_line(placement: PlacementStatus) -> list[str]:
+    if not placement.decided:
+        return []
+    return [
+        "",
+        f"placement: {placement.decided} requesters opted in; {placement.on_sleeper} placed on a sleeper of their "
+        f"model, {placement.hot} of them served by it (hot): hit ratio {100 * placement.hot / placement.decided:.0f}%",
+    ]
 
 
 def _where(placed: list[Placed]) -> str:

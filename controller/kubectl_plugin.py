@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes_asyncio import client, config
 
 from api import keys, version
+from controller import pods
 from controller.fleet_view import as_json, as_table, fleet_status
 from controller.informer import Obj
 
@@ -37,20 +38,20 @@ def _context_namespace(kubeconfig: str | None, context: str | None) -> str:
     return str((chosen or {}).get("context", {}).get("namespace") or "default")
 
 
-async def _objects(api: client.ApiClient, namespace: str | None) -> tuple[list[Obj], list[Obj]]:
-    """The launcher Pods and the gpu-map ConfigMaps, as plain objects."""
+async def _objects(api: client.ApiClient, namespace: str | None) -> tuple[list[Obj], list[Obj], list[Obj]]:
+    """The launcher Pods, the gpu-map ConfigMaps and the requester Pods, as plain objects."""
     core = client.CoreV1Api(api)
-    selector = {"label_selector": keys.LAUNCHER_CONFIG_NAME_LABEL}
     gpu_map = {"field_selector": f"metadata.name={keys.GPU_MAP_CONFIGMAP}"}
     calls: list[Any]
     if namespace is None:
-        calls = [core.list_pod_for_all_namespaces(**selector), core.list_config_map_for_all_namespaces(**gpu_map)]
+        calls = [core.list_pod_for_all_namespaces(), core.list_config_map_for_all_namespaces(**gpu_map)]
     else:
-        calls = [core.list_namespaced_pod(namespace, **selector), core.list_namespaced_config_map(namespace, **gpu_map)]
-    launchers, configmaps = await asyncio.gather(*calls)
-    return [api.sanitize_for_serialization(p) for p in launchers.items], [
-        api.sanitize_for_serialization(c) for c in configmaps.items
-    ]
+        calls = [core.list_namespaced_pod(namespace), core.list_namespaced_config_map(namespace, **gpu_map)]
+    listed, configmaps = await asyncio.gather(*calls)
+    found = [api.sanitize_for_serialization(p) for p in listed.items]
+    launchers = [p for p in found if pods.is_launcher(p)]
+    requesters = [p for p in found if pods.is_requester(p)]
+    return launchers, [api.sanitize_for_serialization(c) for c in configmaps.items], requesters
 
 
 async def _status(args: argparse.Namespace) -> str:
@@ -58,8 +59,8 @@ async def _status(args: argparse.Namespace) -> str:
     await config.load_kube_config(config_file=args.kubeconfig, context=args.context, client_configuration=configuration)
     namespace = None if args.all_namespaces else args.namespace or _context_namespace(args.kubeconfig, args.context)
     async with client.ApiClient(configuration) as api:
-        launchers, gpu_maps = await _objects(api, namespace)
-    fleet = fleet_status(launchers, gpu_maps)
+        launchers, gpu_maps, requesters = await _objects(api, namespace)
+    fleet = fleet_status(launchers, gpu_maps, requesters)
     return as_json(fleet) if args.output == "json" else as_table(fleet, datetime.now(UTC))
 
 

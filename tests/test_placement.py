@@ -17,6 +17,7 @@ from controller.dualpods.placement.admission import BadReview
 from controller.dualpods.placement.choice import PREFERENCE_WEIGHT, Decision, Result, Spot, decided, may_run_on
 from controller.dualpods.placement.claim_templates import derive, derived_name
 from controller.dualpods.placement.fleet import RESERVED_S, Reservations
+from controller.fleet_view import as_table, fleet_status
 from controller.informer import Obj
 from controller.launcher_template import node_independent_pod, pod_for_node
 from tests.test_dualpods_fakes import (
@@ -440,3 +441,18 @@ async def test_in_a_fleet_the_scheduler_scores_in_full_the_requester_may_go_anyw
     placed = patched(pod, await review(h, pod))
     assert preferred_nodes(placed) == [NODE]
     assert "requiredDuringSchedulingIgnoredDuringExecution" not in placed["spec"]["affinity"]["nodeAffinity"]
+
+
+async def test_kubectl_dualpods_status_counts_the_requesters_placed_on_a_sleeper_and_served_by_it(h: Harness) -> None:
+    placed = []
+    for uid in ("a", "b"):
+        pod = new_requester()
+        pod = patched(pod, await review(h, pod, uid)) | {"spec": {"nodeName": NODE}}
+        pod["metadata"] |= {"name": f"req-{uid}", "uid": f"req-{uid}-uid"}
+        placed.append(pod)
+        h.controller.placement.reservations = Reservations()  # as if the first one had shown up
+    plain = requester_obj(name="plain", uid="plain-uid")
+    served = bound(launcher_obj(), placed[0])  # the first one woke the sleeper it was placed on
+    status = fleet_status([served], [], [*placed, plain]).placement
+    assert (status.decided, status.on_sleeper, status.hot) == (2, 2, 1)
+    assert "hit ratio 50%" in as_table(fleet_status([served], [], [*placed, plain]), datetime.now(UTC))
