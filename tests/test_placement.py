@@ -404,6 +404,12 @@ async def test_a_sleeper_on_its_nodes_only_free_gpu_is_preferred_under_the_devic
     assert decision.spot is not None
 
 
+def named(node: Obj) -> Obj:
+    """`node` with its hostname label (here, unlike on most clusters, not its name: the Pod names the label's)."""
+    node["metadata"]["labels"] = {keys.HOSTNAME_LABEL: f"host-{node['metadata']['name']}"}
+    return node
+
+
 def required_terms(pod: Obj) -> list[Obj]:
     terms: list[Obj] = pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
         "nodeSelectorTerms"
@@ -416,20 +422,22 @@ async def test_in_a_fleet_larger_than_the_scheduler_scores_in_full_the_requester
 ) -> None:
     """kube-scheduler looks at 100 feasible Nodes of a larger fleet: the spot's Node must be among them."""
     others = [f"node-{i:03}" for i in range(200)]
-    h.put(*(node_obj(name) for name in others))
+    h.put(*(named(node_obj(name)) for name in [NODE, *others]))
     h.put(gpu_map_obj({NODE: {GPU0: 0, GPU1: 1}} | {name: {f"GPU-{name}": 0} for name in others}))
     full = others[:60]  # a requester on each of these holds its only GPU
     h.put(*(requester_obj(name=f"on-{n}", uid=f"on-{n}", gpus=(f"GPU-{n}",)) | {"spec": {"nodeName": n}} for n in full))
     own = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["z"]}]}, {}]}
+    zone_term = own["nodeSelectorTerms"][0]["matchExpressions"]
     pod = new_requester(affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": own}})
     placed = patched(pod, await review(h, pod))
     assert preferred_nodes(placed) == [NODE]
     terms = required_terms(placed)
-    assert [t.get("matchExpressions") for t in terms] == [own["nodeSelectorTerms"][0]["matchExpressions"], None]
-    (allowed,) = {tuple(t["matchFields"][-1]["values"]) for t in terms}
+    assert [t["matchExpressions"][:-1] for t in terms] == [zone_term, []]  # each term of its own, narrowed
+    (allowed,) = {tuple(t["matchExpressions"][-1]["values"]) for t in terms}
+    assert {t["matchExpressions"][-1]["key"] for t in terms} == {keys.HOSTNAME_LABEL}
     assert len(allowed) == 100
-    assert allowed[0] == NODE
-    assert not set(allowed) & set(full)
+    assert allowed[0] == f"host-{NODE}"
+    assert not set(allowed) & {f"host-{n}" for n in full}
     decision = decided(placed)
     assert decision is not None
     assert decision.result is Result.PLACED_ON_SLEEPER

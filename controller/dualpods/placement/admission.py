@@ -122,10 +122,8 @@ class Placement:
             self.reservations.add(spot)
         gpus = ",".join(spot.gpus)
         why = f"GPU {gpus} of Node {spot.node} holds {isc_name}'s sleeping instance {spot.instance} in {spot.launcher}"
-        fallback = self.fleet.open_nodes(spec, len(spot.gpus), spot.node, SCORED_IN_FULL - 1, seed)
-        return self._decided(
-            Decision(Result.PLACED_ON_SLEEPER, why, spot, None if fallback is None else tuple(fallback))
-        )
+        confined = self.fleet.confinement(spec, spot, SCORED_IN_FULL, seed)
+        return self._decided(Decision(Result.PLACED_ON_SLEEPER, why, spot, confined))
 
     async def _claim_templates(self, pod: Obj, decision: Decision, dry_run: bool) -> dict[int, str]:
         """On DRA Nodes, the derived template (claim_templates.py) for each of the Pod's claims made from a template:

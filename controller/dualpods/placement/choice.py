@@ -55,9 +55,9 @@ class Decision:
     result: Result
     why: str
     spot: Spot | None = None
-    # Where the requester may go besides the spot's Node, in a fleet larger than the scheduler looks at in full
-    # (SCORED_IN_FULL): None, anywhere.
-    fallback: tuple[str, ...] | None = None
+    # In a fleet larger than the scheduler looks at in full (SCORED_IN_FULL): the `kubernetes.io/hostname` labels of
+    # the Nodes the requester is confined to, the spot's and others with room. None: anywhere.
+    confined_to: tuple[str, ...] | None = None
 
     def annotation(self) -> str:
         return json.dumps({"result": self.result.value, "why": self.why, **(asdict(self.spot) if self.spot else {})})
@@ -193,10 +193,9 @@ def patch(pod: Obj, decision: Decision, claim_templates: Mapping[int, str] | Non
             "preference": {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [decision.spot.node]}]},
         })  # fmt: skip
         node_affinity["preferredDuringSchedulingIgnoredDuringExecution"] = preferred
-        if decision.fallback is not None:
+        if decision.confined_to is not None:
             node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = _confined(
-                node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"),
-                [decision.spot.node, *decision.fallback],
+                node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"), list(decision.confined_to)
             )
         affinity["nodeAffinity"] = node_affinity
         ops.append({"op": "add", "path": "/spec/affinity", "value": affinity})
@@ -205,12 +204,13 @@ def patch(pod: Obj, decision: Decision, claim_templates: Mapping[int, str] | Non
     return ops
 
 
-def _confined(required: Obj | None, nodes: list[str]) -> Obj:
-    """The Pod's required node affinity, each of its terms (any of which may hold) narrowed to `nodes`."""
-    within = {"key": "metadata.name", "operator": "In", "values": nodes}
+def _confined(required: Obj | None, hostnames: list[str]) -> Obj:
+    """The Pod's required node affinity, each of its terms (any of which may hold) narrowed to the Nodes of these
+    `kubernetes.io/hostname` labels (a field selector on the Node's name takes one value only)."""
+    within = {"key": keys.HOSTNAME_LABEL, "operator": "In", "values": hostnames}
     terms = [dict(term) for term in (required or {}).get("nodeSelectorTerms") or [{}]]
     for term in terms:
-        term["matchFields"] = [*(term.get("matchFields") or []), within]
+        term["matchExpressions"] = [*(term.get("matchExpressions") or []), within]
     return {**(required or {}), "nodeSelectorTerms": terms}
 
 

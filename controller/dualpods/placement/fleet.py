@@ -147,19 +147,22 @@ class FleetReader:
             self._gpu_counts = (version, dict(counted))
         return self._gpu_counts[1]
 
-    def open_nodes(self, spec: Obj, gpus: int, besides: str, limit: int, seed: str) -> tuple[str, ...] | None:
-        """Up to `limit` Nodes other than `besides` where a Pod of spec `spec` asking for `gpus` GPUs may run now (its
-        own constraints, and that many GPUs free), in an order of `seed`'s; None when the whole fleet is within the
-        limit (the scheduler then looks at every Node anyway)."""
+    def confinement(self, spec: Obj, spot: Spot, limit: int, seed: str) -> tuple[str, ...] | None:
+        """The hostname labels of `spot`'s Node and of up to `limit` - 1 others where a Pod of spec `spec` may run now
+        (its own constraints, and as many GPUs free as the spot's), in an order of `seed`'s; None when the fleet has
+        at most `limit` Nodes (the scheduler looks at every one), or the spot's Node has no hostname label."""
         nodes = self.caches.nodes.items()
-        if len(nodes) <= limit + 1:
+        own = _hostname(self.caches.nodes.get(spot.node))
+        if len(nodes) <= limit or own is None:
             return None
         ranked = sorted(nodes, key=lambda n: hashlib.blake2b(f"{seed}/{pods.name(n)}".encode(), digest_size=8).digest())
-        found = []
+        found = [own]
         for node in ranked:
-            name = pods.name(node)
-            if name != besides and may_run_on(node, spec) and self._use_of(name).room() >= gpus:
-                found.append(name)
+            name, hostname = pods.name(node), _hostname(node)
+            if hostname is None or name == spot.node or not may_run_on(node, spec):
+                continue
+            if self._use_of(name).room() >= len(spot.gpus):
+                found.append(hostname)
                 if len(found) == limit:
                     break
         return tuple(found)
@@ -220,6 +223,11 @@ class _NodeUse:
         """Whether `gpus` are all the Node has free: a device plugin, which picks among the free ones, must pick
         them."""
         return self.capacity is not None and self.capacity - len(self.busy) - self.unknown == len(gpus)
+
+
+def _hostname(node: Obj | None) -> str | None:
+    labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+    return labels.get(keys.HOSTNAME_LABEL)
 
 
 def _sleepers(states: Iterable[InstanceState]) -> int:
