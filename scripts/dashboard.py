@@ -15,6 +15,7 @@ SCOPE = 'namespace=~"$namespace", dualpods_release=~"$release"'
 # Where the variables' values come from: every target of a release (Prometheus's own `up` series).
 TARGETS = 'up{dualpods_release!=""}'
 FAILED = 'status_code!~"2.."'  # an HTTP call that failed, or got no answer (0)
+HOT = 'path="hot"'  # an actuation that woke a sleeper
 
 
 def series(metric: str, matchers: str = "") -> str:
@@ -36,6 +37,22 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
         "Actuations per minute by path",
         "short",
         [(f"sum by (path) (rate({series('fma_actuation_seconds_count')}{RATE})) * 60", "{{path}}")],
+    ),
+    (
+        "Hot-start ratio: actuations that woke a sleeper",
+        "percentunit",
+        [
+            (
+                f"sum(rate({series('fma_actuation_seconds_count', HOT)}{RATE})) / "
+                f"sum(rate({series('fma_actuation_seconds_count')}{RATE}))",
+                "hot / all",
+            )
+        ],
+    ),
+    (
+        "Placements per minute by result (sleeper-aware placement)",
+        "short",
+        [(f"sum by (result) (rate({series('dualpods_placements_total')}{RATE})) * 60", "{{result}}")],
     ),
     ("Bound requesters (GPUs in use)", "short", [(f"sum({series('fma_duality')})", "bound GPUs")]),
     (

@@ -50,7 +50,7 @@ KNOBS = [
 ]
 TENANT = ["crds.install=false", "rbac.clusterScoped=false"]
 CLUSTER_SCOPED = {"CustomResourceDefinition", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy",
-                  "ValidatingAdmissionPolicyBinding"}  # fmt: skip
+                  "ValidatingAdmissionPolicyBinding", "MutatingWebhookConfiguration"}  # fmt: skip
 Obj = dict[str, Any]
 
 
@@ -179,7 +179,11 @@ def test_fma_chart_globals_work() -> None:
         "global.imageRegistry=ghcr.io/example/", "global.imageTag=v9", "global.nodeViewClusterRole=view-nodes"
     )
     assert container(deployment(docs, "rel-dual-pods-controller"))["image"] == "ghcr.io/example/dualpods/controller:v9"
-    assert [r["metadata"]["name"] for r in by_kind(docs, "ClusterRole")] == ["models-rel-requester-tokenreview"]
+    # The node-view ClusterRole is the given one; the chart's own: placement's webhook configuration, TokenReviews.
+    assert sorted(r["metadata"]["name"] for r in by_kind(docs, "ClusterRole")) == [
+        "models-rel-placement",
+        "models-rel-requester-tokenreview",
+    ]
     (binding,) = [b for b in by_kind(docs, "ClusterRoleBinding") if b["metadata"]["name"] == "models-rel-node-view"]
     assert binding["roleRef"]["name"] == "view-nodes"
     assert [s["name"] for s in binding["subjects"]] == ["rel-fma-controllers"]
@@ -405,7 +409,20 @@ def test_least_privilege() -> None:
         "models-rel-requester-tokenreview": [
             {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]}
         ],
+        # Placement: its one webhook configuration, which the leader points at itself.
+        "models-rel-placement": [
+            {
+                "apiGroups": ["admissionregistration.k8s.io"],
+                "resources": ["mutatingwebhookconfigurations"],
+                "resourceNames": ["models-rel-placement"],
+                "verbs": ["get", "patch"],
+            }
+        ],
     }
+    (webhook,) = by_kind(docs, "MutatingWebhookConfiguration")
+    assert webhook["metadata"]["name"] == "models-rel-placement"
+    assert webhook["webhooks"][0]["failurePolicy"] == "Ignore"  # never holds a requester back
+    assert webhook["webhooks"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "models"}}
     role = controllers_role(docs)
     granted = {
         (group, resource) for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"]
@@ -416,12 +433,15 @@ def test_least_privilege() -> None:
         ("fma.llm-d.ai", "launcherconfigs"), ("fma.llm-d.ai", "launcherpopulationpolicies"),
         ("fma.llm-d.ai", "inferenceserverconfigs/status"), ("fma.llm-d.ai", "launcherconfigs/status"),
         ("fma.llm-d.ai", "launcherpopulationpolicies/status"), ("", "serviceaccounts/token"),
+        ("resource.k8s.io", "resourceclaimtemplates"),
     }  # fmt: skip
     for rule in role["rules"]:
         if rule["resources"] != ["pods"]:
             assert "delete" not in rule["verbs"], rule
         if rule["resources"] == ["serviceaccounts/token"]:  # tokens of its own ServiceAccount only
             assert (rule["verbs"], rule["resourceNames"]) == (["create"], ["rel-fma-controllers"])
+        if rule["resources"] == ["resourceclaimtemplates"]:  # placement's derived templates: made, never changed
+            assert rule["verbs"] == ["get", "create"]
         if rule["apiGroups"] == ["fma.llm-d.ai"]:  # the controllers never change what users declared
             assert set(rule["verbs"]) <= {"get", "list", "watch"} or all(
                 r.endswith("/status") for r in rule["resources"]
