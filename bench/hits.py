@@ -17,7 +17,6 @@ Usage: .venv/bin/python bench/hits.py [--shapes 200x1-dp,50x4-dra,50x4-dp] [--wa
 """
 
 import argparse
-import asyncio
 import collections
 import dataclasses
 import json
@@ -30,9 +29,8 @@ from pathlib import Path
 
 import psutil
 
-from controller.gc_thresholds import tune_for_caches
 from e2e.hits import SHAPES, HitsSpec, Run, ShapeResult, hits_line, run_shape
-from e2e.scale import quantile
+from e2e.scale import bench_main, progress_line, quantile
 
 
 def _run_line(run: Run) -> str:
@@ -94,10 +92,6 @@ def _args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def _progress(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 async def main() -> int:
     args = _args()
     unknown = [name for name in args.shapes.split(",") if name not in SHAPES]
@@ -116,7 +110,7 @@ async def main() -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="bench-hits-") as tmp:
         for shape in spec.shapes:
-            results.append(await run_shape(spec, shape, Path(tmp), _progress))
+            results.append(await run_shape(spec, shape, Path(tmp), progress_line))
     if args.json is not None:
         args.json.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=2) + "\n")
     print("\n".join(report(spec, results)))
@@ -124,9 +118,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    tune_for_caches()
-    try:
-        sys.exit(asyncio.run(main()))
-    except KeyboardInterrupt:
-        print("bench/hits.py: interrupted; the cluster was taken down", file=sys.stderr)
-        sys.exit(130)
+    bench_main(main, "bench/hits.py")

@@ -19,7 +19,6 @@ Usage: .venv/bin/python bench/scale.py --nodes 250 --gpus-per-node 4 --requester
 """
 
 import argparse
-import asyncio
 import dataclasses
 import json
 import os
@@ -31,10 +30,9 @@ from pathlib import Path
 
 import psutil
 
-from controller.gc_thresholds import tune_for_caches
 from e2e.chart import DUAL_PODS
 from e2e.profiles import RATE
-from e2e.scale import Phase, ScaleResult, ScaleSpec, Wave, quantile, run_scale
+from e2e.scale import Phase, ScaleResult, ScaleSpec, Wave, bench_main, progress_line, quantile, run_scale
 
 TOP_CALLS = 12
 
@@ -175,7 +173,7 @@ async def main() -> int:
     except ValueError as err:
         sys.exit(f"bench/scale.py: {err}")
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:
-        result = await run_scale(spec, Path(tmp), args.profile, lambda line: print(line, file=sys.stderr, flush=True))
+        result = await run_scale(spec, Path(tmp), args.profile, progress_line)
     if args.json is not None:
         args.json.write_text(json.dumps(dataclasses.asdict(result), indent=2) + "\n")
     print("\n".join(report(result)))
@@ -183,9 +181,4 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    tune_for_caches()  # the observer's own cache of Pods, kept from taking the cores from what it measures
-    try:
-        sys.exit(asyncio.run(main()))
-    except KeyboardInterrupt:
-        print("bench/scale.py: interrupted; the cluster was taken down", file=sys.stderr)
-        sys.exit(130)
+    bench_main(main, "bench/scale.py")

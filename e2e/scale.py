@@ -29,12 +29,13 @@ import re
 import signal
 import ssl
 import statistics
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp
 import psutil
@@ -43,6 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api import keys
 from controller import pods
+from controller.gc_thresholds import tune_for_caches
 from controller.informer import LAST_APPLIED, Informer
 from e2e.chart import DUAL_PODS, POPULATOR
 from e2e.cluster.cluster import LoopbackCluster, default_nodes
@@ -737,6 +739,21 @@ async def run_scale(
         if profile_dir is not None:
             await scenario.keep_logs(profile_dir)
         return result
+
+
+def bench_main(main: Callable[[], Coroutine[Any, Any, int]], name: str) -> NoReturn:
+    """Run a fleet benchmark's `main` and exit with its status; Ctrl-C exits 130, once the cluster is down."""
+    tune_for_caches()  # the observer's own cache of Pods, kept from taking the cores from what it measures
+    try:
+        sys.exit(asyncio.run(main()))
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted; the cluster was taken down", file=sys.stderr)
+        sys.exit(130)
+
+
+def progress_line(line: str) -> None:
+    """A long benchmark's progress, on stderr as it comes (its report goes to stdout at the end)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 @contextlib.contextmanager
