@@ -9,7 +9,7 @@ from kubernetes_asyncio import client
 
 from api import keys
 from controller import pods
-from controller.dualpods.placement.choice import Result, decided
+from controller.dualpods.placement.choice import OPTED_IN_CONDITION, Result, decided
 from e2e.actuation import release
 from e2e.chart import DUAL_PODS
 from e2e.dualpods_env import DualPodsEnv, Obj
@@ -80,6 +80,11 @@ async def test_an_opted_in_requester_lands_on_its_sleeper_and_starts_hot_a_plain
         await env.scale("plain", 1)  # other traffic in between, wherever the scheduler puts it
         await env.ready_requester("plain")
         await release(env, "plain")
+    # The API server sends the webhook only requesters that opted in: the leader keeps that match condition.
+    configurations = await client.AdmissionregistrationV1Api(env.api).list_mutating_webhook_configuration()
+    (ours,) = [c for c in configurations.items if c.metadata.name.startswith(f"{env.namespace}-")]
+    conditions = {c.name: c.expression for c in ours.webhooks[0].match_conditions}
+    assert conditions[OPTED_IN_CONDITION].endswith(' in ["placed"])')
     metrics = await env.controllers.metrics()
     assert f'dualpods_placements_total{{exported_namespace="{env.namespace}",result="PlacedOnSleeper"}} 3.0' in metrics
 

@@ -10,13 +10,24 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from kubernetes_asyncio import client
 
 from api import keys
 from api.crds import LauncherConfig
 from controller.dualpods.placement.admission import BadReview
-from controller.dualpods.placement.choice import PREFERENCE_WEIGHT, Decision, Result, Spot, decided, may_run_on
+from controller.dualpods.placement.choice import (
+    OPTED_IN_CONDITION,
+    PREFERENCE_WEIGHT,
+    Decision,
+    Result,
+    Spot,
+    decided,
+    may_run_on,
+    opted_in_expression,
+)
 from controller.dualpods.placement.claim_templates import derive, derived_name
 from controller.dualpods.placement.fleet import RESERVED_S, Reservations
+from controller.dualpods.placement.webhook import Registration
 from controller.fleet_view import as_table, fleet_status
 from controller.informer import Obj
 from controller.launcher_template import node_independent_pod, pod_for_node
@@ -464,3 +475,23 @@ async def test_kubectl_dualpods_status_counts_the_requesters_placed_on_a_sleeper
     status = fleet_status([served], [], [*placed, plain]).placement
     assert (status.decided, status.on_sleeper, status.hot) == (2, 2, 1)
     assert "hit ratio 50%" in as_table(fleet_status([served], [], [*placed, plain]), datetime.now(UTC))
+
+
+def test_the_webhook_is_sent_only_the_requesters_that_opted_in() -> None:
+    """The match condition the leader keeps on the webhook (the API server evaluates it: e2e/test_placement.py)."""
+    values = {"on": keys.PLACEMENT_PREFER_SLEEPER, "off": keys.PLACEMENT_OFF, "typo": "nearby"}
+    by_default_off = opted_in_expression(values, default_on=False)
+    assert by_default_off.startswith("has(object.metadata.annotations) && (")
+    assert by_default_off.endswith(' in ["on", "typo"])')  # a value that means nothing is sent, for its Event
+    assert '!= "off"' in by_default_off  # the requester's own annotation first
+    assert opted_in_expression(values, default_on=True).endswith(' in ["off"]))')
+
+
+async def test_the_leader_keeps_the_charts_own_match_conditions_beside_its_own() -> None:
+    async with client.ApiClient() as api:  # never connects
+        registration = Registration(api, "cfg", "https://127.0.0.9:9443/placement", b"pem", lambda: "true")
+    chart = {"name": "launcher-mode-requester", "expression": "has(object.metadata.annotations)"}
+    stale = {"name": OPTED_IN_CONDITION, "expression": "false"}
+    wanted = registration.wanted({"matchConditions": [chart, stale], "clientConfig": {"url": "https://127.0.0.1:1/"}})
+    assert wanted["matchConditions"] == [chart, {"name": OPTED_IN_CONDITION, "expression": "true"}]
+    assert wanted["clientConfig"]["url"] == "https://127.0.0.9:9443/placement"

@@ -33,7 +33,7 @@ from controller.dualpods.passes import Options, World
 from controller.dualpods.phases import LAUNCHER_START_BUDGET, Phase
 from controller.dualpods.placement.admission import Placement, PlacementOptions
 from controller.dualpods.placement.announce import PlacementAnnouncer
-from controller.dualpods.placement.choice import decided
+from controller.dualpods.placement.choice import decided, opted_in_expression
 from controller.dualpods.placement.claim_templates import KubeClaimTemplates
 from controller.dualpods.placement.fleet import INDEXES, REQUESTERS_ON_NODE, FleetReader
 from controller.dualpods.placement.webhook import Endpoint, serve_placement
@@ -161,6 +161,7 @@ class DualPodsController:
         )
         self.announcer = PlacementAnnouncer(namespace, caches.pods, clients.events)
         self.synced = asyncio.Event()  # the caches hold a full list: decisions read them from here on
+        self.opt_ins_changed = asyncio.Event()  # an ISC's placement annotation changed: the webhook's condition too
         caches.pods.subscribe(self._count_requesters)
         caches.iscs.subscribe(self._count_iscs)
         caches.pods.subscribe(self._pod_changed)
@@ -296,12 +297,23 @@ class DualPodsController:
 
     def _isc_changed(self, old: Obj | None, new: Obj | None) -> None:
         name = pods.name(new or old or {"metadata": {"name": ""}})
+        if old is None or new is None or _placement_of(old) != _placement_of(new):
+            self.opt_ins_changed.set()
         if old is None or new is None or _read_facts(old) != _read_facts(new):  # not its status alone
             self._enqueue_requesters_of(name)
         if new is not None:
             self._enqueue_isc_status(name)
         if old is not None and (new is None or old.get("spec") != new.get("spec")):
             self._enqueue(Key(KeyKind.ISC, name))
+
+    def opted_in(self) -> str:
+        """The placement webhook's match condition (choice.opted_in_expression) for the ISCs there are now."""
+        values = {
+            pods.name(isc): value
+            for isc in self.caches.iscs.items()
+            if (value := pods.annotations(isc).get(keys.PLACEMENT_ANNOTATION)) is not None
+        }
+        return opted_in_expression(values, self.options.placement_default_on)
 
     def _gpu_map_changed(self, old: Obj | None, new: Obj | None) -> None:
         """Direct requesters wait for their GPUs to be in the map (FMA re-enqueues all requesters)."""
@@ -364,7 +376,11 @@ async def run_dual_pods(
             tasks.create_task(controller.run())
             if options.placement is not None:
                 await controller.synced.wait()
-                tasks.create_task(serve_placement(api, controller.placement, options.placement))
+                tasks.create_task(
+                    serve_placement(
+                        api, controller.placement, options.placement, controller.opted_in, controller.opt_ins_changed
+                    )
+                )
 
 
 def _incarnation(pod: Obj) -> tuple[str, int]:
@@ -394,6 +410,10 @@ def _service_facts(pod: Obj | None) -> tuple[tuple[str, ...], bool] | None:
     if pod is None or not pods.is_requester(pod):
         return None
     return tuple(_requester_isc(pod)), served(pod)
+
+
+def _placement_of(isc: Obj) -> str | None:
+    return pods.annotations(isc).get(keys.PLACEMENT_ANNOTATION)
 
 
 def _launcher_config_name(isc: Obj) -> str:

@@ -82,6 +82,24 @@ def opted_in(requester_annotations: Mapping[str, str], isc_annotations: Mapping[
     return default
 
 
+OPTED_IN_CONDITION = "opted-in"  # the webhook's match condition that the leader keeps (webhook.py)
+
+
+def opted_in_expression(isc_values: Mapping[str, str], default_on: bool) -> str:
+    """CEL, over the Pod being created, that holds for the requesters whose placement is to be decided (`opted_in`,
+    given the placement annotation of each ISC that carries one: `isc_values`), so that the API server sends the
+    webhook no other: a requester's own annotation decides (anything but `off` is sent, a value that means nothing
+    too: it gets its Event), else its ISC's, else the default."""
+    annotations = "object.metadata.annotations"
+    key, off = json.dumps(keys.PLACEMENT_ANNOTATION), json.dumps(keys.PLACEMENT_OFF)
+    isc = f"{annotations}[{json.dumps(keys.INFERENCE_SERVER_CONFIG_ANNOTATION)}]"
+    if default_on:
+        by_isc = f"!({isc} in {json.dumps(sorted(n for n, v in isc_values.items() if v == keys.PLACEMENT_OFF))})"
+    else:
+        by_isc = f"{isc} in {json.dumps(sorted(n for n, v in isc_values.items() if v != keys.PLACEMENT_OFF))}"
+    return f"has({annotations}) && ({key} in {annotations} ? {annotations}[{key}] != {off} : {by_isc})"
+
+
 def gpus_asked(spec: Obj) -> int | None:
     """How many GPUs the Pod asks the scheduler for through the device plugin; None where its GPUs come from
     ResourceClaims (DRA: the claim says), 0 where it asks for none (FMA's GPU pin: it names its GPU itself)."""

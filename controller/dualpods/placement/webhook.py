@@ -17,7 +17,7 @@ import json
 import logging
 import ssl
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,8 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from controller.dualpods.placement.admission import BadReview, Placement
+from controller.dualpods.placement.choice import OPTED_IN_CONDITION
+from controller.informer import Obj
 
 log = logging.getLogger(__name__)
 
@@ -116,10 +118,13 @@ class Endpoint:
     configuration: str  # the MutatingWebhookConfiguration's name
 
 
-async def serve_placement(api: client.ApiClient, placement: Placement, endpoint: Endpoint) -> None:
-    """Serve the webhook and keep its configuration pointing here, until cancelled."""
+async def serve_placement(
+    api: client.ApiClient, placement: Placement, endpoint: Endpoint, opted_in: Callable[[], str], changed: asyncio.Event
+) -> None:
+    """Serve the webhook and keep its configuration pointing here, and sending only the requesters that opted in
+    (`opted_in`: the match condition's CEL, again whenever `changed` is set), until cancelled."""
     async with serving(placement, endpoint.host, endpoint.port) as (url, certificate_pem):
-        await Registration(api, endpoint.configuration, url, certificate_pem).keep()
+        await Registration(api, endpoint.configuration, url, certificate_pem, opted_in).keep(changed)
 
 
 def client_config(url: str, certificate_pem: bytes) -> dict[str, str]:
@@ -127,39 +132,54 @@ def client_config(url: str, certificate_pem: bytes) -> dict[str, str]:
 
 
 class Registration:
-    """Keeps the webhook configuration `name` pointing at this controller's endpoint."""
+    """Keeps the webhook configuration `name` pointing at this controller's endpoint, with the match condition that
+    lets through only the requesters that opted in."""
 
-    def __init__(self, api: client.ApiClient, name: str, url: str, certificate_pem: bytes) -> None:
+    def __init__(
+        self, api: client.ApiClient, name: str, url: str, certificate_pem: bytes, opted_in: Callable[[], str]
+    ) -> None:
         self.admission = client.AdmissionregistrationV1Api(api)
         self.name = name
-        self.wanted = client_config(url, certificate_pem)
+        self.client_config = client_config(url, certificate_pem)
+        self.opted_in = opted_in
 
-    async def keep(self, every_s: float = 10.0) -> None:
-        """Write the client config now and whenever it was changed since, looking every `every_s`."""
+    async def keep(self, changed: asyncio.Event, every_s: float = 10.0) -> None:
+        """Write the webhook now, when `changed` is set (an ISC's opt-in changed), and when it was changed by
+        someone else (looked at every `every_s`)."""
         while True:
+            changed.clear()
             try:
                 await self.write()
             except ApiException as err:
-                log.warning("placement webhook %s: cannot write its client config: %s %s", self.name, err.status,
-                            err.reason)  # fmt: skip
-            await asyncio.sleep(every_s)
+                log.warning("placement webhook %s: cannot write it: %s %s", self.name, err.status, err.reason)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(every_s):
+                    await changed.wait()
+
+    def wanted(self, webhook: Obj) -> Obj:
+        """The fields of the configuration's webhook entry this controller keeps: its client config, and its match
+        conditions with the opt-in one (the chart's own kept)."""
+        others = [c for c in webhook.get("matchConditions") or [] if c.get("name") != OPTED_IN_CONDITION]
+        opted_in = {"name": OPTED_IN_CONDITION, "expression": self.opted_in()}
+        return {"clientConfig": self.client_config, "matchConditions": [*others, opted_in]}
 
     async def write(self) -> bool:
-        """Point the configuration's placement webhook at this endpoint; True when it had to change."""
+        """Bring the configuration's placement webhook in line; True when it had to change."""
         found: Any = await self.admission.read_mutating_webhook_configuration(self.name, _preload_content=False)
         configuration = json.loads(await found.read())
-        webhooks = configuration.get("webhooks") or []
-        stale = [
-            i for i, w in enumerate(webhooks) if w.get("name") == WEBHOOK_NAME and w.get("clientConfig") != self.wanted
-        ]
-        if not stale:
+        ops = []
+        for index, webhook in enumerate(configuration.get("webhooks") or []):
+            if webhook.get("name") != WEBHOOK_NAME:
+                continue
+            for field, value in self.wanted(webhook).items():
+                if webhook.get(field) != value:
+                    ops.append({"op": "add", "path": f"/webhooks/{index}/{field}", "value": value})
+        if not ops:
             return False
-        ops = [
-            {"op": "test", "path": "/metadata/resourceVersion", "value": configuration["metadata"]["resourceVersion"]}
-        ]
-        ops += [{"op": "replace", "path": f"/webhooks/{i}/clientConfig", "value": self.wanted} for i in stale]
+        version = configuration["metadata"]["resourceVersion"]
+        ops.insert(0, {"op": "test", "path": "/metadata/resourceVersion", "value": version})
         await self.admission.patch_mutating_webhook_configuration(
             self.name, ops, _content_type="application/json-patch+json"
         )
-        log.info("placement webhook %s now calls %s", self.name, self.wanted["url"])
+        log.info("placement webhook %s now calls %s", self.name, self.client_config["url"])
         return True
