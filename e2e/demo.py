@@ -207,7 +207,7 @@ async def run(state_dir: Path, namespace: str, images: Images, dra: bool) -> Non
         started = time.monotonic()
         await env.wait_launchers_ready(len(nodes))
         say(f"  its launchers are Ready, vLLM preloaded ({time.monotonic() - started:.1f} s; the swaps wait for it)")
-        await swap(env, "model-a", "model-b", "warm: model-b scaled to 1 — same launcher, new instance", timings)
+        await swap(env, "model-a", "model-b", "warm: model-b scaled to 1 — a running launcher, new instance", timings)
         await swap(env, "model-b", "model-a", "hot: model-a scaled to 1 — its sleeping instance is woken", timings)
         await swap(env, "model-a", "model-b", "hot: model-b scaled to 1 — its sleeping instance is woken", timings)
         say(f"\nwhat is hot where (kubectl dualpods status):\n{await hot_where(cluster, namespace)}")
