@@ -1,8 +1,9 @@
 """The placement decision for one Pod being created, as the mutating admission webhook asks for it.
 
-The API server sends every requester Pod it is about to create (the webhook's match condition) in an
-AdmissionReview; the answer allows it always, with the JSON patch of the decision when the requester opted in
-(`choice.opted_in`). A requester that did not opt in, that is not in launcher mode, or whose ISC or
+The API server sends the requester Pods it is about to create that opted in (the webhook's match condition, kept
+by the leader: webhook.py) in an AdmissionReview; the answer allows each always, with the JSON patch of the decision.
+Opting in is checked again here (`choice.opted_in`: the condition may be a moment behind an ISC's change). A
+requester that did not opt in, that is not in launcher mode, or whose ISC or
 LauncherConfig this controller cannot read, is answered with no patch: exactly as created, placed as FMA places
 it (the reconcile reports a missing ISC as it always did). Only the leader serves this; a follower or a stopped
 controller is not called, or fails to answer, and the webhook's `failurePolicy: Ignore` lets the Pod through
