@@ -111,6 +111,21 @@ async def test_placement_keeps_the_requesters_own_constraints_and_is_not_needed_
     assert decision.result is Result.NO_SLEEPER
     await release(env, "elsewhere")
 
+    # Its own required node affinity names the other Node (where "elsewhere" left a sleeper): kept as written, and
+    # it goes there.
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": keys.HOSTNAME_LABEL, "operator": "In", "values": [other]}]}]}}}  # fmt: skip
+    await env.create_requesters("affine", "placed", replicas=0)
+    await env.apps.patch_namespaced_replica_set(
+        "affine", env.namespace, {"spec": {"template": {"spec": {"affinity": affinity}}}}
+    )
+    await env.scale("affine", 1)
+    affine = await env.ready_requester("affine")
+    assert affine["spec"]["nodeName"] == other
+    required = "requiredDuringSchedulingIgnoredDuringExecution"
+    assert affine["spec"]["affinity"]["nodeAffinity"][required] == affinity["nodeAffinity"][required]
+    await release(env, "affine")
+
     # The placement component is gone (its controller scaled to 0): a new requester is created as it came and the
     # stock scheduler places it at once; it is served once the controller is back.
     apps = client.AppsV1Api(env.api)

@@ -495,3 +495,18 @@ async def test_the_leader_keeps_the_charts_own_match_conditions_beside_its_own()
     wanted = registration.wanted({"matchConditions": [chart, stale], "clientConfig": {"url": "https://127.0.0.1:1/"}})
     assert wanted["matchConditions"] == [chart, {"name": OPTED_IN_CONDITION, "expression": "true"}]
     assert wanted["clientConfig"]["url"] == "https://127.0.0.9:9443/placement"
+
+
+async def test_a_launcher_promised_to_a_placed_requester_is_not_promised_again_for_its_other_gpu(h: Harness) -> None:
+    """One launcher serves one requester: its sleeper on the other GPU must wait for another launcher."""
+    other = inst(wanted_id(gpus=(GPU1,)), gpus=(GPU1,))
+    launcher = summarized(launcher_obj(), inst(WANTED), other)
+    h.put(launcher)
+    h.views.put(launcher, inst(WANTED), other)
+    pod = new_requester()
+    placed = patched(pod, await review(h, pod, "a"))
+    placed["metadata"] |= {"name": "req-1", "uid": "req-1-uid", "resourceVersion": "1"}
+    h.put(placed)  # in the cache now, not scheduled yet: its promise is its own
+    decision = decided(patched(pod, await review(h, pod, "b")))
+    assert decision is not None
+    assert decision.result is Result.NO_SLEEPER

@@ -133,7 +133,7 @@ class FleetReader:
                 if state.instance_id != wanted[gpus]:
                     continue
                 use = nodes.get(node) or nodes.setdefault(node, self._use_of(node))
-                if use.free(gpus, promised_gpus):
+                if use.free(gpus, promised_gpus) and name not in use.claimed:
                     blocked = sum(use.sleepers[gpu] for gpu in gpus) + _sleepers(view.instances.values()) - 2
                     found[Spot(node, gpus, name, state.instance_id)] = Cost(not use.only_free(gpus), blocked)
         return found
@@ -180,6 +180,7 @@ class FleetReader:
                 else:
                     busy.update(state.gpu_uuids or ())
         unknown = 0
+        claimed: set[str] = set()  # launchers that requesters placed on them are on their way to bind
         for requester in self.caches.pods.by_index(REQUESTERS_ON_NODE, node):
             if pods.is_failed(requester):
                 continue
@@ -187,9 +188,11 @@ class FleetReader:
             if held is None:
                 unknown += gpus_asked(requester.get("spec") or {}) or 1
             busy.update(held or ())
+            claimed.update(_claimed_launcher(requester, node))
         for requester in self.caches.pods.by_index(PLACED_PENDING, node):
             busy.update(_held_gpus(requester, node) or ())
-        return _NodeUse(node, busy, unknown, self._capacity(node), sleepers)
+            claimed.update(_claimed_launcher(requester, node))
+        return _NodeUse(node, busy, unknown, self._capacity(node), sleepers, claimed)
 
     def _capacity(self, node: str) -> int | None:
         """The Node's GPUs: those the gpu-map lists for it, else its allocatable `nvidia.com/gpu`."""
@@ -208,6 +211,7 @@ class _NodeUse:
     unknown: int  # GPUs held by requesters there whose GPUs are not known yet
     capacity: int | None  # the Node's GPUs, where known
     sleepers: collections.Counter[str]  # GPU -> the sleeping instances on it
+    claimed: set[str]  # launchers promised to requesters placed there, not bound yet
 
     def free(self, gpus: Iterable[str], promised: set[tuple[str, str]]) -> bool:
         wanted = set(gpus)
@@ -223,6 +227,15 @@ class _NodeUse:
         """Whether `gpus` are all the Node has free: a device plugin, which picks among the free ones, must pick
         them."""
         return self.capacity is not None and self.capacity - len(self.busy) - self.unknown == len(gpus)
+
+
+def _claimed_launcher(requester: Obj, node: str) -> list[str]:
+    """The launcher of the spot a requester was placed on at `node`, while it is on its way to bind it (a bound
+    launcher shows its binding itself; a requester being deleted binds nothing)."""
+    decision = decided(requester)
+    spot = decision.spot if decision is not None else None
+    coming = keys.DUAL_LABEL not in pods.labels(requester) and not pods.is_deleting(requester)
+    return [spot.launcher] if spot is not None and spot.node == node and coming else []
 
 
 def _hostname(node: Obj | None) -> str | None:
