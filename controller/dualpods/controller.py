@@ -33,7 +33,7 @@ from controller.dualpods.passes import Options, World
 from controller.dualpods.phases import LAUNCHER_START_BUDGET, Phase
 from controller.dualpods.placement.admission import Placement, PlacementOptions
 from controller.dualpods.placement.announce import PlacementAnnouncer
-from controller.dualpods.placement.choice import decided, opted_in_expression
+from controller.dualpods.placement.choice import Result, decided, opted_in_expression
 from controller.dualpods.placement.claim_templates import KubeClaimTemplates
 from controller.dualpods.placement.fleet import INDEXES, REQUESTERS_ON_NODE, FleetReader
 from controller.dualpods.placement.webhook import Endpoint, serve_placement
@@ -159,6 +159,8 @@ class DualPodsController:
             clients.claim_templates,
             on_decision=lambda d: metrics.placements.labels(namespace, d.result.value).inc(),
         )
+        for result in Result:  # every result a series from the start, so that a rate of 0 reads as 0, not absent
+            metrics.placements.labels(namespace, result.value)
         self.announcer = PlacementAnnouncer(namespace, caches.pods, clients.events)
         self.synced = asyncio.Event()  # the caches hold a full list: decisions read them from here on
         self.opt_ins_changed = asyncio.Event()  # an ISC's placement annotation changed: the webhook's condition too

@@ -15,15 +15,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, TypeVar
-
-if TYPE_CHECKING:
-    from _typeshed import SupportsRichComparison
+from typing import Any
 
 from api import keys
 
 Obj = dict[str, Any]
-T = TypeVar("T", bound="SupportsRichComparison")
 PREFERENCE_WEIGHT = 100  # the most a preferred scheduling term can weigh
 # kube-scheduler scores every feasible Node only in a fleet of fewer than this many (minFeasibleNodesToFind in its
 # schedule_one.go); in a larger one it stops at that many feasible Nodes (or a share of the fleet), starting where its
@@ -48,6 +44,17 @@ class Spot:
     gpus: tuple[str, ...]
     launcher: str
     instance: str
+
+
+@dataclass(frozen=True, order=True)
+class Cost:
+    """What taking a spot costs; the lower, the better. `uncertain`: other GPUs of its Node are free too, and under
+    the device plugin the kubelet's device plugin, not the scheduler, picks among them (DRA names the GPU: the
+    requester's claim does). `blocked`: the other sleepers it makes unusable (on its GPUs, or in its launcher),
+    which requesters of other models arriving next may want."""
+
+    uncertain: bool
+    blocked: int
 
 
 @dataclass(frozen=True)
@@ -115,7 +122,7 @@ def gpus_asked(spec: Obj) -> int | None:
     return total
 
 
-def choose(spots: Mapping[Spot, T], nodes: Mapping[str, Obj], spec: Obj, seed: str) -> Spot | None:
+def choose(spots: Mapping[Spot, Cost], nodes: Mapping[str, Obj], spec: Obj, seed: str) -> Spot | None:
     """The spot for a requester of Pod spec `spec` among free `spots`, on a Node it may run on: the one of lowest
     cost (fleet.Cost); spots that are equally good are ranked by a hash of `seed` (the admission request's UID), so
     that requesters arriving together spread over them."""

@@ -25,7 +25,7 @@ from controller import pods
 from controller.dualpods.gpu_map import gpu_locations
 from controller.dualpods.identity import instance_id
 from controller.dualpods.isc_status import LAUNCHERS_BY_SUMMARY_ISC
-from controller.dualpods.placement.choice import Spot, decided, gpus_asked, may_run_on
+from controller.dualpods.placement.choice import Cost, Spot, decided, gpus_asked, may_run_on
 from controller.dualpods.snapshot import Caches
 from controller.informer import Obj
 from controller.launcher_template import launcher_config_hash
@@ -76,17 +76,6 @@ class Reservations:
         now = self.clock()
         self._held = {spot: until for spot, until in self._held.items() if until > now}
         return list(self._held)
-
-
-@dataclass(frozen=True, order=True)
-class Cost:
-    """What taking a spot costs; the lower, the better. `uncertain`: other GPUs of its Node are free too, and under
-    the device plugin the kubelet's device plugin, not the scheduler, picks among them (DRA names the GPU: the
-    requester's claim does). `blocked`: the other sleepers it makes unusable (on its GPUs, or in its launcher),
-    which requesters of other models arriving next may want."""
-
-    uncertain: bool
-    blocked: int
 
 
 class FleetReader:
