@@ -150,7 +150,8 @@ async def test_a_late_answer_fails_and_a_gone_server_fails(server: Server, kept:
 
 @pytest.fixture
 def raw_server() -> Iterator[tuple[int, threading.Event]]:
-    """A server in a thread of its own: answers each request 0.2 s after it arrives, then sets the event."""
+    """A server in a thread of its own: answers each request 0.2 s after it arrives, the event set as it answers
+    (before it sends: a client that has the answer may otherwise run before this thread gets to set it)."""
     listener = socket.create_server((HOST, 0))
     answered = threading.Event()
 
@@ -159,8 +160,8 @@ def raw_server() -> Iterator[tuple[int, threading.Event]]:
         with connection:
             connection.recv(4096)
             time.sleep(0.2)
-            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
             answered.set()
+            connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
             connection.recv(4096)  # until the client closes
 
     thread = threading.Thread(target=serve, daemon=True)
