@@ -27,13 +27,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from kubernetes_asyncio import client
+
 from api import keys, launcher_summary
 from api.launcher_summary import SummaryState
 from controller import pods
-from controller.dualpods.placement.choice import decided
+from controller.dualpods.placement.choice import decided, opted_in_expression
 from e2e.dualpods_env import Obj
 from e2e.kubelet.config import GpuMode
 from e2e.scale import ScaleSpec, Scenario, quantile, simulated_fleet
+from e2e.waiting import wait_for
 
 Start = Literal["hot", "warm", "cold", "not ready"]
 SETTLE_LOOKS = 3  # the fleet must look settled this many times in a row, LOOK_S apart
@@ -180,7 +183,9 @@ class FleetWaves:
             await self.scenario.create_requesters(model, 0)
 
     async def set_placement(self, on: bool) -> None:
-        """Every model opts in to sleeper-aware placement (on), or says nothing (off: the chart's default)."""
+        """Every model opts in to sleeper-aware placement (on), or says nothing (off: the chart's default); then
+        until the webhook's match condition, which the leader keeps, says so (a user's next requesters may come
+        a moment before it does; the waves must not)."""
         value = keys.PLACEMENT_PREFER_SLEEPER if on else None
         env = self.scenario.env
         for model in self.scenario.models:
@@ -189,6 +194,17 @@ class FleetWaves:
                 {"metadata": {"annotations": {keys.PLACEMENT_ANNOTATION: value}}},
                 _content_type="application/merge-patch+json",
             )  # fmt: skip
+        wanted = opted_in_expression({m: value for m in self.scenario.models} if value else {}, default_on=False)
+        admission = client.AdmissionregistrationV1Api(env.api)
+
+        async def current() -> bool:
+            for configuration in (await admission.list_mutating_webhook_configuration()).items:
+                for webhook in configuration.webhooks or []:
+                    if any(c.expression == wanted for c in webhook.match_conditions or []):
+                        return True
+            return False
+
+        await wait_for(current, what="the placement webhook's match condition", within=60, interval=0.2)
 
     async def wave(self, counts: dict[str, int]) -> tuple[list[Outcome], dict[str, int], bool]:
         """Scale `counts`' models up, until each requester is told ready, classify them, scale back to 0 and wait
