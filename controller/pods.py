@@ -43,6 +43,18 @@ def is_deleting(pod: Pod) -> bool:
     return bool(meta(pod).get("deletionTimestamp"))
 
 
+def is_cordoned(node: Pod | None) -> bool:
+    """A Node cordoned or being deleted: new Pods cannot be placed there, and a drain may follow. (A Node not in the
+    cache is not: its Pods go with it.)"""
+    return node is not None and (is_deleting(node) or bool((node.get("spec") or {}).get("unschedulable")))
+
+
+def accelerators(pod: Pod) -> list[str] | None:
+    """The GPUs a requester's accelerators annotation records (None before the controller asked for them)."""
+    known = annotations(pod).get(keys.ACCELERATORS_ANNOTATION)
+    return known.split(",") if known else None
+
+
 def node_name(pod: Pod) -> str | None:
     node: str | None = pod.get("spec", {}).get("nodeName")
     return node

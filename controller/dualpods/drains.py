@@ -77,7 +77,7 @@ class DrainRewarmer:
         if pod is None or pods.is_deleting(pod) or not pods.is_launcher(pod) or view is None or not view.synced:
             return None
         held = bool(sleeping(list(view.instances.values())))
-        if not _cordoned(self._node_of(pod)):
+        if not pods.is_cordoned(self._node_of(pod)):
             await self._keep(pod, view, warm=held, drain_started=None)
             return None
         started = _started(pod) or self.now()
@@ -161,7 +161,7 @@ class DrainRewarmer:
         config_name = pods.labels(pod).get(keys.LAUNCHER_CONFIG_NAME_LABEL, "")
         node_obj = self._node_of(pod)
         reachable = view is not None and view.synced and view.extensions and pods.is_ready(pod)
-        available = reachable and node_obj is not None and not _cordoned(node_obj)
+        available = reachable and node_obj is not None and not pods.is_cordoned(node_obj)
         return LauncherFacts(
             name=pods.name(pod),
             node=node,
@@ -177,7 +177,7 @@ class DrainRewarmer:
         """Other Ready launchers on schedulable Nodes whose instances are not known yet (view not synced)."""
         unseen = []
         for pod in self._launchers():
-            if pods.name(pod) == pods.name(source) or not pods.is_ready(pod) or _cordoned(self._node_of(pod)):
+            if pods.name(pod) == pods.name(source) or not pods.is_ready(pod) or pods.is_cordoned(self._node_of(pod)):
                 continue
             view = self.views.get(pods.name(pod))
             if view is None or not view.synced:
@@ -198,9 +198,8 @@ class DrainRewarmer:
             view = self.views.get(pods.name(pod)) if pods.is_launcher(pod) else None
             for state in view.instances.values() if view is not None else ():
                 known |= set(state.gpu_uuids or [])
-            accelerators = pods.annotations(pod).get(keys.ACCELERATORS_ANNOTATION)
-            if pods.is_requester(pod) and accelerators:
-                known |= set(accelerators.split(","))
+            if pods.is_requester(pod):
+                known |= set(pods.accelerators(pod) or ())
         return sorted(known)
 
     def _iscs(self) -> dict[str, InferenceServerConfig]:
@@ -229,18 +228,12 @@ class DrainRewarmer:
             self._changed(pods.name(new))
 
     def _node_changed(self, old: Obj | None, new: Obj | None) -> None:
-        if _cordoned(old) == _cordoned(new):
+        if pods.is_cordoned(old) == pods.is_cordoned(new):
             return
         node = (new or old or {}).get("metadata", {}).get("name")
         for launcher in self._launchers():
             if pods.node_name(launcher) == node:
                 self.queue.add(pods.name(launcher))
-
-
-def _cordoned(node: Obj | None) -> bool:
-    """Cordoned or being deleted: new Pods cannot be placed there, and a drain may follow. (A Node not in the
-    cache is not: its Pods go with it.)"""
-    return node is not None and (pods.is_deleting(node) or bool((node.get("spec") or {}).get("unschedulable")))
 
 
 def _started(pod: Obj) -> datetime | None:

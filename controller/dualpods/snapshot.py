@@ -132,8 +132,7 @@ class Snapshot:
     @cached_property
     def gpus(self) -> list[str] | None:
         """The GPUs recorded in the requester's accelerators annotation (None before they are asked)."""
-        known = pods.annotations(self.requester).get(keys.ACCELERATORS_ANNOTATION) if self.requester else None
-        return known.split(",") if known else None
+        return pods.accelerators(self.requester) if self.requester else None
 
     @property
     def requester_deleting(self) -> bool:

@@ -90,24 +90,27 @@ class Placement:
             return None
         try:
             isc = InferenceServerConfig.from_k8s(isc_obj)
+        except ValidationError:
+            return None  # the reconcile reports an invalid ISC
+        try:
             if not opted_in(annotations, isc.metadata.annotations, self.options.default_on):
                 return None
-        except (ValidationError, ValueError) as err:
-            return None if isinstance(err, ValidationError) else self._decided(Decision(Result.INVALID, str(err)))
+        except ValueError as err:
+            return self._decided(Decision(Result.INVALID, str(err)))
         spec = pod.get("spec") or {}
         asked = gpus_asked(spec)
         if asked == 0:
             return self._decided(Decision(Result.NO_SLEEPER, "it asks the scheduler for no GPU: its GPU is pinned"))
         lc_obj = self.fleet.caches.lcs.get(f"{namespace}/{isc.spec.launcher_config_name}")
+        if lc_obj is None:
+            return None
         try:
-            lc = LauncherConfig.from_k8s(lc_obj) if lc_obj is not None else None
+            lc = LauncherConfig.from_k8s(lc_obj)
             runtime = runtime_of(annotations, isc.metadata.annotations)
-            if lc is None:
-                return None
             _, template_hash = node_independent_pod(
                 lc, self.options.launcher_token_secret, self.options.launcher_runtime_class
             )
-        except (ValidationError, ValueError, TemplateError):
+        except (ValueError, TemplateError):  # a pydantic ValidationError is a ValueError
             return None  # the reconcile reports what is wrong with the requester's ISC or LauncherConfig
         spots = {
             s: cost if asked is not None else dataclasses.replace(cost, uncertain=False)  # DRA: the claim names the GPU

@@ -4,10 +4,10 @@ A requester is created with no Node; the scheduler picks one. To start hot it mu
 GPUs, that hold a sleeping instance of exactly its model in an unbound launcher (a *spot*). The choice here is
 among the free spots (`fleet.py` finds them) on Nodes the requester may run on (its own node selector, required
 node affinity and tolerations, and a schedulable Node); the change is a *preferred* node-affinity term for that
-Node (weight 100), never a requirement: when the spot is taken meanwhile or the Node cannot take the Pod, the
-scheduler places it as it would have anyway. So placement is never worse than the stock scheduler, and no Pod is
-left Pending because of it. The decision is recorded on the Pod (PLACED_ANNOTATION) for the Event, the metrics
-and `kubectl dualpods status`.
+Node (weight 100): when the spot is taken meanwhile or the Node cannot take the Pod, the scheduler places it as it
+would have anyway. Only in a fleet larger than the scheduler scores in full (SCORED_IN_FULL) is the Pod also
+confined, to the spot's Node and others that have room, so that the scheduler looks at the spot's Node at all.
+The decision is recorded on the Pod (PLACED_ANNOTATION) for the Event, the metrics and `kubectl dualpods status`.
 """
 
 import hashlib
@@ -15,11 +15,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any
 
 from api import keys
+from controller import pods
+from controller.informer import Obj
 
-Obj = dict[str, Any]
 PREFERENCE_WEIGHT = 100  # the most a preferred scheduling term can weigh
 # kube-scheduler scores every feasible Node only in a fleet of fewer than this many (minFeasibleNodesToFind in its
 # schedule_one.go); in a larger one it stops at that many feasible Nodes (or a share of the fleet), starting where its
@@ -138,8 +138,7 @@ def choose(spots: Mapping[Spot, Cost], nodes: Mapping[str, Obj], spec: Obj, seed
 def may_run_on(node: Obj, spec: Obj) -> bool:
     """Whether the scheduler's node filters that read the Pod's own constraints pass: the Node is schedulable, its
     labels match the node selector and required node affinity, and the Pod tolerates its hard taints."""
-    node_spec = node.get("spec") or {}
-    if node_spec.get("unschedulable") or (node.get("metadata") or {}).get("deletionTimestamp"):
+    if pods.is_cordoned(node):
         return False
     labels = (node.get("metadata") or {}).get("labels") or {}
     if any(labels.get(key) != value for key, value in (spec.get("nodeSelector") or {}).items()):
@@ -152,7 +151,7 @@ def may_run_on(node: Obj, spec: Obj) -> bool:
     tolerations = spec.get("tolerations") or []
     return all(
         any(_tolerates(t, taint) for t in tolerations)
-        for taint in node_spec.get("taints") or []
+        for taint in (node.get("spec") or {}).get("taints") or []
         if taint.get("effect") in ("NoSchedule", "NoExecute")
     )
 

@@ -19,16 +19,16 @@ import hashlib
 import json
 import logging
 import time
-from typing import Any, Protocol
+from typing import Protocol
 
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
+from controller.informer import Obj
 
 log = logging.getLogger(__name__)
 
-Obj = dict[str, Any]
 NVIDIA_DRIVER = "gpu.nvidia.com"  # the attribute domain of NVIDIA's DRA driver, which publishes each GPU's `uuid`
 DERIVED_FROM_LABEL = keys.PREFIX + "derived-from"
 SLEEPER_ALTERNATIVE = "sleeper"

@@ -239,9 +239,9 @@ def _sleepers(states: Iterable[InstanceState]) -> int:
 def _held_gpus(requester: Obj, node: str) -> list[str] | None:
     """The GPUs a requester holds or is on its way to on `node`: its recorded accelerators, else those of the
     spot it was placed on (when it is not scheduled yet, or scheduled there); None when not known."""
-    accelerators = pods.annotations(requester).get(keys.ACCELERATORS_ANNOTATION)
-    if accelerators:
-        return [gpu for gpu in accelerators.split(",") if gpu]
+    accelerators = pods.accelerators(requester)
+    if accelerators is not None:
+        return accelerators
     decision = decided(requester)
     if decision is not None and decision.spot is not None and pods.node_name(requester) in (None, node):
         return list(decision.spot.gpus) if decision.spot.node == node else None
