@@ -54,6 +54,8 @@ PRINTER_COLUMNS: Final[dict[type[CustomResource], list[dict[str, Any]]]] = {
         _READY,
         {"name": "Requesters", "type": "integer", "jsonPath": ".status.servedRequesters"},
         *_INSTANCES,
+        {"name": "Pool", "type": "integer", "jsonPath": ".status.pool.ready"},
+        {"name": "Pool Declared", "type": "integer", "jsonPath": ".spec.warmPool.sleepers", "priority": 1},
         _ERROR,
         _AGE,
     ],

@@ -16,7 +16,7 @@ from pydantic import Field, JsonValue, field_validator, model_validator
 from api import keys
 from api.kubemodel import Int32, Int64, KubeModel, kubernetes_definition
 from api.quantity import NonNegativeQuantity
-from api.selectors import EnhancedNodeSelector
+from api.selectors import EnhancedNodeSelector, LabelSelector
 
 GROUP: Final = "fma.llm-d.ai"
 VERSION: Final = "v1alpha1"
@@ -64,6 +64,8 @@ class ObjectMeta(KubeModel, extra="allow"):
 # needs a change of the object or of what it names, not more time.
 READY: Final = "Ready"
 STALLED: Final = "Stalled"
+# An InferenceServerConfig with a warm pool: whether the pool holds its declared copies, and why not.
+POOL_READY: Final = "PoolReady"
 ConditionStatus = Literal["True", "False", "Unknown"]
 
 
@@ -79,7 +81,7 @@ class Condition(KubeModel):
             r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
         ),
     ]
-    """type of condition in CamelCase: `Ready` or `Stalled`."""
+    """type of condition in CamelCase: `Ready`, `Stalled`, or an InferenceServerConfig's `PoolReady`."""
     status: ConditionStatus
     """status of the condition, one of True, False, Unknown."""
     observed_generation: Annotated[Int64, Field(ge=0)] = 0
@@ -107,7 +109,8 @@ class Status(KubeModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     """dualpods extension: `Ready` and `Stalled` (Kubernetes' condition shape, one of each type). Stalled is True
-    exactly when `errors` is not empty, its message those errors joined by "; "."""
+    exactly when `errors` is not empty, its message those errors joined by "; ". An InferenceServerConfig with a
+    warm pool has `PoolReady` too."""
 
     def condition(self, kind: str) -> Condition | None:
         """The condition of type `kind`, if the controller has set one."""
@@ -223,6 +226,26 @@ class LoraAdapter(KubeModel):
     """Path is where the adapter's files are, as the model server sees them."""
 
 
+class WarmPool(KubeModel):
+    """dualpods extension: sleeping copies of this model that the fleet keeps ready ahead of demand, so that its
+    first requesters start hot (a wake, seconds) even after a quiet night. The dual-pods controller makes them on
+    idle GPUs (no awake instance, no requester bound or on its way) of launchers of this config's LauncherConfig,
+    within their `maxInstances` and sleeper budgets, and makes another when a requester wakes one. A pool never
+    displaces an awake instance or a bound requester; when real demand needs the room, a budget deletes the
+    copies beyond the declared count first, then the least recently used sleepers, and the pool fills again
+    where it can."""
+
+    sleepers: Annotated[Int32, Field(ge=0, le=1024)]
+    """Sleepers is how many sleeping copies to keep ready."""
+    gpus: Annotated[Int32, Field(ge=1, le=64)] = 1
+    """GPUs is how many GPUs each copy uses: as many as this model's requesters ask for."""
+    node_selector: LabelSelector = Field(default_factory=LabelSelector)
+    """NodeSelector picks the Nodes that may hold copies (all Nodes when empty)."""
+    min_nodes: Annotated[Int32, Field(ge=1, le=1024)] = 1
+    """MinNodes is how many Nodes at least the copies are spread over (while there are that many copies): a
+    Node drained or lost takes no more than its share of the pool with it."""
+
+
 class InferenceServerConfigSpec(KubeModel):
     """Spec defines the desired state of the InferenceServerConfig."""
 
@@ -237,6 +260,8 @@ class InferenceServerConfigSpec(KubeModel):
     """dualpods extension: LoRA adapters the model server loads at start and keeps in step with this
     list while it runs (loading and unloading through vLLM's /v1/load_lora_adapter and
     /v1/unload_lora_adapter), without restarting it. Adapters are not part of an instance's identity."""
+    warm_pool: WarmPool | None = None
+    """dualpods extension: the warm pool of this model (none when absent or `sleepers: 0`)."""
 
 
 class InstanceCountingStatus(Status):
@@ -250,8 +275,25 @@ class InstanceCountingStatus(Status):
     start), as the launcher Pods' `dual-pods.llm-d.ai/instances` summaries show them."""
 
 
+class PoolStatus(KubeModel):
+    """dualpods extension: how full the warm pool is."""
+
+    declared: Annotated[Int32, Field(ge=0)] = 0
+    """Declared is the pool's `sleepers`."""
+    ready: Annotated[Int32, Field(ge=0)] = 0
+    """Ready is how many copies are asleep where a requester could wake one now: a free GPU of a Node the pool
+    selects, in a launcher no requester holds."""
+    loading: Annotated[Int32, Field(ge=0)] = 0
+    """Loading is how many copies are being made (loading, or about to be put to sleep)."""
+    nodes: Annotated[Int32, Field(ge=0)] = 0
+    """Nodes is over how many Nodes the ready copies are spread."""
+
+
 class InferenceServerConfigStatus(InstanceCountingStatus):
     """What the dual-pods controller observed of this InferenceServerConfig."""
+
+    pool: PoolStatus | None = None
+    """dualpods extension: the warm pool, when one is declared (its condition is `PoolReady`)."""
 
     served_requesters: Annotated[Int32, Field(ge=0)] = 0
     """dualpods extension: how many server-requesting Pods naming this config are served now: bound to a

@@ -72,3 +72,5 @@ LAUNCHER_PORT: Final = 8001
 # Annotations the dual-pods controller puts on a launcher instance (VllmConfig.annotations).
 INSTANCE_ISC_NAME: Final = "isc-name"
 INSTANCE_INFERENCE_PORT: Final = "inference-port"
+# On an instance the dual-pods controller made for an InferenceServerConfig's warm pool: the ISC's name.
+INSTANCE_POOL: Final = "warm-pool"

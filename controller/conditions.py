@@ -49,11 +49,17 @@ def current(kind: type[S], obj: Mapping[str, Any]) -> S:
 
 
 def computed(
-    shown: S, generation: int, problems: Sequence[Problem], readiness: Readiness, now: datetime, **extra: Any
+    shown: S,
+    generation: int,
+    problems: Sequence[Problem],
+    readiness: Readiness,
+    now: datetime,
+    also: Mapping[str, Readiness] | None = None,
+    **extra: Any,
 ) -> S:
     """The status an object at `generation` should carry after a pass that found `problems` and
-    `readiness`; `shown` is what it carries now (its transition times are kept), `extra` the kind's own
-    fields (e.g. servedRequesters)."""
+    `readiness`; `shown` is what it carries now (its transition times are kept), `also` the kind's own
+    conditions by type (e.g. PoolReady), `extra` its own fields (e.g. servedRequesters)."""
     errors = [problem.message for problem in problems]
     if problems:
         joined = "; ".join(errors)
@@ -63,7 +69,11 @@ def computed(
         status: ConditionStatus = "True" if readiness.ready else "False"
         ready = _condition(shown, READY, status, readiness.reason, readiness.message, generation, now)
         stalled = _condition(shown, STALLED, "False", NO_ERRORS, "", generation, now)
-    return type(shown)(observed_generation=generation, errors=errors, conditions=[ready, stalled], **extra)
+    own = [
+        _condition(shown, kind, "True" if r.ready else "False", r.reason, r.message, generation, now)
+        for kind, r in (also or {}).items()
+    ]
+    return type(shown)(observed_generation=generation, errors=errors, conditions=[ready, stalled, *own], **extra)
 
 
 def _condition(

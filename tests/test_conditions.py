@@ -126,7 +126,7 @@ def test_a_policy_says_why_its_launchers_are_missing() -> None:
 async def isc_snapshot(*objs: dict[str, Any]) -> IscSnapshot:
     async with harness() as h:
         h.put(*objs)
-        return observe_isc("ns", ISC, h.caches)
+        return observe_isc("ns", ISC, h.caches, {})
 
 
 async def test_an_isc_is_ready_once_a_requester_of_it_is_served() -> None:

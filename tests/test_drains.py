@@ -12,7 +12,8 @@ from api import keys
 from api.crds import InferenceServerConfig, LauncherConfig
 from api.launcher import InstanceState
 from controller import pods
-from controller.dualpods.drain_plan import INSTANCE_REWARMED_FROM, LauncherFacts, plan
+from controller.dualpods.copies import LauncherFacts
+from controller.dualpods.drain_plan import INSTANCE_REWARMED_FROM, plan
 from controller.informer import Obj
 from tests.test_dualpods_fakes import (
     GPU0,

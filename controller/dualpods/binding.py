@@ -24,6 +24,7 @@ from controller.dualpods.outcomes import DONE, Problem, StepResult, Wait
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, from_isc, problems
 from controller.dualpods.selection import Candidate, choose
+from controller.dualpods.sleepers import first_to_go
 from controller.dualpods.snapshot import BoundNow, launcher_reachable, own_metadata
 from controller.dualpods.writer import set_annotation, set_binding
 from controller.http import HttpError
@@ -67,7 +68,8 @@ async def bind(p: Pass, gpus: list[str] | None = None) -> StepResult:
     uid = pods.uid(requester)
     if (awaited := _launcher_awaited(p, uid)) is not None:
         return Wait(LAUNCHER_SEEN_RECHECK_S, f"launcher {awaited} was created for it; waiting for the watch to show it")
-    plan = choose(candidates, wanted, isc.spec.model_server_config.port, lc.spec.max_instances, uid)
+    first = first_to_go((state for c in candidates for state in c.running), p.memory.pools)
+    plan = choose(candidates, wanted, isc.spec.model_server_config.port, lc.spec.max_instances, uid, first)
     if plan is None:
         if waiting:
             return DONE  # a launcher is starting; its readiness or watch brings us back

@@ -8,6 +8,7 @@ revision) are deleted; when that cannot help, the wake is refused with a clear r
 attempted and left half done.
 """
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 MIB = 1024 * 1024
@@ -23,14 +24,16 @@ class Sleeper:
     gpu_uuids: frozenset[str]
 
 
-def host_victims(sleepers: list[Sleeper], incoming_bytes: int, budget: int) -> list[str] | None:
-    """Least recently used sleepers to delete so that they and one more sleeper of `incoming_bytes`
-    fit in `budget`; None if that one alone does not fit."""
+def host_victims(
+    sleepers: list[Sleeper], incoming_bytes: int, budget: int, first: Collection[str] = ()
+) -> list[str] | None:
+    """Sleepers to delete so that they and one more sleeper of `incoming_bytes` fit in `budget`, those in `first`
+    (a warm pool's beyond its count) and then the least recently used; None if that one alone does not fit."""
     if incoming_bytes > budget:
         return None
     total = incoming_bytes + sum(s.host_bytes for s in sleepers)
     victims: list[str] = []
-    for sleeper in sorted(sleepers, key=lambda s: s.revision):
+    for sleeper in sorted(sleepers, key=lambda s: (s.instance_id not in first, s.revision)):
         if total <= budget:
             break
         victims.append(sleeper.instance_id)
@@ -43,10 +46,10 @@ def gpus_over_budget(used_mib: dict[str, int], gpus: list[str], budget: int) -> 
     return {gpu: used_mib[gpu] for gpu in gpus if gpu in used_mib and used_mib[gpu] * MIB > budget}
 
 
-def gpu_victim(sleepers: list[Sleeper], over_budget: dict[str, int]) -> str | None:
-    """The least recently used sleeper on an over-budget GPU, if any."""
+def gpu_victim(sleepers: list[Sleeper], over_budget: dict[str, int], first: Collection[str] = ()) -> str | None:
+    """The sleeper on an over-budget GPU to delete, if any: one of `first`, else the least recently used."""
     sharing = [s for s in sleepers if s.gpu_uuids & over_budget.keys()]
-    return min(sharing, key=lambda s: s.revision).instance_id if sharing else None
+    return min(sharing, key=lambda s: (s.instance_id not in first, s.revision)).instance_id if sharing else None
 
 
 def gpu_sleeper_reserve(gpu_budget: int | None, max_instances: int) -> int:

@@ -37,6 +37,7 @@ from controller.dualpods.placement.choice import Result, decided, opted_in_expre
 from controller.dualpods.placement.claim_templates import KubeClaimTemplates
 from controller.dualpods.placement.fleet import INDEXES, REQUESTERS_ON_NODE, FleetReader
 from controller.dualpods.placement.webhook import Endpoint, serve_placement
+from controller.dualpods.pools.keeper import PoolKeeper
 from controller.dualpods.provider_client import ProviderClient
 from controller.dualpods.reconcile import LAUNCHERS, Reconciler
 from controller.dualpods.requester_client import RequesterClient
@@ -49,6 +50,7 @@ from controller.informer import Informer, Obj
 from controller.instance_probe import InstanceProbe
 from controller.kube import custom_objects
 from controller.launcher_client import LauncherClient
+from controller.launcher_template import node_independent_pod
 from controller.launcher_views import LauncherView, LauncherViews, ViewSource
 from controller.passclock import timed
 from controller.status_writer import StatusWriter
@@ -162,6 +164,11 @@ class DualPodsController:
         for result in Result:  # every result a series from the start, so that a rate of 0 reads as 0, not absent
             metrics.placements.labels(namespace, result.value)
         self.announcer = PlacementAnnouncer(namespace, caches.pods, clients.events)
+        self.pools = PoolKeeper(
+            namespace, caches, views, clients, metrics, self.placement.reservations.current,
+            self.reconciler.memory.pools, self._enqueue_isc_status,
+            lambda lc: node_independent_pod(lc, options.launcher_token_secret, options.launcher_runtime_class)[1],
+        )  # fmt: skip
         self.synced = asyncio.Event()  # the caches hold a full list: decisions read them from here on
         self.opt_ins_changed = asyncio.Event()  # an ISC's placement annotation changed: the webhook's condition too
         caches.pods.subscribe(self._count_requesters)
@@ -191,8 +198,9 @@ class DualPodsController:
                 process = timed(self._process, self.metrics.reconcile_own_seconds, lambda key: key.kind.value)
                 tasks.create_task(run_workers(self.queue, process, self.options.workers))
                 tasks.create_task(self.drains.run())
+                tasks.create_task(self.pools.run())
         finally:
-            for queue in (self.queue, self.drains.queue):
+            for queue in (self.queue, self.drains.queue, self.pools.queue):
                 queue.shutdown()
 
     async def _process(self, key: Key) -> float | None:

@@ -19,42 +19,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from api import keys
-from api.crds import InferenceServerConfig, LauncherConfig
-from api.launcher import InstanceState, InstanceStatus, VllmConfig
-from controller.dualpods.budget import host_victims
+from api.crds import InferenceServerConfig
+from api.launcher import InstanceState, InstanceStatus
+from controller.dualpods.copies import Create, LauncherFacts, Sleep, as_created, no_room
 from controller.dualpods.identity import VLLM, instance_id, launcher_instance_config
-from controller.dualpods.sleepers import sleepers
 
 INSTANCE_REWARMED_FROM = "rewarmed-from"  # instance annotation: the launcher whose sleeper this copies
-
-
-@dataclass(frozen=True)
-class LauncherFacts:
-    """One launcher as the plan sees it. `gpus`: the UUIDs known on its Node (gpu-map, instances, requesters)."""
-
-    name: str
-    node: str
-    config_name: str
-    config: LauncherConfig | None
-    instances: Sequence[InstanceState]
-    bound_instance: str | None  # the instance serving its requester, if bound
-    gpus: Sequence[str] = ()
-    available: bool = True  # reachable, synced, Ready, on a schedulable Node
-
-
-@dataclass(frozen=True)
-class Create:
-    target: str
-    instance_id: str
-    config: VllmConfig
-    isc: str
-
-
-@dataclass(frozen=True)
-class Sleep:
-    target: str
-    instance: InstanceState
-    isc: str
 
 
 @dataclass
@@ -144,40 +114,21 @@ def _create(
     for target in sorted(targets, key=lambda t: (len(planned[t.name]), t.name)):
         assert target.config is not None
         held = planned[target.name]
-        spec = target.config.spec
         gpus = _least_used(target.gpus, held, wanted_gpus)
-        budget = spec.sleeper_budget.host_memory_bytes
-        if len(held) >= spec.max_instances:
-            reasons.append(f"{target.name} holds maxInstances ({spec.max_instances})")
-        elif any(_port(s) == port for s in held):
-            reasons.append(f"{target.name} has an instance on port {port}")
+        if (why := no_room(target, held, port, incoming)) is not None:
+            reasons.append(why)
         elif gpus is None:
             reasons.append(f"{target.name}'s node {target.node} has fewer than {wanted_gpus} known GPUs")
-        elif budget is not None and host_victims(sleepers(held, exclude=""), incoming, int(budget)) != []:
-            reasons.append(f"{target.name}'s host sleeper budget cannot take {incoming} bytes more")
         else:
             config = launcher_instance_config(isc, target.config, gpus, runtime)
             config.annotations = {**(config.annotations or {}), INSTANCE_REWARMED_FROM: source}
             created = instance_id(isc, gpus, runtime)
             result.creates.append(Create(target.name, created, config, isc_name))
-            held.append(_planned(created, config))
+            held.append(as_created(created, config))
             return
     result.stranded[sleeper.instance_id] = (
         "; ".join(reasons) or "no launcher of its LauncherConfig on a schedulable node"
     )
-
-
-def _planned(created: str, config: VllmConfig) -> InstanceState:
-    """A copy this plan creates, as the launcher will report it, so the next sleeper counts it."""
-    return InstanceState(
-        status=InstanceStatus.RUNNING, instance_id=created, revision=0, options=config.options,
-        gpu_uuids=config.gpu_uuids, annotations=config.annotations,
-    )  # fmt: skip
-
-
-def _port(state: InstanceState) -> int | None:
-    text = (state.annotations or {}).get(keys.INSTANCE_INFERENCE_PORT)
-    return int(text) if text and text.isdigit() else None
 
 
 def _least_used(gpus: Sequence[str], held: Sequence[InstanceState], count: int) -> list[str] | None:

@@ -24,17 +24,15 @@ from datetime import UTC, datetime
 
 from api import keys, launcher_summary
 from api.crds import InferenceServerConfig, LauncherConfig
-from api.launcher import ErrorReason
 from controller import pods
 from controller.dualpods.collaborators import Clients
-from controller.dualpods.drain_plan import DrainPlan, LauncherFacts, plan, sleeping
+from controller.dualpods.copies import LauncherFacts, carry_out, launcher_ip
+from controller.dualpods.drain_plan import plan, sleeping
 from controller.dualpods.gpu_map import gpu_locations
 from controller.dualpods.launcher_summaries import SETTLE_S, summary_text
 from controller.dualpods.snapshot import Caches, parse
 from controller.dualpods.writer import set_annotation, set_label
-from controller.http import HttpError
 from controller.informer import Obj
-from controller.launcher_client import error_reason
 from controller.launcher_views import LauncherView, ViewSource
 from controller.workqueue import WorkQueue, run_workers
 
@@ -90,7 +88,7 @@ class DrainRewarmer:
             await self._keep(pod, view, warm=False, drain_started=started)
             return None
         drain = plan(self._facts(pod), self._others(pod), self._iscs())
-        await self._act(pod, drain)
+        await carry_out(self.clients, self._ip, drain.creates, drain.sleeps, f"drain of {pods.name(pod)}")
         if drain.stranded and (unseen := self._unseen_launchers(pod)):
             # One of them may be where a stranded sleeper goes (a controller that just started knows no launcher
             # yet): the drain keeps waiting rather than finding nowhere to copy it and letting the launcher go.
@@ -107,22 +105,6 @@ class DrainRewarmer:
             )
         await self._keep(pod, view, warm=not drain.done, drain_started=started)
         return None if drain.done else RECHECK_S
-
-    async def _act(self, source: Obj, drain: DrainPlan) -> None:
-        launchers = self.clients.launchers
-        for create in drain.creates:
-            ip = self._ip(create.target)
-            log.info("drain of %s: creating %s (%s) asleep on launcher %s", pods.name(source), create.instance_id,
-                     create.isc, create.target)  # fmt: skip
-            try:
-                await launchers.create_instance(ip, create.instance_id, create.config, create.isc, "")
-            except HttpError as err:
-                if error_reason(err) is not ErrorReason.ALREADY_EXISTS:
-                    raise
-        for sleep in drain.sleeps:
-            log.info("drain of %s: putting copy %s to sleep on launcher %s", pods.name(source),
-                     sleep.instance.instance_id, sleep.target)  # fmt: skip
-            await launchers.sleep(self._ip(sleep.target), sleep.instance.instance_id, sleep.isc, "")
 
     async def _keep(self, pod: Obj, view: LauncherView, *, warm: bool, drain_started: datetime | None) -> None:
         """The instance summary, the warm label and the drain's start time, in one write per pass and only when
@@ -211,11 +193,7 @@ class DrainRewarmer:
         return found
 
     def _ip(self, launcher: str) -> str:
-        pod = self.caches.pods.get(f"{self.namespace}/{launcher}")
-        ip = pods.pod_ip(pod) if pod is not None else None
-        if ip is None:
-            raise RuntimeError(f"launcher {launcher} has no address")
-        return ip
+        return launcher_ip(self.caches, self.namespace, launcher)
 
     # ----- which launchers a change concerns
 

@@ -17,10 +17,11 @@ from datetime import datetime
 from typing import Any
 
 from api import keys, launcher_summary
-from api.crds import InferenceServerConfig, InferenceServerConfigStatus, LauncherConfig
+from api.crds import POOL_READY, InferenceServerConfig, InferenceServerConfigStatus, LauncherConfig, PoolStatus
 from controller import pods
 from controller.conditions import Problem, Readiness, computed, current
 from controller.dualpods.identity import runtime_of
+from controller.dualpods.pools.filling import Filling, Verdict
 from controller.dualpods.routing import from_isc, problems
 from controller.dualpods.snapshot import Caches, Parsed, parse
 from controller.informer import Obj
@@ -40,9 +41,10 @@ class IscSnapshot:
     launcher_config: Parsed[LauncherConfig]  # nothing parsed when the ISC names none
     requesters: tuple[pods.Pod, ...]
     instances: tuple[int, int]  # its instances serving, and sleeping (launcher_summary.counts)
+    pool: Filling | None = None  # its warm pool, as its keeper last found it (None: none declared, or not looked at)
 
 
-def observe_isc(namespace: str, name: str, caches: Caches) -> IscSnapshot:
+def observe_isc(namespace: str, name: str, caches: Caches, pools: Mapping[str, Filling]) -> IscSnapshot:
     obj = caches.iscs.get(f"{namespace}/{name}")
     isc = parse(InferenceServerConfig, caches.iscs, namespace, name)
     lc_name = str(((obj or {}).get("spec") or {}).get("launcherConfigName") or "")
@@ -50,7 +52,7 @@ def observe_isc(namespace: str, name: str, caches: Caches) -> IscSnapshot:
     summaries = (launcher_summary.of_pod(pod) for pod in caches.pods.by_index(LAUNCHERS_BY_SUMMARY_ISC, name))
     instances = launcher_summary.counts((summary for summary in summaries if summary is not None), name)
     requesters = tuple(caches.pods.by_index(REQUESTERS_BY_ISC, name))
-    return IscSnapshot(obj, isc, lc_name, lc, requesters, instances)
+    return IscSnapshot(obj, isc, lc_name, lc, requesters, instances, pools.get(name))
 
 
 def summary_iscs(pod: pods.Pod) -> list[str]:
@@ -80,8 +82,21 @@ def isc_status(s: IscSnapshot, token_secret: str | None, now: datetime) -> Infer
     generation = int(s.obj["metadata"].get("generation", 0))
     shown = current(InferenceServerConfigStatus, s.obj)
     serving, sleeping = s.instances
-    return computed(shown, generation, _problems(s, token_secret), readiness, now, served_requesters=count,
-                    serving_instances=serving, sleeping_instances=sleeping)  # fmt: skip
+    pool, also = _pool(s)
+    return computed(shown, generation, _problems(s, token_secret), readiness, now, also, served_requesters=count,
+                    serving_instances=serving, sleeping_instances=sleeping, pool=pool)  # fmt: skip
+
+
+def _pool(s: IscSnapshot) -> tuple[PoolStatus | None, dict[str, Readiness]]:
+    """`status.pool` and the PoolReady condition, when the ISC declares a pool (until its keeper's first look, the
+    pool is shown as declared and not filled yet)."""
+    isc = s.isc.value
+    declared = isc.spec.warm_pool if isc is not None else None
+    if declared is None:
+        return None, {}
+    found = s.pool or Filling(declared.sleepers, 0, 0, 0, Verdict.FILLING, "the pool keeper has not looked yet")
+    status = PoolStatus(declared=declared.sleepers, ready=found.ready, loading=found.loading, nodes=found.nodes)
+    return status, {POOL_READY: Readiness(found.verdict is Verdict.FILLED, found.verdict.value, found.why)}
 
 
 def _problems(s: IscSnapshot, token_secret: str | None) -> list[Problem]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller import pods
+from controller.dualpods.pools.filling import Filling
 
 SWEEP_S = 10.0  # the least time between two sweeps of gone Pods' memory
 
@@ -42,6 +43,7 @@ class Memory:
     launching: dict[str, tuple[str, float]] = field(default_factory=dict)
     written: dict[str, int] = field(default_factory=dict)  # Pod UID -> the resourceVersion of its last write
     swept_at: float = float("-inf")  # when (monotonic) forget_gone last swept
+    pools: dict[str, Filling] = field(default_factory=dict)  # ISC name -> its warm pool as its keeper last found it
 
     def wrote(self, pod: pods.Pod, version: str) -> None:
         if (number := _version(version)) is not None:

@@ -134,6 +134,18 @@ class DualPodsMetrics:
             ["exported_namespace", "result"],
             registry=registry,
         )
+        self.pool_sleepers = Gauge(
+            "dualpods_pool_sleepers",
+            "Copies of a model's warm pool asleep where a requester could wake one now (its ISC's status.pool.ready).",
+            ["exported_namespace", "model"],
+            registry=registry,
+        )
+        self.pool_declared = Gauge(
+            "dualpods_pool_declared",
+            "Sleeping copies a model's warm pool declares (its ISC's spec.warmPool.sleepers).",
+            ["exported_namespace", "model"],
+            registry=registry,
+        )
 
     def set_duality(
         self, value: float, namespace: str, requester: str, provider: str, container: str, instance: str, gpu: str,
@@ -152,6 +164,11 @@ class DualPodsMetrics:
         gauge.labels(*labels).set(value)
         for key in named:
             self._series_of[key].add((gauge, labels, named))
+
+    def forget_pool(self, namespace: str, model: str) -> None:
+        """The model declares no pool any more (or is gone): its pool series go."""
+        for gauge in (self.pool_sleepers, self.pool_declared):
+            gauge.remove(namespace, model)
 
     def forget_pod(self, namespace: str, name: str) -> None:
         """The Pod is gone: drop the series that name it (fma_duality as requester or as provider, its devices)."""

@@ -169,7 +169,7 @@ class Reconciler:
     async def reconcile_isc_status(self, isc_name: str) -> float | None:
         """Bring the ISC's status in line with its LauncherConfig and its requesters (isc_status.py)."""
         w = self.world
-        s = observe_isc(w.namespace, isc_name, w.caches)
+        s = observe_isc(w.namespace, isc_name, w.caches, w.memory.pools)
         status = isc_status(s, w.options.launcher_token_secret, datetime.now(UTC))
         if s.obj is not None and status is not None:
             await w.clients.statuses.write(InferenceServerConfig, s.obj, status)

@@ -19,7 +19,7 @@ from controller.dualpods.identity import VLLM, instance_id
 from controller.dualpods.outcomes import DONE, Problem, StepResult, Wait
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, committed_routing
-from controller.dualpods.sleepers import note_budget, sleepers
+from controller.dualpods.sleepers import first_to_go, note_budget, sleepers
 from controller.dualpods.snapshot import UNBIND_PATIENCE_S
 from controller.dualpods.writer import set_annotation, set_finalizer, set_label
 from controller.http import HttpError
@@ -144,7 +144,10 @@ async def _fits_host_budget(p: Pass, pod_ip: str, instance: str, isc_name: str) 
     # What goes to sleep stays in host memory plus, at most, what it held on the GPU (its weights).
     process = states[instance].process if instance in states else None
     incoming = (process.rss_bytes + (process.gpu_memory_bytes or 0)) if process else 0
-    victims = host_victims(sleepers(listing.instances, exclude=instance), incoming, int(budget.host_memory_bytes))
+    first = first_to_go(listing.instances, p.memory.pools)
+    victims = host_victims(
+        sleepers(listing.instances, exclude=instance), incoming, int(budget.host_memory_bytes), first
+    )
     if victims is None:
         await note_budget(p, launcher, f"instance {instance} would hold {incoming} bytes asleep, more than "
                           f"the host budget {budget.host_memory_bytes}; deleting it instead")  # fmt: skip

@@ -13,6 +13,7 @@ name and losing the bind write to each other (409 conflicts, one retried pass ea
 """
 
 import hashlib
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from api.launcher import InstanceState
@@ -35,12 +36,19 @@ class Plan:
     oldest_victim_revision: int = 0
 
 
-def plan_for(candidate: Candidate, instance_id: str, port: int, max_instances: int) -> Plan:
+def plan_for(
+    candidate: Candidate, instance_id: str, port: int, max_instances: int, first: Collection[str] = ()
+) -> Plan:
+    """The plan for one launcher; among the instances to reclaim, those in `first` (sleepers a warm pool does
+    not need: sleepers.first_to_go) go before the least recently used."""
     if any(state.instance_id == instance_id for state in candidate.running):
         return Plan(candidate.name, "P1", [])
     max_others = max_instances - 1
     conflicts = [s for s in candidate.running if instance_port(s) == port]
-    others = sorted((s for s in candidate.running if instance_port(s) != port), key=lambda s: s.revision)
+    others = sorted(
+        (s for s in candidate.running if instance_port(s) != port),
+        key=lambda s: (s.instance_id not in first, s.revision),
+    )
     if not conflicts and len(candidate.running) <= max_others:
         return Plan(candidate.name, "P2", [])
     to_delete = max(len(candidate.running) - max_others, 1)
@@ -53,10 +61,17 @@ def plan_for(candidate: Candidate, instance_id: str, port: int, max_instances: i
     )
 
 
-def choose(candidates: list[Candidate], instance_id: str, port: int, max_instances: int, requester: str) -> Plan | None:
+def choose(
+    candidates: list[Candidate],
+    instance_id: str,
+    port: int,
+    max_instances: int,
+    requester: str,
+    first: Collection[str] = (),
+) -> Plan | None:
     """The best plan over all candidates for `requester` (its UID: ties are spread by it), or None when
     there is no candidate."""
-    plans = [plan_for(c, instance_id, port, max_instances) for c in candidates]
+    plans = [plan_for(c, instance_id, port, max_instances, first) for c in candidates]
     if not plans:
         return None
     return min(

@@ -26,7 +26,7 @@ from controller.dualpods.outcomes import DONE, Problem, StepResult, Wait
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, committed_routing, outdated_routing
 from controller.dualpods.selection import Candidate, plan_for
-from controller.dualpods.sleepers import count_budget_action, note_budget, sleepers
+from controller.dualpods.sleepers import count_budget_action, first_to_go, note_budget, sleepers
 from controller.dualpods.snapshot import BoundNow, own_metadata
 from controller.dualpods.status import reported_errors
 from controller.dualpods.writer import set_annotation, set_label
@@ -133,6 +133,7 @@ async def _make_room(
         wanted,
         server_port(launcher),
         max_instances if max_instances is not None else len(others) + 1,
+        first_to_go(others, p.memory.pools),
     )
     uid = pods.uid(p.requester)
     for victim in plan.victims:
@@ -152,7 +153,8 @@ async def wake(p: Pass) -> StepResult:
         over = gpus_over_budget(usage, s.gpus or [], int(budget.gpu_memory_bytes))
         if over:
             listing = await p.clients.launchers.list_instances(launcher_ip(p), s.isc_name)
-            victim = gpu_victim(sleepers(listing.instances, exclude=s.wanted), over)
+            first = first_to_go(listing.instances, p.memory.pools)
+            victim = gpu_victim(sleepers(listing.instances, exclude=s.wanted), over, first)
             if victim is None:
                 count_budget_action(p, BudgetAction.WAKE_REFUSED)
                 used = ", ".join(f"{gpu}: {mib} MiB" for gpu, mib in over.items())

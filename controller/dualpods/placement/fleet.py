@@ -86,7 +86,7 @@ class FleetReader:
         self.namespace = namespace
         self.caches = caches
         self.views = views
-        self._gpu_counts: tuple[str | None, dict[str, int]] = (None, {})
+        self._gpus: tuple[str | None, dict[str, list[str]]] = (None, {})
 
     def spots(
         self, isc: InferenceServerConfig, lc: LauncherConfig, template_hash: str, runtime: str, reserved: list[Spot]
@@ -97,7 +97,7 @@ class FleetReader:
         promised_launchers = {s.launcher for s in reserved}
         wanted: dict[tuple[str, ...], str] = {}
         found: dict[Spot, Cost] = {}
-        nodes: dict[str, _NodeUse] = {}
+        nodes: dict[str, NodeUse] = {}
         for launcher in self.caches.pods.by_index(LAUNCHERS_BY_SUMMARY_ISC, isc.metadata.name):
             name, node = pods.name(launcher), pods.node_name(launcher)
             if (
@@ -121,20 +121,26 @@ class FleetReader:
                     wanted[gpus] = instance_id(isc, list(gpus), runtime)
                 if state.instance_id != wanted[gpus]:
                     continue
-                use = nodes.get(node) or nodes.setdefault(node, self._use_of(node))
+                use = nodes.get(node) or nodes.setdefault(node, self.use_of(node))
                 if use.free(gpus, promised_gpus) and name not in use.claimed:
                     blocked = sum(use.sleepers[gpu] for gpu in gpus) + _sleepers(view.instances.values()) - 2
                     found[Spot(node, gpus, name, state.instance_id)] = Cost(not use.only_free(gpus), blocked)
         return found
 
-    def _gpus_listed(self) -> dict[str, int]:
-        """Node -> how many GPUs the gpu-map lists for it (parsed once per version of the map)."""
+    def gpus_on(self, node: str) -> list[str]:
+        """The GPU UUIDs the gpu-map lists for `node`."""
+        return self._gpus_listed().get(node, [])
+
+    def _gpus_listed(self) -> dict[str, list[str]]:
+        """Node -> the GPUs the gpu-map lists for it (parsed once per version of the map)."""
         configmap = self.caches.configmaps.get(f"{self.namespace}/{keys.GPU_MAP_CONFIGMAP}") or {}
         version = (configmap.get("metadata") or {}).get("resourceVersion", "")
-        if self._gpu_counts[0] != version:
-            counted = collections.Counter(where.node for where in gpu_locations(configmap).values())
-            self._gpu_counts = (version, dict(counted))
-        return self._gpu_counts[1]
+        if self._gpus[0] != version:
+            listed: dict[str, list[str]] = collections.defaultdict(list)
+            for uuid, where in sorted(gpu_locations(configmap).items(), key=lambda item: item[1].index):
+                listed[where.node].append(uuid)
+            self._gpus = (version, dict(listed))
+        return self._gpus[1]
 
     def confinement(self, spec: Obj, spot: Spot, limit: int, seed: str) -> tuple[str, ...] | None:
         """The hostname labels of `spot`'s Node and of up to `limit` - 1 others where a Pod of spec `spec` may run now
@@ -150,14 +156,16 @@ class FleetReader:
             name, hostname = pods.name(node), _hostname(node)
             if hostname is None or name == spot.node or not may_run_on(node, spec):
                 continue
-            if self._use_of(name).room() >= len(spot.gpus):
+            if self.use_of(name).room() >= len(spot.gpus):
                 found.append(hostname)
                 if len(found) == limit:
                     break
         return tuple(found)
 
-    def _use_of(self, node: str) -> "_NodeUse":
-        busy: set[str] = set()
+    def use_of(self, node: str, reserved: Iterable[Spot] = ()) -> "NodeUse":
+        """What holds the GPUs of `node` now; `reserved`: spots promised at admission, whose Pods are not cached."""
+        awake: set[str] = set()
+        held: set[str] = {gpu for spot in reserved if spot.node == node for gpu in spot.gpus}
         sleepers: collections.Counter[str] = collections.Counter()
         for launcher in self.caches.pods.by_index(LAUNCHERS_ON_NODE, node):
             view = self.views.get(pods.name(launcher))
@@ -167,40 +175,42 @@ class FleetReader:
                 if state.sleeping:
                     sleepers.update(state.gpu_uuids or ())
                 else:
-                    busy.update(state.gpu_uuids or ())
+                    awake.update(state.gpu_uuids or ())
         unknown = 0
         claimed: set[str] = set()  # launchers that requesters placed on them are on their way to bind
         for requester in self.caches.pods.by_index(REQUESTERS_ON_NODE, node):
             if pods.is_failed(requester):
                 continue
-            held = _held_gpus(requester, node)
-            if held is None:
+            gpus = _held_gpus(requester, node)
+            if gpus is None:
                 unknown += gpus_asked(requester.get("spec") or {}) or 1
-            busy.update(held or ())
+            held.update(gpus or ())
             claimed.update(_claimed_launcher(requester, node))
         for requester in self.caches.pods.by_index(PLACED_PENDING, node):
-            busy.update(_held_gpus(requester, node) or ())
+            held.update(_held_gpus(requester, node) or ())
             claimed.update(_claimed_launcher(requester, node))
-        return _NodeUse(node, busy, unknown, self._capacity(node), sleepers, claimed)
+        return NodeUse(node, awake | held, unknown, self._capacity(node), sleepers, claimed, held, awake)
 
     def _capacity(self, node: str) -> int | None:
         """The Node's GPUs: those the gpu-map lists for it, else its allocatable `nvidia.com/gpu`."""
         listed = self._gpus_listed().get(node)
         if listed:
-            return listed
+            return len(listed)
         found = self.caches.nodes.get(node)
         allocatable = ((found or {}).get("status") or {}).get("allocatable") or {}
         return int(allocatable[keys.GPU_RESOURCE]) if keys.GPU_RESOURCE in allocatable else None
 
 
 @dataclass(frozen=True)
-class _NodeUse:
+class NodeUse:
     node: str
     busy: set[str]  # GPUs held: by an awake or starting instance, or a requester that has or is promised them
     unknown: int  # GPUs held by requesters there whose GPUs are not known yet
     capacity: int | None  # the Node's GPUs, where known
     sleepers: collections.Counter[str]  # GPU -> the sleeping instances on it
     claimed: set[str]  # launchers promised to requesters placed there, not bound yet
+    held: set[str]  # of `busy`, those of requesters (or promised to them)
+    awake: set[str]  # of `busy`, those of awake or starting instances
 
     def free(self, gpus: Iterable[str], promised: set[tuple[str, str]]) -> bool:
         wanted = set(gpus)
