@@ -146,12 +146,13 @@ class DualPodsEnv:
         verify_wakes: bool | None = None,
         restricted: bool = True,
         claim_template: str | None = None,
+        sleeper_budget: Obj | None = None,
     ) -> None:
         """`image`: another than the launcher's (a broken or foreign one, for fault tests); `env`: the
         launcher container's environment (e.g. LAUNCHER_FMA_ONLY=true); `verify_wakes`: its
         `spec.verifyWakes` (None: left out, the default); `restricted` False: no securityContext (a template as
         FMA's e2e writes it); `claim_template`: the launcher sees the GPUs of a claim made from this
-        ResourceClaimTemplate (an admin-access one, on DRA Nodes)."""
+        ResourceClaimTemplate (an admin-access one, on DRA Nodes); `sleeper_budget`: its `spec.sleeperBudget`."""
         container: Obj = {
             "name": keys.INFERENCE_SERVER_CONTAINER,
             "image": image or self.images.launcher,
@@ -186,6 +187,8 @@ class DualPodsEnv:
         }
         if verify_wakes is not None:
             spec["verifyWakes"] = verify_wakes
+        if sleeper_budget is not None:
+            spec["sleeperBudget"] = sleeper_budget
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": "LauncherConfig", "metadata": {"name": name}, "spec": spec}
         await self._create(LauncherConfig, body)
 
@@ -198,6 +201,7 @@ class DualPodsEnv:
         *,
         isc_annotations: dict[str, str] | None = None,
         lora_adapters: list[dict[str, str]] | None = None,
+        warm_pool: Obj | None = None,
         **server: Any,
     ) -> None:
         """An ISC; `isc_annotations` go on the object (e.g. the runtime, E4), `server` into modelServerConfig
@@ -208,6 +212,8 @@ class DualPodsEnv:
         }
         if lora_adapters is not None:
             spec["loraAdapters"] = lora_adapters
+        if warm_pool is not None:
+            spec["warmPool"] = warm_pool
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "InferenceServerConfig",

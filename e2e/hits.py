@@ -22,7 +22,7 @@ import asyncio
 import collections
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -206,9 +206,12 @@ class FleetWaves:
 
         await wait_for(current, what="the placement webhook's match condition", within=60, interval=0.2)
 
-    async def wave(self, counts: dict[str, int]) -> tuple[list[Outcome], dict[str, int], bool]:
-        """Scale `counts`' models up, until each requester is told ready, classify them, scale back to 0 and wait
-        for the fleet to settle. Returns the outcomes, the possible-hot count per model and whether it timed out."""
+    async def wave(
+        self, counts: dict[str, int], hold: Callable[[], Awaitable[None]] | None = None
+    ) -> tuple[list[Outcome], dict[str, int], bool]:
+        """Scale `counts`' models up, until each requester is told ready, classify them, await `hold` (if any), scale
+        back to 0 and wait for the fleet to settle. Returns the outcomes, the possible-hot count per model and whether
+        it timed out."""
         watch = self.scenario.pods
         before = watch.launchers()
         asleep = {(s.launcher, s.instance) for s in sleepers(before)}
@@ -230,6 +233,8 @@ class FleetWaves:
                 spot = decision.spot if decision is not None else None
                 landed = spot is not None and spot.node == pods.node_name(requester)
                 outcomes.append(Outcome(model, start, placed, decision.result.value if decision else None, landed))
+        if hold is not None:
+            await hold()
         for model in counts:
             await self.scenario.env.scale(model, 0)
         await self._settled(started)

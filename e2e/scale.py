@@ -80,6 +80,9 @@ class ScaleSpec:
     chart_values: tuple[str, ...] = ()  # `helm --set` values, e.g. dualPodsController.workers=16
     idle_seconds: float = 20.0  # at rest before the waves: two Lease renewals and a few probes of every Pod
     gpu_mode: GpuMode = "device-plugin"  # "dra": the Nodes' GPUs come through ResourceClaims (NVIDIA's DRA driver)
+    warm_pool: Obj | None = None  # the `spec.warmPool` every model declares (bench/pools.py)
+    sleeper_budget: Obj | None = None  # the LauncherConfig's `spec.sleeperBudget`
+    max_instances: int = 2  # the LauncherConfig's
 
     def __post_init__(self) -> None:
         if self.requesters > self.nodes * self.gpus_per_node:
@@ -413,8 +416,9 @@ class Scenario:
             await create_claim_template(env.api, env.namespace, ALL_GPUS_TEMPLATE, None)
             await create_claim_template(env.api, env.namespace, ONE_GPU_TEMPLATE, 1)
         await env.create_launcher_config(
-            LAUNCHER_CONFIG, max_instances=2, launcher_args=[], claim_template=ALL_GPUS_TEMPLATE if dra else None
-        )
+            LAUNCHER_CONFIG, max_instances=spec.max_instances, launcher_args=[],
+            claim_template=ALL_GPUS_TEMPLATE if dra else None, sleeper_budget=spec.sleeper_budget,
+        )  # fmt: skip
         await self.meter.start()
         started = time.monotonic()
         await env.create_population_policy(
@@ -444,7 +448,8 @@ class Scenario:
         for i, model in enumerate(self.models):
             options = (f"--model {model} --startup-delay {spec.startup_delay:g} --sleep-delay {spec.sleep_delay:g} "
                        f"--wake-delay {spec.wake_delay:g}")  # fmt: skip
-            await self.env.create_isc(model, LAUNCHER_CONFIG, port=FIRST_PORT + i, options=options)
+            await self.env.create_isc(model, LAUNCHER_CONFIG, port=FIRST_PORT + i, options=options,
+                                      warm_pool=spec.warm_pool)  # fmt: skip
 
     async def create_requesters(self, model: str, count: int) -> None:
         """The ReplicaSet of `model`'s requesters (named after it), one GPU each."""

@@ -1,4 +1,5 @@
-"""Write the Grafana dashboard of the chart (charts/dualpods/dashboards/dualpods.json) from its panel list.
+"""Write the Grafana dashboard of the chart (charts/dualpods/dashboards/dualpods.json) from its panel list: the
+panels two by two, then each row of ROWS (a titled row of its own panels) below them.
 
 Every query selects the dashboard's `namespace` and `release` variables: the namespace of the scraped Pods, and the
 `dualpods_release` label the chart's ServiceMonitor and PodMonitors put on every series they scrape."""
@@ -30,7 +31,9 @@ def quantile(q: float, histogram: str, by: str = "") -> str:
 
 
 # (title, unit, [(PromQL, legend)])
-PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
+Panel = tuple[str, str, list[tuple[str, str]]]
+
+PANELS: list[Panel] = [
     ("Actuation time p50 by path", "s", [(quantile(0.5, "fma_actuation_seconds", "path"), "{{path}}")]),
     ("Actuation time p99 by path", "s", [(quantile(0.99, "fma_actuation_seconds", "path"), "{{path}}")]),
     (
@@ -117,19 +120,83 @@ PANELS: list[tuple[str, str, list[tuple[str, str]]]] = [
 ]
 
 
-def panel(index: int, title: str, unit: str, targets: list[tuple[str, str]]) -> dict[str, Any]:
+
+def per_model(metric: str) -> str:
+    """A warm pool's gauge per model. Only the leading dual-pods controller keeps a pool, but a replica that just
+    lost the lead may still be scraped with its last values: the same number twice, so `max`, not `sum`."""
+    return f"max by (model) ({series(metric)})"
+
+
+# The warm pools: each model's copies asleep where a requester could wake one (status.pool.ready) against those its
+# ISC declares (spec.warmPool.sleepers); a model short of its count for long is a pool that cannot be filled (its
+# ISC's PoolReady condition and PoolUnfillable Event say why).
+POOL_PANELS: list[Panel] = [
+    (
+        "Warm pool copies ready and declared by model",
+        "short",
+        [
+            (per_model("dualpods_pool_sleepers"), "{{model}} ready"),
+            (per_model("dualpods_pool_declared"), "{{model}} declared"),
+        ],
+    ),
+    (
+        "Warm pool copies missing by model (declared - ready)",
+        "short",
+        [
+            (
+                f"clamp_min({per_model('dualpods_pool_declared')} - {per_model('dualpods_pool_sleepers')}, 0)",
+                "{{model}}",
+            )
+        ],
+    ),
+]
+
+# (row title, its panels), below PANELS
+ROWS: list[tuple[str, list[Panel]]] = [("Warm pools", POOL_PANELS)]
+
+
+def panel(index: int, title: str, unit: str, targets: list[tuple[str, str]], x: int, y: int) -> dict[str, Any]:
     return {
         "id": index + 1,
         "type": "timeseries",
         "title": title,
         "datasource": {"type": "prometheus", "uid": "${datasource}"},
-        "gridPos": {"h": 8, "w": 12, "x": 12 * (index % 2), "y": 8 * (index // 2)},
+        "gridPos": {"h": 8, "w": 12, "x": x, "y": y},
         "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
         "targets": [
             {"refId": chr(ord("A") + i), "expr": expr, "legendFormat": legend}
             for i, (expr, legend) in enumerate(targets)
         ],
     }
+
+
+def row(index: int, title: str, y: int) -> dict[str, Any]:
+    """A row's title bar (expanded: its panels follow it in the list). `targets` is empty for the tools that read
+    every panel's queries (e2e/monitoring.py)."""
+    return {
+        "id": index + 1,
+        "type": "row",
+        "title": title,
+        "collapsed": False,
+        "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+        "panels": [],
+        "targets": [],
+    }
+
+
+def two_by_two(first: int, specs: list[Panel], top: int) -> tuple[list[dict[str, Any]], int]:
+    """`specs` as panels two to a line from height `top`, their IDs from `first`; and the height below them."""
+    made = [panel(first + i, *spec, x=12 * (i % 2), y=top + 8 * (i // 2)) for i, spec in enumerate(specs)]
+    return made, top + 8 * ((len(specs) + 1) // 2)
+
+
+def panels() -> list[dict[str, Any]]:
+    found, y = two_by_two(0, PANELS, 0)
+    for title, specs in ROWS:
+        found.append(row(len(found), title, y))
+        made, y = two_by_two(len(found), specs, y + 1)
+        found.extend(made)
+    return found
 
 
 def variable(name: str, label: str, query: str) -> dict[str, Any]:
@@ -168,7 +235,7 @@ def dashboard() -> dict[str, Any]:
                 ),
             ]
         },
-        "panels": [panel(i, *spec) for i, spec in enumerate(PANELS)],
+        "panels": panels(),
     }
 
 

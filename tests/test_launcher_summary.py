@@ -19,14 +19,17 @@ from controller.informer import Obj
 from tests.test_dualpods_fakes import (
     GPU0,
     GPU1,
+    ISC,
     LAUNCHER,
     NODE,
     Harness,
     harness,
     inst,
+    isc_obj,
     launcher_obj,
     node_obj,
     summarized,
+    wanted_id,
 )
 
 T0 = datetime(2026, 12, 2, 6, 0, tzinfo=UTC)
@@ -198,3 +201,72 @@ def test_the_fleet_per_node_gpu_and_model() -> None:
     assert lines[3].split() == [NODE, f"1:{GPU1}", "free"]
     assert f"{NODE}: no summary yet on l3" in lines
     assert json.loads(as_json(fleet))["models"][0]["asleep"][1]["node"] == "node-b"
+
+
+def _pooled(sleepers: int, status: Obj | None = None) -> Obj:
+    obj = isc_obj()
+    obj["spec"]["warmPool"] = {"sleepers": sleepers, "minNodes": 2}
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+def test_the_fleet_marks_the_copies_of_a_warm_pool_and_shows_the_pool() -> None:
+    """A user sees which sleepers are copies of a model's warm pool (its ISC's current version asleep; not a
+    sleeper of an older version, not an instance that serves) and the pool as its ISC's status says."""
+    why = "2 of 3 copies asleep; no idle GPU (every GPU of those Nodes is held by an awake instance or a requester)"
+    condition = {"type": "PoolReady", "status": "False", "reason": "NoIdleGPU", "message": why,
+                 "lastTransitionTime": "2026-12-02T06:00:00Z"}  # fmt: skip
+    isc = _pooled(3, {"pool": {"declared": 3, "ready": 2, "loading": 0, "nodes": 1}, "conditions": [condition]})
+    copy0, copy1, serving = (wanted_id(isc, (gpu,)) for gpu in (GPU0, GPU1, "GPU-2222"))
+    older = wanted_id(isc_obj(options="--model /models/a --max-model-len 4096"), (GPU1,))
+    gpu_map = {"data": {NODE: json.dumps({GPU0: 0, GPU1: 1})}}
+    launchers = [
+        _launcher("l1", NODE, inst(copy0, gpus=(GPU0,)), inst("other-model", isc="isc-b", gpus=(GPU0,))),
+        _launcher("l2", NODE, inst(copy1, gpus=(GPU1,)), inst(older, gpus=(GPU1,))),
+        _launcher("l3", NODE, inst(serving, gpus=("GPU-2222",), sleeping=False)),
+    ]
+    fleet = fleet_status(launchers, [gpu_map], [], [isc, isc_obj("isc-b")])
+
+    marked = {(w.launcher, w.instance.id) for n in fleet.nodes for g in n.gpus for w in g.instances if w.pool}
+    assert marked == {("l1", copy0), ("l2", copy1)}
+    (pool,) = fleet.pools  # isc-b declares none
+    assert (pool.isc, pool.model, pool.ready, pool.declared, pool.reason) == (ISC, "/models/a", 2, 3, "NoIdleGPU")
+
+    lines = as_table(fleet, T0 + timedelta(minutes=3)).splitlines()
+    rows = {line.split()[-1]: line for line in lines if line.startswith(NODE)}
+    assert rows[copy0].split()[2:4] == ["asleep", "(pool)"]
+    assert rows[copy1].split()[2:4] == ["asleep", "(pool)"]
+    assert rows[older].split()[2:4] == ["asleep", "/models/a"]  # an older version: no copy
+    assert "(pool)" not in rows["other-model"]
+    assert rows[serving].split()[2] == "serving"  # a copy woken by a requester has left the pool
+    header = next(i for i, line in enumerate(lines) if line.startswith("POOL "))
+    assert lines[header].split() == ["POOL", "MODEL", "READY", "LOADING", "NODES", "REASON", "MESSAGE"]
+    assert lines[header + 1].split()[:6] == [ISC, "/models/a", "2/3", "0", "1", "NoIdleGPU"]
+    assert lines[header + 1].endswith(why)
+    (model,) = [line for line in lines if line.startswith("/models/a ")]  # the models table: where its copies sleep
+    assert f"{NODE}/l1[{GPU0}] (pool)" in model
+
+    shown = json.loads(as_json(fleet))
+    assert (shown["pools"][0]["ready"], shown["pools"][0]["declared"]) == (2, 3)
+    by_id = {w["instance"]["id"]: w for n in shown["nodes"] for g in n["gpus"] for w in g["instances"]}
+    assert by_id[copy0]["pool"] is True
+    assert "pool" not in by_id["other-model"]
+
+
+def test_a_pool_the_controller_has_not_reported_yet_shows_what_it_declares() -> None:
+    none = _pooled(0)
+    none["metadata"]["name"] = "no-pool"
+    fleet = fleet_status([_launcher("l1", NODE)], [], [], [_pooled(2), none])
+    (pool,) = fleet.pools  # a pool of 0 copies is none
+    assert (pool.declared, pool.ready, pool.reason) == (2, None, None)
+    (row,) = [line for line in as_table(fleet, T0).splitlines() if line.startswith(f"{ISC} ")]
+    assert row.split() == [ISC, "/models/a", "-/2", "-", "-", "-"]
+
+
+def test_without_pools_the_table_has_no_pool_section() -> None:
+    fleet = fleet_status([_launcher("l1", NODE, inst("a1"))], [], [], [isc_obj()])
+    assert fleet.pools == []
+    table = as_table(fleet, T0)
+    assert "POOL" not in table
+    assert "(pool)" not in table

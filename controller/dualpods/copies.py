@@ -21,6 +21,7 @@ from controller.dualpods.snapshot import Caches
 from controller.http import HttpError
 from controller.instance_probe import instance_port
 from controller.launcher_client import error_reason
+from controller.launcher_views import ViewSource
 
 log = logging.getLogger(__name__)
 
@@ -87,17 +88,26 @@ def launcher_ip(caches: Caches, namespace: str, launcher: str) -> str:
 
 
 async def carry_out(
-    clients: Clients, ip_of: Callable[[str], str], creates: Sequence[Create], sleeps: Sequence[Sleep], why: str
+    clients: Clients,
+    ip_of: Callable[[str], str],
+    views: ViewSource,
+    creates: Sequence[Create],
+    sleeps: Sequence[Sleep],
+    why: str,
 ) -> None:
-    """The launcher calls of a plan; `why` starts each log line (`drain of launcher-x`, `pool of isc-y`)."""
+    """The launcher calls of a plan; `why` starts each log line (`drain of launcher-x`, `pool of isc-y`). A copy
+    created is in its launcher's view at once, so that the next plan (of this loop or another) counts it."""
     for create in creates:
         log.info("%s: creating %s (%s) on launcher %s", why, create.instance_id, create.isc, create.target)
         try:
-            await clients.launchers.create_instance(ip_of(create.target), create.instance_id, create.config,
-                                                    create.isc, "")  # fmt: skip
+            created = await clients.launchers.create_instance(ip_of(create.target), create.instance_id,
+                                                              create.config, create.isc, "")  # fmt: skip
         except HttpError as err:
             if error_reason(err) is not ErrorReason.ALREADY_EXISTS:
                 raise
+            continue
+        if (view := views.get(create.target)) is not None:
+            view.created(created)
     for sleep in sleeps:
         log.info("%s: putting %s to sleep on launcher %s", why, sleep.instance.instance_id, sleep.target)
         await clients.launchers.sleep(ip_of(sleep.target), sleep.instance.instance_id, sleep.isc, "")

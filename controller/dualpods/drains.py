@@ -88,7 +88,7 @@ class DrainRewarmer:
             await self._keep(pod, view, warm=False, drain_started=started)
             return None
         drain = plan(self._facts(pod), self._others(pod), self._iscs())
-        await carry_out(self.clients, self._ip, drain.creates, drain.sleeps, f"drain of {pods.name(pod)}")
+        await carry_out(self.clients, self._ip, self.views, drain.creates, drain.sleeps, f"drain of {pods.name(pod)}")
         if drain.stranded and (unseen := self._unseen_launchers(pod)):
             # One of them may be where a stranded sleeper goes (a controller that just started knows no launcher
             # yet): the drain keeps waiting rather than finding nowhere to copy it and letting the launcher go.

@@ -14,9 +14,21 @@ import asyncio
 import logging
 import shlex
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from api.launcher import InstanceState, StartupTimes, VllmConfig, WakeCheck, WakeCheckStatus
+from api import keys
+from api.launcher import (
+    EventType,
+    InstanceState,
+    InstanceStatus,
+    ProcessStats,
+    StartupTimes,
+    VllmConfig,
+    WakeCheck,
+    WakeCheckStatus,
+)  # fmt: skip
+from e2e.simulation.protocol import LedgerEntry
 from launcher.events import EventLog
 from launcher.gpus import GpuInventory
 from launcher.instance import Instance
@@ -31,16 +43,41 @@ from launcher.stopping import Stopper
 log = logging.getLogger(__name__)
 
 NO_PROCESS = 0  # an instance's `pid`: there is none, and nothing may signal it
+# What every simulated instance holds in host memory, as its process statistics say: sleeper budgets in bytes apply
+# in a simulation as on real hardware.
+SIMULATED_RSS_BYTES = 1024**3
 
 
 class _NoProcess(ProcessTreeStats):
-    """An instance's process statistics: there is no process to measure."""
+    """An instance's process statistics: no process, a fixed resident size (SIMULATED_RSS_BYTES)."""
 
     def __init__(self) -> None:
         super().__init__(NO_PROCESS)
 
-    def sample(self, gpu_usage: dict[int, int] | None) -> None:
-        return None
+    def sample(self, gpu_usage: dict[int, int] | None) -> ProcessStats:
+        return ProcessStats(pid=NO_PROCESS, processes=0, rss_bytes=SIMULATED_RSS_BYTES, cpu_percent=0.0)
+
+
+class LedgerLog(EventLog):
+    """The launcher's event log, which also keeps a ledger: each event with what the launcher held right after it
+    (for the benchmarks, which check budgets and displacements against the launchers' own record)."""
+
+    def __init__(self, history_size: int) -> None:
+        super().__init__(history_size)
+        self.ledger: list[LedgerEntry] = []
+        self.instances: Callable[[], list[InstanceState]] = list
+
+    def publish(self, type_: EventType, state: InstanceState, exit_code: int | None = None) -> None:
+        super().publish(type_, state, exit_code)
+        held = [s for s in self.instances() if s.status is InstanceStatus.RUNNING]
+        asleep = [s for s in held if s.sleeping]
+        self.ledger.append(
+            LedgerEntry(
+                at=time.time(), instance=state.instance_id, event=type_,
+                pool=keys.INSTANCE_POOL in (state.annotations or {}), running=len(held), sleeping=len(asleep),
+                sleeping_bytes=sum(s.process.rss_bytes for s in asleep if s.process is not None),
+            )
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

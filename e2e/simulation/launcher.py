@@ -18,11 +18,10 @@ from aiohttp import web
 
 from api.keys import GPU_MAP_CONFIGMAP
 from e2e.simulation.container import SimulatedContainer, StartFailure, abort_connections, exits_as_failure
-from e2e.simulation.instances import SimulatedInstances
+from e2e.simulation.instances import LedgerLog, SimulatedInstances
 from e2e.simulation.protocol import KILLED, ContainerSpec, LauncherReport
 from launcher.__main__ import parse_args, read_token
 from launcher.app import build_app
-from launcher.events import EventLog
 from launcher.gpus import GpuInventory, GpuMap, Loader, gpu_map_entry, naive_loader
 from launcher.instances import ManagerSettings
 from launcher.metrics import LauncherMetrics
@@ -43,6 +42,7 @@ class LauncherContainer(SimulatedContainer):
     def __init__(self, spec: ContainerSpec, state_dir: Path) -> None:
         super().__init__(spec, state_dir)
         self.manager: SimulatedInstances | None = None
+        self.ledger: LedgerLog | None = None
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
@@ -65,7 +65,9 @@ class LauncherContainer(SimulatedContainer):
         )
         inventory = self._inventory(args.mock_gpus or args.mock_gpu_count)
         inventory.read_early()
-        self.manager = SimulatedInstances(inventory, LauncherMetrics(), EventLog(args.watch_history), settings)
+        self.ledger = LedgerLog(args.watch_history)
+        self.manager = SimulatedInstances(inventory, LauncherMetrics(), self.ledger, settings)
+        self.ledger.instances = self.manager.snapshot
         self._runner = web.AppRunner(
             build_app(self.manager, token), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
         )
@@ -121,4 +123,5 @@ class LauncherContainer(SimulatedContainer):
     def report(self) -> LauncherReport:
         spec = self.spec
         instances = self.manager.snapshot() if self.manager is not None else []
-        return LauncherReport(namespace=spec.namespace, pod=spec.pod, uid=spec.uid, instances=instances)
+        ledger = self.ledger.ledger if self.ledger is not None else []
+        return LauncherReport(namespace=spec.namespace, pod=spec.pod, uid=spec.uid, instances=instances, ledger=ledger)

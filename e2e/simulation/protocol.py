@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from api.launcher import InstanceState
+from api.launcher import EventType, InstanceState
 
 Role = Literal["requester", "launcher"]
 # What a runtime reports for a container killed by SIGKILL (128 + 9).
@@ -68,11 +68,24 @@ class RequesterReport(_Body):
     transitions: list[tuple[float, bool]]
 
 
+class LedgerEntry(_Body):
+    """One event of a simulated launcher's instances, with what the launcher held right after it."""
+
+    at: float  # epoch seconds
+    instance: str
+    event: EventType
+    pool: bool  # the instance is a warm pool's copy (its INSTANCE_POOL annotation)
+    running: int  # the launcher's running instances, awake or asleep
+    sleeping: int
+    sleeping_bytes: int  # what its sleepers hold in host memory (the simulation's SIMULATED_RSS_BYTES each)
+
+
 class LauncherReport(_Body):
     namespace: str
     pod: str
     uid: str
     instances: list[InstanceState]
+    ledger: list[LedgerEntry] = []
 
 
 class Report(_Body):

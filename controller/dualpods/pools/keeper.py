@@ -93,7 +93,7 @@ class PoolKeeper:
         return LOADING_RECHECK_S if plan.loading or plan.creates else None
 
     async def _act(self, name: str, plan: PoolPlan) -> None:
-        await carry_out(self.clients, self._ip, plan.creates, plan.sleeps, f"pool of {name}")
+        await carry_out(self.clients, self._ip, self.views, plan.creates, plan.sleeps, f"pool of {name}")
         for copy in plan.deletes:
             log.info("pool of %s: deleting copy %s on launcher %s: a requester holds its GPUs now, or asleep it "
                      "would not fit the host budget", name, copy.instance.instance_id, copy.launcher)  # fmt: skip

@@ -165,8 +165,10 @@ def _place(
     copy_bytes: int,
     reasons: collections.Counter[Verdict],
 ) -> Create | None:
-    """One more copy where it fits best: the Node with fewest copies of the pool, then most idle GPUs, the launcher
-    with fewest instances. With `only_beyond`, only on a Node not among those (to spread the pool)."""
+    """One more copy where it fits best: the Node with fewest copies of the pool, then most idle GPUs holding no
+    sleeper (a copy alone on its GPU is woken without blocking another model's), then most idle GPUs, the launcher
+    with fewest instances; on its GPUs with fewest sleepers. With `only_beyond`, only on a Node not among those (to
+    spread the pool)."""
     port = isc.spec.model_server_config.port
     copies = collections.Counter(
         launcher.node for launcher in launchers for state in held[launcher.name] if _isc_of(state) == isc.metadata.name
@@ -179,11 +181,13 @@ def _place(
         if launcher.node in only_beyond:
             continue
         idle = _idle_gpus(node, held, launchers, isc.metadata.name)
-        candidates.append((copies[launcher.node], -len(idle), len(held[launcher.name]), launcher.name, launcher, idle))
+        empty = sum(1 for gpu in idle if not node.sleepers.get(gpu))
+        rank = (copies[launcher.node], -empty, -len(idle), len(held[launcher.name]), launcher.name)
+        candidates.append((rank, launcher, idle))
     if not candidates:
         reasons[Verdict.NO_LAUNCHER] += 1
         return None
-    for *_, launcher, idle in sorted(candidates, key=lambda c: c[:4]):
+    for _, launcher, idle in sorted(candidates, key=lambda c: c[0]):
         assert launcher.config is not None
         node = nodes[launcher.node]
         gpus = sorted(sorted(idle, key=lambda g: (node.sleepers.get(g, 0), g))[: pool.gpus])
