@@ -89,9 +89,10 @@ class PoolWatch:
             found[isc["metadata"]["name"]] = (int(pool.get("ready", 0)), int(declared))
         return found
 
-    async def until_filled(self, within: float, since: float, dipped: dict[str, float] | None = None) -> bool:
-        """Until every pool is filled (False: not within `within` s). `dipped` collects, per model whose pool was
-        seen below its count, the seconds from `since` until it was filled again."""
+    async def track(self, since: float, refilled: dict[str, float], held: asyncio.Event, within: float) -> bool:
+        """Look at the pools until `held` is set and every pool is filled (False: not within `within` s). `refilled`
+        collects, per model whose pool was seen below its count, the seconds from `since` until it was filled again
+        (or until the time ran out)."""
         started = time.monotonic()
         below: set[str] = set()
         while True:
@@ -99,13 +100,12 @@ class PoolWatch:
             for model, (ready, declared) in pools.items():
                 if ready < declared:
                     below.add(model)
-                elif model in below and dipped is not None and model not in dipped:
-                    dipped[model] = time.time() - since
-            if all(ready >= declared for ready, declared in pools.values()) and pools:
+                elif model in below and model not in refilled:
+                    refilled[model] = time.time() - since
+            if held.is_set() and pools and all(ready >= declared for ready, declared in pools.values()):
                 return True
             if time.monotonic() - started > within:
-                if dipped is not None:
-                    dipped.update({m: time.time() - since for m in below if m not in dipped})
+                refilled.update({m: time.time() - since for m in below if m not in refilled})
                 return False
             await asyncio.sleep(LOOK_S)
 
@@ -154,7 +154,9 @@ async def run_pools(
         await fleet.create_models()
         await fleet.set_placement(True)
         watch = PoolWatch(scenario)
-        if not await watch.until_filled(spec.wave_timeout, time.time()):
+        held = asyncio.Event()
+        held.set()
+        if not await watch.track(time.time(), {}, held, spec.wave_timeout):
             raise TimeoutError(f"the pools were not filled within {spec.wave_timeout:g} s: {await watch.ready()}")
         result.filled_s = time.monotonic() - declared
         progress(f"every pool filled {result.filled_s:.1f} s after it was declared")
@@ -162,7 +164,9 @@ async def run_pools(
         for i in range(spec.waves):
             counts = dict.fromkeys(scenario.models, spec.replicas)
             refilled: dict[str, float] = {}
-            hold = functools.partial(_hold, watch, spec.wave_timeout, time.time(), refilled, windows, result)
+            since, held = time.time(), asyncio.Event()
+            looking = asyncio.create_task(watch.track(since, refilled, held, spec.wave_timeout))
+            hold = functools.partial(_hold, looking, held, since, windows, result)
             outcomes, _, timed_out = await fleet.wave(counts, hold)
             result.outcomes += outcomes
             result.refills += refilled.values()
@@ -178,15 +182,15 @@ async def run_pools(
 
 
 async def _hold(
-    watch: PoolWatch,
-    within: float,
+    looking: "asyncio.Task[bool]",
+    held: asyncio.Event,
     since: float,
-    refilled: dict[str, float],
     windows: list[tuple[float, float]],
     result: PoolsResult,
 ) -> None:
-    """A wave's requesters are held until every pool is filled again: the wave's window ends then."""
-    if not await watch.until_filled(within, since, refilled):
+    """A wave's requesters, all told ready, are held until every pool is filled again: the wave's window ends then."""
+    held.set()
+    if not await looking:
         result.timed_out_waves += 1
     windows.append((since, time.time()))
 

@@ -124,6 +124,12 @@ def test_launchers_without_room_are_reported_as_the_budget() -> None:
     assert not full.creates
 
 
+def test_every_gpu_held_by_bound_launchers_is_no_idle_gpu_not_no_launcher() -> None:
+    bound = [launcher(name, NODE_A, available=False, bound_instance="x") for name in ("a1", "a2")]
+    found = plan(pooled(1), bound, node(NODE_A, held=[GPU0, GPU1], awake=[GPU0, GPU1]))
+    assert found.verdict is Verdict.NO_IDLE_GPU
+
+
 def test_no_launcher_where_the_pool_may_go() -> None:
     assert plan(pooled(1), []).verdict is Verdict.NO_LAUNCHER
     unselected = plan(pooled(1), [launcher("a1", NODE_A)], node(NODE_A, selected=False))

@@ -174,18 +174,20 @@ def _place(
         launcher.node for launcher in launchers for state in held[launcher.name] if _isc_of(state) == isc.metadata.name
     )
     candidates = []
+    any_launcher = any_idle = False  # on a selected Node, whether or not that launcher may take a copy now
     for launcher in launchers:
         node = nodes.get(launcher.node)
-        if not launcher.available or launcher.config is None or node is None or not node.selected:
+        if launcher.config is None or node is None or not node.selected or launcher.node in only_beyond:
             continue
-        if launcher.node in only_beyond:
-            continue
+        any_launcher = True
         idle = _idle_gpus(node, held, launchers, isc.metadata.name)
-        empty = sum(1 for gpu in idle if not node.sleepers.get(gpu))
-        rank = (copies[launcher.node], -empty, -len(idle), len(held[launcher.name]), launcher.name)
-        candidates.append((rank, launcher, idle))
+        any_idle = any_idle or (len(idle) >= pool.gpus and node.room >= pool.gpus)
+        if launcher.available:
+            empty = sum(1 for gpu in idle if not node.sleepers.get(gpu))
+            rank = (copies[launcher.node], -empty, -len(idle), len(held[launcher.name]), launcher.name)
+            candidates.append((rank, launcher, idle))
     if not candidates:
-        reasons[Verdict.NO_LAUNCHER] += 1
+        reasons[Verdict.NO_IDLE_GPU if any_launcher and not any_idle else Verdict.NO_LAUNCHER] += 1
         return None
     for _, launcher, idle in sorted(candidates, key=lambda c: c[0]):
         assert launcher.config is not None
