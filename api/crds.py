@@ -278,9 +278,9 @@ class InstanceCountingStatus(Status):
 class PoolStatus(KubeModel):
     """dualpods extension: how full the warm pool is."""
 
-    declared: Annotated[Int32, Field(ge=0)] = 0
+    declared: Annotated[Int32, Field(ge=0)]
     """Declared is the pool's `sleepers`."""
-    ready: Annotated[Int32, Field(ge=0)] = 0
+    ready: Annotated[Int32, Field(ge=0)]
     """Ready is how many copies are asleep where a requester could wake one now: a free GPU of a Node the pool
     selects, in a launcher no requester holds."""
     loading: Annotated[Int32, Field(ge=0)] = 0

@@ -141,7 +141,8 @@ async def run_pools(
     scale = ScaleSpec(
         nodes=spec.nodes, gpus_per_node=spec.gpus_per_node, requesters=0, models=spec.models, probe_period=1,
         wave_timeout=spec.wave_timeout, chart_values=spec.chart_values, gpu_mode="dra",
-        warm_pool={"sleepers": spec.pool, "minNodes": spec.min_nodes}, max_instances=spec.max_instances,
+        warm_pool={"sleepers": spec.pool, "minNodes": spec.min_nodes} if spec.pool else None,
+        max_instances=spec.max_instances,
         sleeper_budget={"hostMemoryBytes": spec.host_budget},
     )  # fmt: skip
     async with simulated_fleet(scale, work_dir / "pools", progress) as (scenario, up_seconds):
@@ -149,7 +150,8 @@ async def run_pools(
         fleet = FleetWaves(scenario, HitsSpec(shapes=(), wave_timeout=spec.wave_timeout), progress)
         _, ready_seconds, _ = await scenario.populate()
         progress(f"cluster up in {up_seconds:.0f} s, {len(scenario.pods.launchers())} launchers Ready in "
-                 f"{ready_seconds:.0f} s; declaring {spec.models} pools of {spec.pool}")  # fmt: skip
+                 f"{ready_seconds:.0f} s; {spec.models} models, " +
+                 (f"each declaring a pool of {spec.pool}" if spec.pool else "no pool declared"))  # fmt: skip
         declared = time.monotonic()
         await fleet.create_models()
         await fleet.set_placement(True)
@@ -159,7 +161,8 @@ async def run_pools(
         if not await watch.track(time.time(), {}, held, spec.wave_timeout):
             raise TimeoutError(f"the pools were not filled within {spec.wave_timeout:g} s: {await watch.ready()}")
         result.filled_s = time.monotonic() - declared
-        progress(f"every pool filled {result.filled_s:.1f} s after it was declared")
+        if spec.pool:
+            progress(f"every pool filled {result.filled_s:.1f} s after it was declared")
         windows: list[tuple[float, float]] = []
         for i in range(spec.waves):
             counts = dict.fromkeys(scenario.models, spec.replicas)
@@ -172,8 +175,9 @@ async def run_pools(
             result.refills += refilled.values()
             result.timed_out_waves += timed_out
             hot = sum(1 for o in outcomes if o.start == "hot")
-            progress(f"  wave {i + 1}/{spec.waves}: {hot} of {len(outcomes)} first starts hot; pools refilled in "
-                     f"{', '.join(f'{s:.1f}' for s in refilled.values()) or 'no time (never short)'} s")  # fmt: skip
+            refills = ", ".join(f"{s:.1f}" for s in refilled.values())
+            progress(f"  wave {i + 1}/{spec.waves}: {hot} of {len(outcomes)} first starts hot; "
+                     + (f"pools refilled in {refills} s" if refills else "no pool fell short"))  # fmt: skip
         launchers = (await scenario.report("launcher")).launchers
         result.over_budget = over_budget(launchers, spec.max_instances, spec.host_budget)
         result.displaced = displaced(launchers, windows)

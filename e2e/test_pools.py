@@ -23,7 +23,7 @@ async def _pool(env: DualPodsEnv) -> tuple[dict[str, Any], dict[str, Any]]:
         GROUP, VERSION, env.namespace, InferenceServerConfig.RESOURCE.plural, POOLED
     )
     status = isc.get("status") or {}
-    condition = next((c for c in status.get("conditions") or [] if c["type"] == POOL_READY), {})
+    condition: dict[str, Any] = next((c for c in status.get("conditions") or [] if c["type"] == POOL_READY), {})
     return status.get("pool") or {}, condition
 
 
@@ -85,7 +85,11 @@ async def test_an_unfillable_pool_says_why_fills_when_a_gpu_frees_and_yields_to_
     assert pods.name(await env.launcher_of(await env.ready_requester("busy-1"))) == holder
     await env.scale("busy-1", 0)
     await env.wait_gone("busy-1")
-    await env.wait_launchers_unbound(within=60)
+
+    async def unbound() -> bool:
+        return pods.binding(await env.pod(holder)) is None
+
+    await wait_for(unbound, what=f"launcher {holder} unbound", within=60, interval=0.1)
     await env.create_isc("third", "lc", port=8007, options="--model third")
     await env.create_requesters("third", "third", node=node.name, gpu=gpu1)
     assert pods.name(await env.launcher_of(await env.ready_requester("third"))) == holder

@@ -120,7 +120,6 @@ PANELS: list[Panel] = [
 ]
 
 
-
 def per_model(metric: str) -> str:
     """A warm pool's gauge per model. Only the leading dual-pods controller keeps a pool, but a replica that just
     lost the lead may still be scraped with its last values: the same number twice, so `max`, not `sum`."""

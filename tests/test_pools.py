@@ -44,10 +44,13 @@ def launcher(name: str, node: str, *instances: InstanceState, max_instances: int
                          **fields)  # type: ignore[arg-type]  # fmt: skip
 
 
-def node(name: str, *, held: Sequence[str] = (), awake: Sequence[str] = (), selected: bool = True) -> NodeFacts:
+def node(
+    name: str, *, held: Sequence[str] = (), awake: Sequence[str] = (), selected: bool = True, held_for: str = "other"
+) -> NodeFacts:
+    """`held`: GPUs that requesters of the ISC `held_for` hold."""
     gpus = GPUS[name]
     room = len(gpus) - len(set(held) | set(awake))
-    return NodeFacts(name, selected, gpus, frozenset(held), frozenset(awake), room, {})
+    return NodeFacts(name, selected, gpus, {gpu: frozenset({held_for}) for gpu in held}, frozenset(awake), room, {})
 
 
 def plan(obj: Obj, launchers: Sequence[LauncherFacts], *nodes: NodeFacts, copy_bytes: int = 0) -> PoolPlan:
@@ -90,12 +93,22 @@ def test_a_copy_taken_over_by_a_requester_leaves_the_pool_and_another_is_made() 
     assert [c.target for c in found.creates] == ["b1"]
 
 
-def test_a_loading_copy_goes_when_a_requester_gets_its_gpu() -> None:
+def test_a_loading_copy_goes_when_a_requester_of_another_model_gets_its_gpu() -> None:
     loading = copy((GPU0,), sleeping=False, ready=False)
     found = plan(pooled(1), [launcher("a1", NODE_A, loading), launcher("b1", NODE_B)],
                  node(NODE_A, held=[GPU0], awake=[GPU0]), node(NODE_B))  # fmt: skip
     assert [d.instance.instance_id for d in found.deletes] == [loading.instance_id]
     assert [c.target for c in found.creates] == ["b1"]
+
+
+def test_a_copy_whose_gpu_a_requester_of_its_model_got_is_left_for_it_to_take_over() -> None:
+    for ready in (False, True):
+        coming = copy((GPU0,), sleeping=False, ready=ready)
+        found = plan(pooled(1), [launcher("a1", NODE_A, coming), launcher("b1", NODE_B)],
+                     node(NODE_A, held=[GPU0], awake=[GPU0], held_for=ISC), node(NODE_B))  # fmt: skip
+        assert not found.deletes, "its requester binds to it: a second instance would load the model again"
+        assert not found.sleeps, "its requester is about to be served by it"
+        assert [c.target for c in found.creates] == ["b1"], "it left the pool: another copy is made"
 
 
 def test_a_sleeper_on_a_held_gpu_or_in_a_bound_launcher_is_not_ready() -> None:

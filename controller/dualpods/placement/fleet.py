@@ -165,7 +165,10 @@ class FleetReader:
     def use_of(self, node: str, reserved: Iterable[Spot] = ()) -> "NodeUse":
         """What holds the GPUs of `node` now; `reserved`: spots promised at admission, whose Pods are not cached."""
         awake: set[str] = set()
-        held: set[str] = {gpu for spot in reserved if spot.node == node for gpu in spot.gpus}
+        held: dict[str, set[str]] = collections.defaultdict(set)
+        for spot in reserved:
+            for gpu in spot.gpus if spot.node == node else ():
+                held[gpu].add("")  # a requester on its way, whose model the promise does not say
         sleepers: collections.Counter[str] = collections.Counter()
         for launcher in self.caches.pods.by_index(LAUNCHERS_ON_NODE, node):
             view = self.views.get(pods.name(launcher))
@@ -184,12 +187,12 @@ class FleetReader:
             gpus = _held_gpus(requester, node)
             if gpus is None:
                 unknown += gpus_asked(requester.get("spec") or {}) or 1
-            held.update(gpus or ())
+            _hold(held, requester, gpus or ())
             claimed.update(_claimed_launcher(requester, node))
         for requester in self.caches.pods.by_index(PLACED_PENDING, node):
-            held.update(_held_gpus(requester, node) or ())
+            _hold(held, requester, _held_gpus(requester, node) or ())
             claimed.update(_claimed_launcher(requester, node))
-        return NodeUse(node, awake | held, unknown, self._capacity(node), sleepers, claimed, held, awake)
+        return NodeUse(node, awake | set(held), unknown, self._capacity(node), sleepers, claimed, dict(held), awake)
 
     def _capacity(self, node: str) -> int | None:
         """The Node's GPUs: those the gpu-map lists for it, else its allocatable `nvidia.com/gpu`."""
@@ -209,7 +212,7 @@ class NodeUse:
     capacity: int | None  # the Node's GPUs, where known
     sleepers: collections.Counter[str]  # GPU -> the sleeping instances on it
     claimed: set[str]  # launchers promised to requesters placed there, not bound yet
-    held: set[str]  # of `busy`, those of requesters (or promised to them)
+    held: dict[str, set[str]]  # of `busy`, those of requesters (or promised to them) -> their ISCs ("": not known)
     awake: set[str]  # of `busy`, those of awake or starting instances
 
     def free(self, gpus: Iterable[str], promised: set[tuple[str, str]]) -> bool:
@@ -235,6 +238,13 @@ def _claimed_launcher(requester: Obj, node: str) -> list[str]:
     spot = decision.spot if decision is not None else None
     coming = keys.DUAL_LABEL not in pods.labels(requester) and not pods.is_deleting(requester)
     return [spot.launcher] if spot is not None and spot.node == node and coming else []
+
+
+def _hold(held: dict[str, set[str]], requester: Obj, gpus: Iterable[str]) -> None:
+    """Record that `requester` holds `gpus`, for its ISC ("" for a requester of a server patch)."""
+    isc = pods.annotations(requester).get(keys.INFERENCE_SERVER_CONFIG_ANNOTATION, "")
+    for gpu in gpus:
+        held[gpu].add(isc)
 
 
 def _hostname(node: Obj | None) -> str | None:

@@ -66,6 +66,9 @@ class PoolKeeper:
         self.filled = filled
         self.template = template
         self.fillings = fillings
+        # The verdict each pool's last Event told: a pool that could not be filled is announced filled once it is,
+        # however many passes it spent loading between the two.
+        self.told: dict[str, Verdict] = {}
         self.queue: WorkQueue[str] = WorkQueue("pools")
         views.subscribe(self._anything_changed, lambda _launcher, _view: self._anything_changed())
         caches.pods.subscribe(lambda old, new: self._anything_changed())
@@ -95,8 +98,9 @@ class PoolKeeper:
     async def _act(self, name: str, plan: PoolPlan) -> None:
         await carry_out(self.clients, self._ip, self.views, plan.creates, plan.sleeps, f"pool of {name}")
         for copy in plan.deletes:
-            log.info("pool of %s: deleting copy %s on launcher %s: a requester holds its GPUs now, or asleep it "
-                     "would not fit the host budget", name, copy.instance.instance_id, copy.launcher)  # fmt: skip
+            log.info("pool of %s: deleting copy %s on launcher %s: a requester of another model holds its GPUs "
+                     "now, or asleep it would not fit the host budget", name, copy.instance.instance_id,
+                     copy.launcher)  # fmt: skip
             try:
                 await self.clients.launchers.delete_instance(self._ip(copy.launcher), copy.instance.instance_id, name)
             except HttpError as err:
@@ -115,13 +119,16 @@ class PoolKeeper:
             return
         self.filled(name)
         obj = self.caches.iscs.get(f"{self.namespace}/{name}")
-        told = before.verdict if before is not None else Verdict.FILLED
+        told = self.told.get(name, Verdict.FILLED)
         if obj is not None and plan.verdict.unfillable and told != plan.verdict:
             await self.clients.events.record(obj, "Warning", "PoolUnfillable", plan.why)
-        elif obj is not None and plan.verdict is Verdict.FILLED and before is not None and before.verdict.unfillable:
+            self.told[name] = plan.verdict
+        elif obj is not None and plan.verdict is Verdict.FILLED and told.unfillable:
             await self.clients.events.record(obj, "Normal", "PoolFilled", plan.why)
+            self.told[name] = plan.verdict
 
     def _forget(self, name: str) -> None:
+        self.told.pop(name, None)
         if self.fillings.pop(name, None) is not None:
             self.metrics.forget_pool(self.namespace, name)
             self.filled(name)
@@ -166,7 +173,8 @@ class PoolKeeper:
                 continue
             use = self.fleet.use_of(name, reserved)
             selected = not pods.is_cordoned(node) and not pods.is_deleting(node) and selector.matches(pods.labels(node))
-            found[name] = NodeFacts(name, selected, self.fleet.gpus_on(name), frozenset(use.held),
+            held = {gpu: frozenset(iscs) for gpu, iscs in use.held.items()}
+            found[name] = NodeFacts(name, selected, self.fleet.gpus_on(name), held,
                                     frozenset(use.awake), use.room(), dict(use.sleepers))  # fmt: skip
         return found
 

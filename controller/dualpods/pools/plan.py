@@ -7,8 +7,9 @@ awake and not serving anyone; once ready it is put to sleep (if the host budget 
 ready + loading fall short of the declared count, copies are created on *idle* GPUs (no awake instance, no requester
 holding them or on its way) of Nodes that hold fewest copies yet (so that they spread over `minNodes` at least), in
 a launcher with room for one more instance (`maxInstances`, its port, the host budget without deleting a sleeper,
-the GPU sleeper budget). A copy in the making whose GPUs a requester got meanwhile goes: a pool never competes with
-real demand. A copy a requester took over (its launcher is bound to it) has left the pool: it serves.
+the GPU sleeper budget). A copy in the making whose GPUs a requester of another model got meanwhile goes: a pool never
+competes with real demand. A copy a requester of its model took over (on its way to it, or bound to it) has left the
+pool: it serves.
 """
 
 import collections
@@ -33,13 +34,19 @@ class NodeFacts:
     name: str
     selected: bool  # schedulable, and the pool's selector picks it
     gpus: Sequence[str]
-    held: frozenset[str]  # by requesters there, or on their way to them (placed, or promised at admission)
+    # GPU -> the ISCs ("": not known) of the requesters that hold it, or are on their way to it (placed, or
+    # promised at admission)
+    held: Mapping[str, frozenset[str]]
     awake: frozenset[str]  # by instances that are awake or starting, of any launcher there
     room: int  # GPUs free beyond those held and those of requesters whose GPUs are not known yet
     sleepers: Mapping[str, int]  # GPU -> sleeping instances on it
 
     def free(self, gpus: Sequence[str]) -> bool:
-        return not set(gpus) & (self.held | self.awake)
+        return not set(gpus) & (self.held.keys() | self.awake)
+
+    def holders(self, gpus: Sequence[str]) -> set[str]:
+        """The ISCs of the requesters holding any of `gpus`."""
+        return {isc for gpu in gpus for isc in self.held.get(gpu, ())}
 
 
 @dataclass(frozen=True)
@@ -91,12 +98,7 @@ def plan_pool(
                 continue  # of an older version, or another runtime: not a copy of this pool
             copy = Copy(launcher.name, launcher.node, state)
             if state.sleeping:
-                if (
-                    launcher.available
-                    and node is not None
-                    and node.selected
-                    and not set(gpus) & (node.held | node.awake)
-                ):
+                if launcher.available and node is not None and node.selected and node.free(gpus):
                     result.ready.append(copy)
             elif state.instance_id != launcher.bound_instance and _made_as_copy(state):
                 _in_the_making(result, copy, launcher, node, name)
@@ -136,9 +138,14 @@ def _made_as_copy(state: InstanceState) -> bool:
 
 
 def _in_the_making(result: PoolPlan, copy: Copy, launcher: LauncherFacts, node: NodeFacts | None, name: str) -> None:
-    """A copy awake and serving no one: it goes if a requester holds its GPUs now, sleeps once ready, else loads."""
+    """A copy awake and serving no one: it sleeps once ready, else loads. A requester of the same model that got its
+    GPUs is on its way to take it over (its bind finds the instance there): it has left the pool, and is left alone.
+    A requester of another model that got them needs them: the copy goes."""
     state = copy.instance
-    if node is not None and set(state.gpu_uuids or ()) & node.held:
+    holders = node.holders(state.gpu_uuids or ()) if node is not None else set()
+    if holders == {name}:
+        return
+    if holders:
         result.deletes.append(copy)
         return
     result.loading.append(copy)
@@ -224,7 +231,7 @@ def _idle_gpus(
         if index >= len(launcher.instances) or _isc_of(state) == isc_name
         for gpu in state.gpu_uuids or ()
     }
-    return [gpu for gpu in node.gpus if gpu not in node.held | node.awake | taken]
+    return [gpu for gpu in node.gpus if gpu not in node.held.keys() | node.awake | taken]
 
 
 def _explained(verdict: Verdict) -> str:
