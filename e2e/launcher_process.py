@@ -117,7 +117,10 @@ class LauncherProcess:
             return []
         descendants = self.descendants()
         terminate(self.process, timeout)
-        survivors = [p for p in descendants if _alive(p)]
+        # A process SIGKILLed by the launcher on its way out dies when the kernel next runs it, which on a busy
+        # machine can be after the launcher has exited: a survivor is one still alive a moment later.
+        _, alive = psutil.wait_procs(descendants, timeout=LEFT_BEHIND_AFTER_S)
+        survivors = [p for p in alive if _alive(p)]
         for process in survivors:  # leave the machine clean even when the assertion fails
             process.kill()
         return survivors
@@ -127,6 +130,9 @@ class LauncherProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except FileNotFoundError:
             return ""
+
+
+LEFT_BEHIND_AFTER_S = 5.0  # a SIGKILLed process is gone within milliseconds on a quiet machine
 
 
 def terminate(process: "subprocess.Popen[bytes]", timeout: float) -> None:

@@ -25,6 +25,19 @@ async def models(env: DualPodsEnv) -> None:
     await env.create_population_policy("one-per-gpu", "lc", count=2)
     await env.create_isc("placed", "lc", port=8005, options="--model placed", isc_annotations=PLACED)
     await env.create_isc("plain", "lc", port=8006, options="--model plain")
+    # The leader adds an ISC that opts in to the webhook's match condition when its informer sees it: a requester
+    # created before that is created as written, unplaced (docs/operations.md#sleeper-aware-placement).
+    await wait_for(functools.partial(_opted_in, env), what="the opt-in of ISC placed in the webhook", within=30)
+
+
+async def _opted_in(env: DualPodsEnv) -> str:
+    configurations = await client.AdmissionregistrationV1Api(env.api).list_mutating_webhook_configuration()
+    for configuration in configurations.items:
+        if configuration.metadata.name.startswith(f"{env.namespace}-"):
+            for condition in configuration.webhooks[0].match_conditions or []:
+                if condition.name == OPTED_IN_CONDITION and '"placed"' in condition.expression:
+                    return str(condition.expression)
+    return ""
 
 
 def where(requester: Obj) -> tuple[str, str]:
