@@ -21,7 +21,7 @@ TEST_WORKERS ?= 3
 # Where `make cluster-up` keeps the loopback cluster's state (tests use their own temporary one).
 CLUSTER_STATE ?= .cluster
 
-.PHONY: help venv lock tools control-plane images cluster-up cluster-down lint test unit-tests image-tools demo smoke smoke-versions launcher-demo bench clean
+.PHONY: help venv lock tools control-plane images cluster-up cluster-down lint test unit-tests flake-hunt image-tools demo smoke smoke-versions launcher-demo bench clean
 
 help:
 	@echo "make demo          bring up the loopback cluster and show a real model swap with vLLM on the CPU"
@@ -37,6 +37,8 @@ help:
 	@echo "                   on a cluster of its own, taken down afterwards; make smoke-versions: 1.32 and 1.37"
 	@echo "make lint          ruff + mypy --strict"
 	@echo "make unit-tests    the tests under tests/ only (make test runs them and the e2e under e2e/)"
+	@echo "make flake-hunt    run tests again and again beside a CPU load, and write down each failure"
+	@echo "                   (FLAKE_PATHS=tests FLAKE_ROUNDS=5 FLAKE_LOAD=2; report: build/flake-hunt.md)"
 	@echo "make bench         run the benchmarks under bench/"
 
 venv: $(VENV)/.installed
@@ -100,6 +102,15 @@ test:
 
 unit-tests: tools
 	$(VENV)/bin/pytest $(PYTEST_ARGS) tests
+
+# A flake hunt (docs/reliability.md): FLAKE_PATHS run FLAKE_ROUNDS times, each in one pytest process, with
+# `scripts.cpu_load --workers FLAKE_LOAD` beside them; every failure (test, first error line, load average) is
+# appended to build/flake-hunt.md. The e2e modules need the control plane: `make flake-hunt FLAKE_PATHS=e2e/test_x.py`.
+FLAKE_PATHS ?= tests
+FLAKE_ROUNDS ?= 5
+FLAKE_LOAD ?= 2
+flake-hunt: tools control-plane
+	$(PY) -m scripts.flake_hunt --rounds $(FLAKE_ROUNDS) --load $(FLAKE_LOAD) $(FLAKE_PATHS)
 
 image-tools: venv
 	$(PY) -m scripts.images tools

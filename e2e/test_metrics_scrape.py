@@ -96,9 +96,12 @@ async def monitoring_namespace(api: client.ApiClient) -> AsyncIterator[dict[str,
 
 async def serve_sleep_and_wake(env: DualPodsEnv) -> None:
     """A requester served cold (the dual-pods controller creates its launcher), released (its instance sleeps on the
-    launcher, which a population policy then keeps), and served again hot: every panel's series."""
+    launcher, which a population policy then keeps), and served again hot; and a model that declares a warm pool
+    (on Nodes that do not exist: it makes no copy to disturb the rest): every panel's series."""
     await env.create_launcher_config("lc", max_instances=2, launcher_args=["--stand-in"])
     await env.create_isc("isc", "lc", port=8005, options="--model a")
+    nowhere = {"sleepers": 1, "nodeSelector": {"matchLabels": {"example.com/pool": "none"}}}
+    await env.create_isc("pooled", "lc", port=8006, options="--model b", warm_pool=nowhere)
     node = (await env.cluster.kubelet.nodes())[0]
     await env.create_requesters(RS, "isc", node=node.name, gpu=sorted(node.gpus)[0])
     await env.ready_requester(RS)

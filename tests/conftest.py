@@ -42,18 +42,20 @@ def pytest_testnodedown(node: object, error: object) -> None:
         RECORDER.merge(exported)
 
 
+PHASE_REPORT = Path("build/phase-transitions.txt")  # under the root of the run (the session's rootpath)
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """The phase table's declared edges that no driven pass exercised (tests/phase_transitions.py); with -v,
-    the tests whose passes ran each phase's step."""
+    """Write the phase table's declared edges that no driven pass exercised (tests/phase_transitions.py), and the
+    tests whose passes ran each phase's step, to PHASE_REPORT: the run itself ends with pytest's summary."""
     if not RECORDER.passes:
         return
     unseen = RECORDER.unseen()
-    terminalreporter.section("phase transitions")
-    terminalreporter.write_line(f"{len(RECORDER.seen)} declared phase transitions exercised; {len(unseen)} not:")
-    for before, after in unseen:
-        terminalreporter.write_line(f"  {before.value} → {after.value}")
-    if terminalreporter.config.get_verbosity() > 0:
-        for phase, tests in sorted(RECORDER.tests_by_phase.items(), key=lambda item: list(Phase).index(item[0])):
-            terminalreporter.write_line(f"{phase.value}: {len(tests)} tests")
-            for test in sorted(tests):
-                terminalreporter.write_line(f"  {test}")
+    lines = [f"{len(RECORDER.seen)} declared phase transitions exercised; {len(unseen)} not:"]
+    lines += [f"  {before.value} → {after.value}" for before, after in unseen]
+    for phase, tests in sorted(RECORDER.tests_by_phase.items(), key=lambda item: list(Phase).index(item[0])):
+        lines.append(f"{phase.value}: {len(tests)} tests")
+        lines += [f"  {test}" for test in sorted(tests)]
+    report = terminalreporter.config.rootpath / PHASE_REPORT
+    report.parent.mkdir(parents=True, exist_ok=True)
+    report.write_text("\n".join(lines) + "\n")
