@@ -28,7 +28,7 @@ async def test_a_burst_passes_at_once_and_the_rest_at_the_rate() -> None:
     assert waits[:5] == [0.0] * 5
     # The five beyond the burst are spread at 50/s: 20 ms apart, in the order they came.
     assert waits[5:] == pytest.approx([0.02, 0.04, 0.06, 0.08, 0.1])
-    assert 0.09 <= elapsed < 0.5  # and they do wait that long
+    assert 0.09 <= elapsed < 10  # they do wait that long (the upper bound: waited, not stuck; a loaded loop is late)
 
 
 async def test_the_bucket_refills_while_idle() -> None:

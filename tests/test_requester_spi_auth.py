@@ -14,6 +14,10 @@ from api.requester import SpiErrorReason
 from requester import spi_auth
 from requester.spi_auth import Refusal, TokenReviewAuth, TrustedControllers
 
+# The event loop's clock is a fake one that jumps to the next timer when nothing is ready (looptime): the bound and
+# the fake API server's delays below are exact loop seconds, whatever else the machine is doing.
+pytestmark = pytest.mark.looptime
+
 AUDIENCE = "dualpods-requester:ns:req"
 BOUND_S = 0.2  # REVIEW_TIMEOUT_S here, so that each test takes a fraction of a second
 

@@ -372,6 +372,9 @@ class FakeJob(Job):
         self.outcome.set_result("abandoned")
 
 
+HELD_WAIT_S = 30.0  # how long a request held while asleep waits, where the test wakes the engine
+
+
 @pytest.fixture
 async def engine() -> Any:
     holder = ModelHolder(lambda: torch.nn.Linear(2, 2))
@@ -419,6 +422,9 @@ async def test_asleep_requests_wait_then_run_after_wake_or_get_503_after_the_tim
     assert late.value.status == 503
     assert engine.waiting == 0
 
+    # A held request must outlast the wake below, which moves the weights on the model thread: milliseconds on a
+    # quiet machine, but under a load average of 6-9 it once took longer than the fixture's 0.3 s (issue 47).
+    engine.sleep_wait_timeout = HELD_WAIT_S
     held = FakeJob()
     submitting = asyncio.create_task(engine.submit(held))
     await asyncio.sleep(0.1)
