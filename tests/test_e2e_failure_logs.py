@@ -93,7 +93,8 @@ def outcome(pytester: pytest.Pytester) -> pytest.RunResult:
     stale = pytester.path / "build" / "e2e-logs" / "stale"
     stale.mkdir(parents=True)
     (pytester.path / "build" / "other.txt").write_text("not ours")
-    return pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:asyncio", "-rf")
+    # Without pytest-asyncio, and so without looptime, whose fixture hook reads pytest-asyncio's event loops.
+    return pytester.runpytest_inprocess("-p", "no:cacheprovider", "-p", "no:asyncio", "-p", "no:looptime_plugin", "-rf")
 
 
 def test_a_failing_test_keeps_its_namespaces_logs_and_the_cluster_logs(
