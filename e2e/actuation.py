@@ -15,6 +15,8 @@ from controller import pods
 from e2e.dualpods_env import DualPodsEnv, Obj
 from e2e.waiting import wait_for
 
+LOGGED_WITHIN_S = 30.0  # a line reaches the log file within milliseconds on a quiet machine
+
 
 @dataclass
 class Actuation:
@@ -57,7 +59,13 @@ async def actuate(env: DualPodsEnv, replica_set: str, within: float = 300) -> Ac
 
     pod = await wait_for(ready, what=f"a Ready requester of {replica_set}", within=within, interval=0.05)
     v1pod = await env.core.read_namespaced_pod(pod["metadata"]["name"], env.namespace)
-    started, serving, relayed = log_times(env.cluster.container_log(v1pod, keys.INFERENCE_SERVER_CONTAINER))
+    # A real container's output reaches its log file through its runtime's monitor (conmon), a moment after the
+    # requester wrote it: the Pod can be seen Ready before its first become-ready line is in the file.
+    started, serving, relayed = await wait_for(
+        lambda: log_times(env.cluster.container_log(v1pod, keys.INFERENCE_SERVER_CONTAINER)),
+        what="the requester's timings in its log",
+        within=LOGGED_WITHIN_S,
+    )
     return Actuation(
         requester=pod["metadata"]["name"],
         total=relayed - started,
