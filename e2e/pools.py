@@ -23,9 +23,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from api.crds import GROUP, VERSION
+from api.crds import GROUP, POOL_READY, VERSION, InferenceServerConfig
 from api.launcher import EventType
+from e2e.dualpods_env import DualPodsEnv
 from e2e.hits import FleetWaves, HitsSpec, Outcome
 from e2e.scale import ScaleSpec, Scenario, quantile, simulated_fleet
 from e2e.simulation.instances import SIMULATED_RSS_BYTES
@@ -69,6 +71,16 @@ class PoolsResult:
     @property
     def hot(self) -> int:
         return sum(1 for o in self.outcomes if o.start == "hot")
+
+
+async def pool_status(env: DualPodsEnv, isc: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """An ISC's `status.pool` and its PoolReady condition, as the API server holds them (empty until written)."""
+    obj = await env.objects.get_namespaced_custom_object(
+        GROUP, VERSION, env.namespace, InferenceServerConfig.RESOURCE.plural, isc
+    )
+    status = obj.get("status") or {}
+    condition: dict[str, Any] = next((c for c in status.get("conditions") or [] if c["type"] == POOL_READY), {})
+    return status.get("pool") or {}, condition
 
 
 class PoolWatch:

@@ -8,28 +8,18 @@ on each Node. Requesters of another model pin its GPUs (as FMA's tests pin them)
 from typing import Any
 
 from api import keys
-from api.crds import GROUP, POOL_READY, VERSION, InferenceServerConfig
 from controller import pods
 from e2e.dualpods_env import DualPodsEnv
+from e2e.pools import pool_status
 from e2e.waiting import wait_for
 
 POOLED, BUSY = "pooled", "busy"
 WITHIN_S = 120
 
 
-async def _pool(env: DualPodsEnv) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The pooled ISC's status.pool and its PoolReady condition (empty until written)."""
-    isc = await env.objects.get_namespaced_custom_object(
-        GROUP, VERSION, env.namespace, InferenceServerConfig.RESOURCE.plural, POOLED
-    )
-    status = isc.get("status") or {}
-    condition: dict[str, Any] = next((c for c in status.get("conditions") or [] if c["type"] == POOL_READY), {})
-    return status.get("pool") or {}, condition
-
-
 async def _until_pool(env: DualPodsEnv, reason: str, ready: int) -> dict[str, Any]:
     async def reached() -> dict[str, Any]:
-        pool, condition = await _pool(env)
+        pool, condition = await pool_status(env, POOLED)
         return condition if condition.get("reason") == reason and pool.get("ready") == ready else {}
 
     return await wait_for(reached, what=f"the pool {reason} with {ready} ready", within=WITHIN_S, interval=0.5)
@@ -64,7 +54,7 @@ async def test_an_unfillable_pool_says_why_fills_when_a_gpu_frees_and_yields_to_
     await env.create_isc(POOLED, "lc", port=8006, options=f"--model {POOLED}", warm_pool=pool)
     condition = await _until_pool(env, "NoIdleGPU", ready=0)
     assert condition["status"] == "False"
-    assert (await _pool(env))[0]["declared"] == 1
+    assert (await pool_status(env, POOLED))[0]["declared"] == 1
     assert await wait_for(lambda: _events(env, "PoolUnfillable"), what="a PoolUnfillable Event", within=30)
     assert not await _copies(env), "no copy while every GPU of its Node serves"
 

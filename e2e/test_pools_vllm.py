@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from api import keys
-from api.crds import GROUP, POOL_READY, VERSION, InferenceServerConfig
 from controller import pods
 from e2e.actuation import actuate
 from e2e.cluster.cluster import LoopbackCluster
@@ -22,6 +21,7 @@ from e2e.crds import run_kubectl
 from e2e.dra import DRA_NODES, added_node, allow_admin_access, create_claim_template
 from e2e.dualpods_env import DualPodsEnv
 from e2e.kubelet.control import NodeInfo
+from e2e.pools import pool_status
 from e2e.test_placement_vllm import HOT_WITHIN_S, READY_S, scale_down
 from e2e.tiny_model import ensure_tiny_model
 from e2e.waiting import wait_for
@@ -51,12 +51,8 @@ async def _pool_filled_on(env: DualPodsEnv, nodes: set[str]) -> dict[str, tuple[
     """Wait until the ISC's status says its pool is filled and every sleeping copy is on `nodes`; the copies."""
 
     async def filled() -> dict[str, tuple[str, dict[str, Any]]]:
-        isc = await env.objects.get_namespaced_custom_object(
-            GROUP, VERSION, env.namespace, InferenceServerConfig.RESOURCE.plural, MODEL
-        )
-        status = isc.get("status") or {}
-        condition: dict[str, Any] = next((c for c in status.get("conditions") or [] if c["type"] == POOL_READY), {})
-        if condition.get("reason") != "Filled" or (status.get("pool") or {}).get("ready", 0) < 1:
+        pool, condition = await pool_status(env, MODEL)
+        if condition.get("reason") != "Filled" or pool.get("ready", 0) < 1:
             return {}
         copies = await _copies(env)
         return copies if copies and {node for node, _ in copies.values()} <= nodes else {}
