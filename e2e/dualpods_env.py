@@ -14,8 +14,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
 from api.crds import GROUP, VERSION, CustomResource, InferenceServerConfig, LauncherConfig, LauncherPopulationPolicy
-from api.keys import LAUNCHER_PORT
+from api.keys import DEFAULT_ADMIN_PORT, LAUNCHER_PORT
 from controller import pods
+from controller.launcher_template import DOWNWARD_ENV
 from e2e.chart import InstalledControllers
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import install_crds
@@ -51,6 +52,11 @@ class Images:
     requester: str
     controller: str | None = None  # repository:tag; None: the chart's default
     models_dir: Path | None = None
+    requester_env: tuple[tuple[str, str], ...] = ()  # set in every requester container
+    # The requester's ports: FMA's binds all addresses, so on this shared host each Pod of it needs ports no other
+    # process listens on (its SPI is found through the admin-port annotation, as FMA's controller does).
+    requester_probes_port: int = 8080
+    requester_spi_port: int = DEFAULT_ADMIN_PORT
 
     def chart_values(self) -> list[str]:
         if self.controller is None:
@@ -159,8 +165,10 @@ class DualPodsEnv:
             "args": ["--mock-gpus", "--stop-grace-seconds", "3", *launcher_args],
             "ports": [{"containerPort": LAUNCHER_PORT}],
         }
-        if env:
-            container["env"] = [{"name": k, "value": v} for k, v in env.items()]
+        # Where the launcher finds its GPUs in the gpu-map (--mock-gpus), written into the template as FMA's e2e
+        # does: FMA's controllers add nothing (ours add them when they are missing).
+        container["env"] = [{"name": n, "valueFrom": {"fieldRef": {"fieldPath": f}}} for n, f in DOWNWARD_ENV.items()]
+        container["env"] += [{"name": k, "value": v} for k, v in (env or {}).items()]
         pod_spec: Obj = {"terminationGracePeriodSeconds": 5, "containers": [container]}
         if restricted:
             container["securityContext"] = RESTRICTED_CONTAINER
@@ -286,7 +294,9 @@ class DualPodsEnv:
         probe_period: int = 1,
         claim_template: str | None = None,
     ) -> None:
-        spec = _requester_spec(self.images.requester, gpus, node, gpu, probe_period)
+        spec = _requester_spec(self.images, gpus, node, gpu, probe_period)
+        if self.images.requester_spi_port != DEFAULT_ADMIN_PORT:
+            annotations = {**annotations, keys.ADMIN_PORT_ANNOTATION: str(self.images.requester_spi_port)}
         if claim_template is not None:
             claim_gpus(spec, claim_template)
         await self.apps.create_namespaced_replica_set(self.namespace, {
@@ -303,7 +313,7 @@ class DualPodsEnv:
 
     async def pin_requesters(self, replica_set: str, node: str, gpu: str) -> None:
         """Pin the set's next requesters to one GPU of one node (FMA's case "GPU pin")."""
-        spec = _requester_spec(self.images.requester, 0, node, gpu)
+        spec = _requester_spec(self.images, 0, node, gpu)
         await self.apps.patch_namespaced_replica_set(
             replica_set, self.namespace, {"spec": {"template": {"spec": spec}}},
             _content_type="application/strategic-merge-patch+json",
@@ -436,18 +446,24 @@ async def proxy_chat(requester: Obj, model: str) -> str:
     return str(reply["choices"][0]["message"]["content"])
 
 
-def _requester_spec(image: str, gpus: int, node: str | None, gpu: str | None, probe_period: int = 1) -> Obj:
+def _requester_spec(images: Images, gpus: int, node: str | None, gpu: str | None, probe_period: int = 1) -> Obj:
     """A requester Pod's spec; `gpu` pins that GPU (0 GPUs asked for from the scheduler)."""
     count = "0" if gpu else str(gpus)
+    probes = images.requester_probes_port
     container: Obj = {
         "name": keys.INFERENCE_SERVER_CONTAINER,
-        "image": image,
+        "image": images.requester,
         "resources": {"limits": {"nvidia.com/gpu": count}, "requests": {"nvidia.com/gpu": count}},
-        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080}, "periodSeconds": probe_period},
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": probes}, "periodSeconds": probe_period},
         "securityContext": RESTRICTED_CONTAINER,
     }
+    env = dict(images.requester_env)
+    if probes != 8080 or images.requester_spi_port != DEFAULT_ADMIN_PORT:  # FMA's variables, read by both requesters
+        env |= {"PROBES_PORT": str(probes), "SPI_PORT": str(images.requester_spi_port)}
     if gpu:
-        container["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": gpu}]
+        env["NVIDIA_VISIBLE_DEVICES"] = gpu
+    if env:
+        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
     spec: Obj = {"terminationGracePeriodSeconds": 5, "containers": [container], "securityContext": RESTRICTED_POD}
     if node is not None:
         spec["nodeSelector"] = {"kubernetes.io/hostname": node}

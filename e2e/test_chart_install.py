@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
-import yaml
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
@@ -19,6 +18,7 @@ from api.crds import GROUP, VERSION, LauncherConfig
 from controller.launcher_token import GENERATED_ANNOTATION
 from e2e.chart import DUAL_PODS, POPULATOR
 from e2e.cluster.cluster import LoopbackCluster
+from e2e.cluster.kubeconfig import service_account_token, token_kubeconfig
 from e2e.crds import kubectl
 from e2e.dualpods_env import RESTRICTED_NAMESPACE, DualPodsEnv, installed
 from e2e.fixtures import fresh_namespace
@@ -95,21 +95,10 @@ async def tenant(
         cluster, "create", "clusterrolebinding", bindings[1], "--clusterrole=dualpods-tokenreview", *requesters
     )
     try:
-        yield await kubeconfig_of(cluster, api, namespace, "tenant", tmp_path)
+        token = await service_account_token(api, namespace, "tenant")
+        yield token_kubeconfig(cluster.kubeconfig, token, tmp_path / "kubeconfig-tenant")
     finally:
         await kubectl(cluster, "delete", "clusterrolebinding", *bindings, "--ignore-not-found")
-
-
-async def kubeconfig_of(cluster: LoopbackCluster, api: client.ApiClient, namespace: str, account: str,
-                        work_dir: Path) -> Path:  # fmt: skip
-    """A kubeconfig authenticating as ServiceAccount `account` (a short-lived token of it)."""
-    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(expiration_seconds=3600))
-    answer = await client.CoreV1Api(api).create_namespaced_service_account_token(account, namespace, request)
-    config = yaml.safe_load(cluster.kubeconfig.read_text())
-    config["users"] = [{"name": config["users"][0]["name"], "user": {"token": answer.status.token}}]
-    path = work_dir / f"kubeconfig-{account}"
-    path.write_text(yaml.safe_dump(config))
-    return path
 
 
 async def test_a_tenant_installs_with_namespace_rights_only_and_models_swap(

@@ -105,7 +105,10 @@ async def serve_sleep_and_wake(env: DualPodsEnv) -> None:
     node = (await env.cluster.kubelet.nodes())[0]
     await env.create_requesters(RS, "isc", node=node.name, gpu=sorted(node.gpus)[0])
     await env.ready_requester(RS)
-    await env.create_population_policy("keep-one", "lc", count=1)  # the launcher outlives its requester
+    # The launcher outlives its requester. Only on its Node: a launcher the policy made elsewhere would still be
+    # preloading when its target is scraped (refused: it failed a CI run so).
+    only_there = {"labelSelector": {"matchLabels": {"kubernetes.io/hostname": node.name}}}
+    await env.create_population_policy("keep-one", "lc", count=1, selector=only_there)
     await env.scale(RS, 0)
     await env.wait_gone(RS)
     await env.wait_launchers_unbound(within=60)

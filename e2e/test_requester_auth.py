@@ -24,6 +24,7 @@ from controller.dualpods.requester_client import RequesterClient, RequesterError
 from controller.dualpods.requester_tokens import RequesterTokens
 from controller.http import HttpCaller
 from e2e.cluster.cluster import LoopbackCluster
+from e2e.cluster.kubeconfig import service_account_token, token_kubeconfig
 from e2e.cluster.ports import free_port
 from e2e.requester_process import RequesterProcess
 from requester.spi_auth import CannotVerify, InClusterApi
@@ -46,24 +47,13 @@ class Setting:
     work_dir: Path
 
     async def token(self, account: str, audience: str) -> str:
-        request = client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(audiences=[audience], expiration_seconds=600)
-        )
-        core = client.CoreV1Api(self.api)
-        answer = await core.create_namespaced_service_account_token(account, self.namespace, request)
-        return str(answer.status.token)
+        return await service_account_token(self.api, self.namespace, account, [audience])
 
     async def kubeconfig_of(self, account: str, server: str | None = None) -> Path:
         """A kubeconfig authenticating as `account` (its ServiceAccount token, as a Pod would have it)."""
-        admin = yaml.safe_load(self.cluster.kubeconfig.read_text())
-        cluster = admin["clusters"][0]
-        if server is not None:
-            cluster = {**cluster, "cluster": {**cluster["cluster"], "server": server}}
         token = await self.token(account, "https://kubernetes.default.svc.cluster.local")
-        config = {**admin, "clusters": [cluster], "users": [{"name": "loopback", "user": {"token": token}}]}
         path = self.work_dir / f"kubeconfig-{account}-{free_port()}"
-        path.write_text(yaml.safe_dump(config))
-        return path
+        return token_kubeconfig(self.cluster.kubeconfig, token, path, server)
 
     def requester(self, kubeconfig: Path, name: str = POD) -> RequesterProcess:
         return RequesterProcess.start(

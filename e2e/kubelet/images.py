@@ -4,9 +4,9 @@ A YAML file maps an image to Docker's two halves of a command line, `entrypoint`
 `command` replaces the entrypoint and its `args` replace the cmd, as Docker does. Keys are image
 repositories without tag (`python`, `dualpods/test-http`); a key with a tag (`python:3.12`) wins
 over the bare repository for that tag only. `docker.io/`, `library/` and `localhost/` (podman's name for
-locally built images) prefixes are ignored. Strings
-may hold `{python}` (the kubelet's interpreter), `{venv_bin}` (its directory) and `{repo}` (the
-repository root); `env` values may also hold `{pod_ip}`, the Pod's address: every Pod shares the host's
+locally built images) prefixes are ignored. Strings may hold `{python}` (the kubelet's interpreter),
+`{venv_bin}` (its directory), `{repo}` (the repository root) and `{fma}` (FMA's release beside it,
+e2e/fma_release.py); `env` values may also hold `{pod_ip}`, the Pod's address: every Pod shares the host's
 loopback network, so a program that binds all addresses by default is told its Pod's address this way,
 as an image's own default (the Pod's env still wins). An entry's `files` stand for the image's own files:
 host directories (placeholders allowed) bind-mounted read-only at container paths, under the Pod's volumes;
@@ -20,6 +20,8 @@ from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from e2e.fma_release import release_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_IMAGE_MAP = Path(__file__).with_name("images.yaml")
@@ -54,7 +56,10 @@ POD_IP_PLACEHOLDER = "{pod_ip}"
 def placeholders() -> dict[str, str]:
     python = Path(sys.executable)
     # `{pod_ip}` is filled per Pod (in env values only), so it survives the load-time fill unchanged.
-    return {"python": str(python), "venv_bin": str(python.parent), "repo": str(REPO_ROOT), "pod_ip": POD_IP_PLACEHOLDER}
+    return {
+        "python": str(python), "venv_bin": str(python.parent), "repo": str(REPO_ROOT), "fma": str(release_dir()),
+        "pod_ip": POD_IP_PLACEHOLDER,
+    }  # fmt: skip
 
 
 def _fill(text: str, where: str) -> str:

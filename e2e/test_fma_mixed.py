@@ -1,0 +1,83 @@
+"""Mixed deployments with FMA's real components (issue 46 item 1), each swapping real vLLM models on the CPU.
+
+FMA's released binaries run from `../shared/fma/` (checked against its SHA256SUMS first: a missing or altered
+release fails these tests, it does not skip them), as FMA's chart runs them (e2e/fma_controllers.py), in the test's
+namespace, where no controller of ours runs. Each deployment serves one requester set pinned to one GPU through the
+same three swaps a user sees: cold (model A: a new instance), warm (model B: a new instance on the launcher that
+already runs), hot (back to A: its sleeping instance woken, not made again). Each Ready requester's model answers a
+chat (e2e/swaps.py says how each is checked).
+
+- FMA's controllers + our launcher + our requester (its SPI open, as docs/fma-compatibility.md says);
+- FMA's controllers + our launcher + FMA's requester;
+- our controllers + our launcher + FMA's requester.
+"""
+
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes_asyncio import client
+
+from controller import pods
+from e2e.cluster.cluster import LoopbackCluster
+from e2e.dualpods_env import PROCESSES, DualPodsEnv, Images, Obj, installed
+from e2e.fma_controllers import fma_requester_images, under_fma
+from e2e.swaps import Swaps, create_models, is_sleeping, open_listing, process_start
+
+RS = "mixed"
+NODE = "gpu-node-1"
+PORTS = {"model-a": 8005, "model-b": 8006}
+
+
+async def test_fmas_controllers_with_our_launcher_and_our_requester(
+    cluster: LoopbackCluster, api: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    images = Images(
+        launcher=PROCESSES.launcher, requester=PROCESSES.requester, requester_env=(("REQUESTER_SPI_AUTH", "none"),)
+    )
+    async with under_fma(cluster, api, namespace, tmp_path, images) as (env, fma):
+        await cold_warm_hot(env, fma.log_tail, open_listing)
+
+
+async def test_fmas_controllers_with_our_launcher_and_fmas_requester(
+    cluster: LoopbackCluster, api: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    async with under_fma(cluster, api, namespace, tmp_path, fma_requester_images()) as (env, fma):
+        await cold_warm_hot(env, fma.log_tail, open_listing)
+
+
+async def test_our_controllers_with_our_launcher_and_fmas_requester(
+    cluster: LoopbackCluster, api: client.ApiClient, namespace: str, tmp_path: Path
+) -> None:
+    async with installed(cluster, api, namespace, tmp_path, images=fma_requester_images()) as env:
+        await cold_warm_hot(env, lambda: "", env.instances)  # with the launcher token our chart makes
+
+
+Listing = Callable[[Obj], Awaitable[dict[str, Any]]]
+
+
+async def cold_warm_hot(env: DualPodsEnv, controller_log: Callable[[], str], listing: Listing) -> None:
+    """Model A cold, B warm on the same launcher, A hot: its sleeping server woken, not made again."""
+    await create_models(env, PORTS, NODE, max_instances=2)
+    gpu = sorted(next(n for n in await env.cluster.kubelet.nodes() if n.name == NODE).gpus)[0]
+    await env.create_requesters(RS, "model-a", replicas=0, node=NODE, gpu=gpu)
+    swaps = Swaps(env, RS, PORTS, controller_log)
+
+    launcher = await swaps.serve("model-a")  # cold
+    [first] = (await listing(launcher))["instances"]
+    started = await process_start(launcher, PORTS["model-a"])
+    await swaps.release(launcher, "model-a")
+
+    assert pods.name(await swaps.serve("model-b")) == pods.name(launcher)  # warm
+    await swaps.release(launcher, "model-b")
+
+    assert pods.name(await swaps.serve("model-a")) == pods.name(launcher)  # hot
+    ids = {i["instance_id"] for i in (await listing(launcher))["instances"]}
+    assert first["instance_id"] in ids, ids
+    assert len(ids) == 2, ids
+    assert await process_start(launcher, PORTS["model-a"]) == started, "model A's server was made again, not woken"
+    assert await is_sleeping(launcher, PORTS["model-b"])
+
+
+pytestmark = pytest.mark.timeout(1800)
