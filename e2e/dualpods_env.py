@@ -153,8 +153,11 @@ class DualPodsEnv:
         restricted: bool = True,
         claim_template: str | None = None,
         sleeper_budget: Obj | None = None,
+        command: list[str] | None = None,
     ) -> None:
-        """`image`: another than the launcher's (a broken or foreign one, for fault tests); `env`: the
+        """`command`: the container's command, with `launcher_args` its whole args (FMA's launcher image has no
+        entrypoint; POD_IP is in its env for `--host $(POD_IP)`); `image`: another than the launcher's (a broken
+        or foreign one, for fault tests); `env`: the
         launcher container's environment (e.g. LAUNCHER_FMA_ONLY=true); `verify_wakes`: its
         `spec.verifyWakes` (None: left out, the default); `restricted` False: no securityContext (a template as
         FMA's e2e writes it); `claim_template`: the launcher sees the GPUs of a claim made from this
@@ -165,9 +168,13 @@ class DualPodsEnv:
             "args": ["--mock-gpus", "--stop-grace-seconds", "3", *launcher_args],
             "ports": [{"containerPort": LAUNCHER_PORT}],
         }
+        downward = dict(DOWNWARD_ENV)
+        if command is not None:
+            container |= {"command": command, "args": launcher_args}
+            downward["POD_IP"] = "status.podIP"
         # Where the launcher finds its GPUs in the gpu-map (--mock-gpus), written into the template as FMA's e2e
         # does: FMA's controllers add nothing (ours add them when they are missing).
-        container["env"] = [{"name": n, "valueFrom": {"fieldRef": {"fieldPath": f}}} for n, f in DOWNWARD_ENV.items()]
+        container["env"] = [{"name": n, "valueFrom": {"fieldRef": {"fieldPath": f}}} for n, f in downward.items()]
         container["env"] += [{"name": k, "value": v} for k, v in (env or {}).items()]
         pod_spec: Obj = {"terminationGracePeriodSeconds": 5, "containers": [container]}
         if restricted:

@@ -25,10 +25,10 @@ from e2e.chart import helm
 from e2e.cluster import processes
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.cluster.kubeconfig import service_account_token, token_kubeconfig
-from e2e.cluster.ports import free_port
 from e2e.crds import kubectl
 from e2e.dualpods_env import PROCESSES, DualPodsEnv, Images
 from e2e.fma_release import FMA_VERSION, binary, chart
+from e2e.requester_process import distinct_free_ports
 
 DUAL_PODS = "dual-pods-controller"
 POPULATOR = "launcher-populator"
@@ -84,7 +84,7 @@ class FmaControllers:
         [container] = deployment["spec"]["template"]["spec"]["containers"]
         command: list[str] = container["command"]
         component = Path(command[0]).name
-        metrics, debug = free_port(host="0.0.0.0"), free_port(host="0.0.0.0")
+        metrics, debug = distinct_free_ports(2, host="0.0.0.0")
         self.ports[component] = metrics
         argv = [str(binary(component)), *command[1:], f"--kubeconfig={kubeconfig}"]
         argv += [f"--metrics-port={metrics}", f"--debug-port={debug}"]
@@ -119,7 +119,7 @@ class FmaControllers:
 def fma_requester_images() -> Images:
     """FMA's requester binary (checked against the release), on ports no other process of this host listens on."""
     binary("requester")
-    probes, spi = free_port(host="0.0.0.0"), free_port(host="0.0.0.0")
+    probes, spi = distinct_free_ports(2, host="0.0.0.0")
     return Images(
         launcher=PROCESSES.launcher, requester=FMA_REQUESTER, requester_probes_port=probes, requester_spi_port=spi
     )

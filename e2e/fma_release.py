@@ -63,3 +63,12 @@ def chart() -> Path:
     if not (path / "Chart.yaml").is_file():
         raise FmaReleaseError(f"FMA's chart is missing at {path}")
     return path
+
+
+def launcher_dir() -> Path:
+    """FMA's launcher: `launcher.py`, `gputranslator.py` and the notifier, as its image has them in /app."""
+    path = release_dir() / "launcher"
+    for name in ("launcher.py", "gputranslator.py", "launcher_pod_notifier.py"):
+        if not (path / name).is_file():
+            raise FmaReleaseError(f"FMA's launcher is incomplete: {path / name} is missing")
+    return path

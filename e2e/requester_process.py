@@ -25,11 +25,11 @@ REQUESTER_VARIABLES = frozenset(
 START_TIMEOUT_S = 20.0
 
 
-def distinct_free_ports(count: int, taken: frozenset[int] = frozenset()) -> list[int]:
-    """Free ports, none twice and none `taken` (the kernel may hand a just-released port out again)."""
+def distinct_free_ports(count: int, taken: frozenset[int] = frozenset(), host: str = "127.0.0.1") -> list[int]:
+    """Free ports on `host`, none twice and none `taken` (the kernel may hand a just-released port out again)."""
     ports: set[int] = set()
     while len(ports) < count:
-        ports.add(free_port())
+        ports.add(free_port(host=host))
         ports -= taken
     return sorted(ports)
 

@@ -18,6 +18,7 @@ import aiohttp
 from api import keys
 from e2e.actuation import release
 from e2e.dualpods_env import DualPodsEnv, Obj
+from e2e.fma_release import FMA_VERSION
 from e2e.tiny_model import ensure_tiny_model
 from e2e.waiting import wait_for
 
@@ -26,19 +27,39 @@ from e2e.waiting import wait_for
 # controller polls on a 5 s period); `make test`'s three workers beside the image build have made them 3-4x slower,
 # and a launcher killed by FMA's liveness probe during its preload starts again (docs/fma-compatibility.md).
 READY_S = 600
+FMA_LAUNCHER = f"ghcr.io/llm-d-incubation/llm-d-fast-model-actuation/launcher:{FMA_VERSION}"
 ASLEEP_S = 60  # FMA's controller puts an instance to sleep within one 5 s poll of the unbinding
 
 
-async def create_models(env: DualPodsEnv, ports: dict[str, int], node: str, max_instances: int) -> None:
-    """LauncherConfig `lc` (our launcher, its template as FMA's e2e writes it), one launcher kept on `node`, and an
-    ISC per entry of `ports` serving a tiny vLLM model of its own on that port."""
-    await env.create_launcher_config("lc", max_instances=max_instances, launcher_args=[], restricted=False)
+# What FMA's launcher needs in an ISC to serve vLLM on a CPU (ours adds the like itself, docs/fma-compatibility.md):
+# CPU flags; the dev-mode routes for sleep and wake; the engine in the server's process on loopback only.
+FMA_LAUNCHER_OPTIONS = "--dtype float32 --enforce-eager --kv-cache-memory-bytes 67108864"
+FMA_LAUNCHER_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_HOST_IP": "127.0.0.1"}
+
+
+async def create_models(
+    env: DualPodsEnv, ports: dict[str, int], node: str, max_instances: int, fma_launcher: bool = False
+) -> None:
+    """LauncherConfig `lc` (our launcher, its template as FMA's e2e writes it; `fma_launcher`: FMA's own, with FMA's
+    command), one launcher kept on `node`, and an ISC per entry of `ports` serving a tiny vLLM model of its own on
+    that port. FMA's launcher passes no `--host` to vLLM, so its instances bind all addresses: give it free ports."""
+    if fma_launcher:
+        await env.create_launcher_config(
+            "lc", max_instances=max_instances, image=FMA_LAUNCHER, restricted=False, command=["python3", "launcher.py"],
+            launcher_args=["--mock-gpus", "--host", "$(POD_IP)", "--port", str(keys.LAUNCHER_PORT)],
+        )  # fmt: skip
+    else:
+        await env.create_launcher_config("lc", max_instances=max_instances, launcher_args=[], restricted=False)
     await env.create_population_policy(
         "keep", "lc", count=1, selector={"labelSelector": {"matchLabels": {"kubernetes.io/hostname": node}}}
     )
     for seed, (isc, port) in enumerate(ports.items(), start=1):
         options = f"--model {ensure_tiny_model(seed)} --served-model-name {isc} --max-model-len 256"
-        await env.create_isc(isc, "lc", port=port, options=options)
+        if fma_launcher:
+            await env.create_isc(isc, "lc", port=port, options=f"{options} {FMA_LAUNCHER_OPTIONS}",
+                                 env_vars=FMA_LAUNCHER_ENV)  # fmt: skip
+        else:
+            await env.create_isc(isc, "lc", port=port, options=options)
 
 
 @dataclass

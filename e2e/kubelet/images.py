@@ -1,17 +1,17 @@
 """The image map: which local command line stands in for a container image (no image can be pulled here).
 
-A YAML file maps an image to Docker's two halves of a command line, `entrypoint` and `cmd`; a Pod's
-`command` replaces the entrypoint and its `args` replace the cmd, as Docker does. Keys are image
-repositories without tag (`python`, `dualpods/test-http`); a key with a tag (`python:3.12`) wins
-over the bare repository for that tag only. `docker.io/`, `library/` and `localhost/` (podman's name for
-locally built images) prefixes are ignored. Strings may hold `{python}` (the kubelet's interpreter),
-`{venv_bin}` (its directory), `{repo}` (the repository root) and `{fma}` (FMA's release beside it,
-e2e/fma_release.py); `env` values may also hold `{pod_ip}`, the Pod's address: every Pod shares the host's
-loopback network, so a program that binds all addresses by default is told its Pod's address this way,
-as an image's own default (the Pod's env still wins). An entry's `files` stand for the image's own files:
-host directories (placeholders allowed) bind-mounted read-only at container paths, under the Pod's volumes;
-`workingDir` is the image's working directory (Docker's WORKDIR), where its process starts unless the Pod
-names another. An image with no entry runs as a pause container: no process, always Running.
+A YAML file maps an image to Docker's two halves of a command line, `entrypoint` and `cmd`; a Pod's `command`
+replaces the entrypoint and its `args` replace the cmd, as Docker does. Keys are image repositories without tag
+(`python`, `dualpods/test-http`); a key with a tag (`python:3.12`) wins over the bare repository for that tag only.
+`docker.io/`, `library/` and `localhost/` (podman's name for locally built images) prefixes are ignored. Strings
+may hold `{python}` (the kubelet's interpreter), `{venv_bin}` (its directory), `{repo}` (the repository root),
+`{fma}` (FMA's release beside it, e2e/fma_release.py) and `{fma_launcher_bin}` (the environment of FMA's launcher,
+e2e/fma_launcher_env.py); `env` values may also hold `{pod_ip}`, the Pod's address: every Pod shares the host's
+loopback network, so a program that binds all addresses by default is told its Pod's address this way, as an
+image's own default (the Pod's env still wins). An entry's `files` stand for the image's own files: host
+directories (placeholders allowed) bind-mounted read-only at container paths, under the Pod's volumes; `workingDir`
+is the image's working directory (Docker's WORKDIR), where its process starts unless the Pod names another. An
+image with no entry runs as a pause container: no process, always Running.
 """
 
 import os
@@ -21,6 +21,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from e2e.fma_launcher_env import venv_bin
 from e2e.fma_release import release_dir
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +59,7 @@ def placeholders() -> dict[str, str]:
     # `{pod_ip}` is filled per Pod (in env values only), so it survives the load-time fill unchanged.
     return {
         "python": str(python), "venv_bin": str(python.parent), "repo": str(REPO_ROOT), "fma": str(release_dir()),
-        "pod_ip": POD_IP_PLACEHOLDER,
+        "fma_launcher_bin": str(venv_bin()), "pod_ip": POD_IP_PLACEHOLDER,
     }  # fmt: skip
 
 
