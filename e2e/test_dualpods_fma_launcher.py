@@ -1,12 +1,12 @@
 """Our controllers drive our launcher in its FMA-only mode (issue 13.1), on the loopback cluster.
 
-The FMA-only mode is turned on the way an FMA user would pass it, through the LauncherConfig's container environment (LAUNCHER_FMA_ONLY=true): its index lists no sleep or
-wake route, its instance states carry neither readiness nor sleep, and its events are CREATED, STOPPED and
-DELETED only. A requester is served; a swap to another model and back puts each instance to sleep and wakes
-it through vLLM's own endpoints on the instance's port (seen there: `/is_sleeping`), the same instance each
-time, not made again; and a chat through the requester's proxy answers. With stand-in model servers (which answer
-vLLM's dev-mode routes as vLLM does): FMA's own launcher, with vLLM, is driven by our controllers in
-e2e/test_fma_mixed.py.
+The FMA-only mode is turned on the way an FMA user would pass it, through the LauncherConfig's container
+environment (LAUNCHER_FMA_ONLY=true): its index lists no sleep or wake route, its instance states carry neither
+readiness nor sleep, and its events are CREATED, STOPPED and DELETED only. A requester is served; a swap to another
+model and back puts each instance to sleep and wakes it through vLLM's own endpoints on the instance's port (seen
+there: `/is_sleeping`), the same instance each time, not made again; and a chat through the requester's proxy
+answers. With stand-in model servers (which answer vLLM's dev-mode routes as vLLM does): FMA's own launcher, with
+vLLM, is driven by our controllers in e2e/test_fma_mixed.py.
 """
 
 from typing import Any
