@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import psutil
 import yaml
 from kubernetes_asyncio import client
 
@@ -42,7 +43,15 @@ NODE_VIEWER_ROLE = {
     "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}],
 }
 FMA_REQUESTER = f"ghcr.io/llm-d-incubation/llm-d-fast-model-actuation/requester:{FMA_VERSION}"
-STOP_GRACE_S = 10.0  # the populator sleeps 5 s after SIGTERM before it exits
+STOP_GRACE_S = 10.0
+# What FMA's e2e grants its launchers' ServiceAccount (run-launcher-based.sh) for the notifier FMA's controllers add.
+NOTIFIER_RBAC: list[dict[str, Any]] = [
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "launcher-notifier"},
+     "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]},
+    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "launcher-notifier"},
+     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "launcher-notifier"},
+     "subjects": [{"kind": "ServiceAccount", "name": "default"}]},
+]  # fmt: skip  # the populator sleeps 5 s after SIGTERM before it exits
 
 
 @dataclass
@@ -102,9 +111,17 @@ class FmaControllers:
         """Start a stopped controller again, as it ran (a Deployment scaled from 0 to 1)."""
         processes.start_again(self._records, component)
 
-    def kill(self, component: str) -> None:
+    async def kill(self, component: str) -> None:
         """Stop one controller as its Deployment scaled to 0 would (SIGTERM, then SIGKILL after the grace)."""
-        processes.stop([processes.by_name(self._records, component)], STOP_GRACE_S)
+        await asyncio.to_thread(processes.stop, [processes.by_name(self._records, component)], STOP_GRACE_S)
+
+    def processes(self) -> dict[str, psutil.Process]:
+        """The running controllers by component (for their CPU time and memory)."""
+        found = {}
+        for record in processes.records(self._records):
+            if processes.is_running(record):
+                found[record.name] = psutil.Process(record.pid)
+        return found
 
     async def metrics(self, component: str = DUAL_PODS) -> str:
         url = f"http://127.0.0.1:{self.ports[component]}/metrics"
@@ -129,12 +146,15 @@ def fma_requester_images() -> Images:
 async def under_fma(
     cluster: LoopbackCluster, api: client.ApiClient, namespace: str, work_dir: Path, images: Images
 ) -> AsyncIterator[tuple[DualPodsEnv, FmaControllers]]:
-    """The namespace set up as FMA's e2e does it (CRDs, gpu-map, launchers' RBAC) with FMA's controllers running;
+    """The namespace set up as FMA's e2e does it (CRDs, gpu-map, the launchers' RBAC: the gpu-map's read, and their
+    notifier sidecar's get and patch of its Pod, without which FMA's controller never hears of a stopped instance)
+    with FMA's controllers running;
     the requesters are deleted while they still run, so FMA's controller takes its finalizers off."""
     env = DualPodsEnv(cluster, api, namespace, work_dir, images)
     fma = FmaControllers(cluster, api, namespace, work_dir)
     try:
         await env.setup()
+        await kubectl(cluster, "apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump_all(NOTIFIER_RBAC))
         await fma.start()
         yield env, fma
     finally:

@@ -5,9 +5,9 @@ e2e one (`test/e2e/mkobjs.sh`): the `inference-server` container runs FMA's comm
 --mock-gpus --port 8001 --log-level info` in the image's /app, with FMA's required environment and probes
 (liveness `/health`, readiness `GET /v2/vllm/instances`), and the injected sidecar `state-change-reflector`
 runs `python3 /app/launcher_pod_notifier.py` from the same image, as a ServiceAccount that may get and patch
-Pods. Two things differ, both forced by the loopback cluster, where every Pod shares the host's network:
-FMA's `--host 0.0.0.0` is left out (the image binds the Pod's own address), and the notifier's
-LAUNCHER_BASE_URL is that address instead of 127.0.0.1. The launcher forks the stand-in runtime
+Pods. One thing differs, forced by the loopback cluster, where every Pod shares the host's network:
+FMA's `--host 0.0.0.0` is left out (the image binds the Pod's own address; the notifier's
+`LAUNCHER_BASE_URL=http://127.0.0.1:8001` reaches it there, e2e/kubelet/env.py). The launcher forks the stand-in runtime
 (LAUNCHER_STAND_IN, an environment variable, so FMA's command line stays as it is).
 """
 
@@ -72,8 +72,7 @@ def fma_launcher_pod(name: str) -> dict[str, Any]:
         "imagePullPolicy": "Never",
         "command": ["python3", "/app/launcher_pod_notifier.py"],
         "env": [
-            field_env("POD_IP", "status.podIP"),  # FMA: LAUNCHER_BASE_URL=http://127.0.0.1:8001
-            {"name": "LAUNCHER_BASE_URL", "value": f"http://$(POD_IP):{LAUNCHER_PORT}"},
+            {"name": "LAUNCHER_BASE_URL", "value": f"http://127.0.0.1:{LAUNCHER_PORT}"},
             field_env("POD_NAME", "metadata.name"),
             field_env("NAMESPACE", "metadata.namespace"),
         ],

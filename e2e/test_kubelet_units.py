@@ -108,6 +108,27 @@ async def test_env_resolution_order_and_references() -> None:
         await resolve_env(missing, PodFields(_pod(), "127.40.0.2", "127.40.0.1"), {}, fetch)
 
 
+@pytest.mark.parametrize(
+    ("value", "resolved"),
+    [
+        ("http://127.0.0.1:8001", "http://127.40.0.2:8001"),  # FMA's notifier calls its launcher so
+        ("http://localhost/health", "http://127.40.0.2/health"),
+        ("127.0.0.1", "127.0.0.1"),  # not a URL: left as written
+        ("http://127.0.0.10:80", "http://127.0.0.10:80"),  # another address
+        ("https://localhost.example.com", "https://localhost.example.com"),
+    ],
+)
+async def test_a_url_to_the_pods_own_loopback_reaches_the_pod(value: str, resolved: str) -> None:
+    """Each Pod here has an address of its own on the host's network: its loopback is that address."""
+
+    async def fetch(kind: str, namespace: str, name: str) -> dict[str, str] | None:
+        return None
+
+    container = client.V1Container(name="c", env=[client.V1EnvVar(name="URL", value=value)])
+    env = await resolve_env(container, PodFields(_pod(), "127.40.0.2", "127.40.0.1"), {}, fetch)
+    assert env["URL"] == resolved
+
+
 def test_image_map_follows_docker_command_rules(tmp_path: Path) -> None:
     images = ImageMap([DEFAULT_IMAGE_MAP])
     http = images.lookup("docker.io/dualpods/test-http:v9@sha256:abc")

@@ -64,6 +64,19 @@ def signature(listing: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()
 
 
+def failure(err: Exception) -> str:
+    """What went wrong, in a line: an API refusal's status, reason and message (the client's repr of one is only
+    `ApiException()`, which hid a missing RBAC grant), otherwise the error's repr."""
+    status = getattr(err, "status", None)
+    if status is None:
+        return repr(err)
+    try:
+        message = json.loads(getattr(err, "body", None) or "{}").get("message", "")
+    except (ValueError, AttributeError):
+        message = ""
+    return f"the API server answered {status} {getattr(err, 'reason', '') or ''}: {message}".rstrip(": ")
+
+
 def _required(name: str) -> str:
     value = os.environ.get(name)
     if not value:
@@ -134,7 +147,7 @@ class Notifier:
                 await self.sync()
                 await asyncio.sleep(POLL_S)
             except Exception as err:  # the API server or the launcher failed; FMA's notifier carries on too
-                log.warning("Notifier failure: %r", err)
+                log.warning("Notifier failure: %s", failure(err))
                 await asyncio.sleep(ERROR_BACKOFF_S)
 
 

@@ -6,6 +6,7 @@ The launcher and notifier under a real API server are in e2e/test_fma_launcher_p
 
 import contextlib
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -14,11 +15,12 @@ from pathlib import Path
 
 import pytest
 import requests
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from e2e.cluster.ports import free_port
 from e2e.launcher_process import offline_environment, wait_healthy
 from launcher import fma_compat
-from launcher.pod_notifier import signature
+from launcher.pod_notifier import failure, signature
 
 FMA_INDEX_NAME = "Multi-Instance vLLM Management API"
 
@@ -127,3 +129,12 @@ def test_launcher_py_never_shadows_the_package(app_dir: Path, argv: list[str], e
                             timeout=60)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert expected in result.stdout, result.stdout
+
+
+def test_a_notifier_failure_says_what_the_api_server_refused() -> None:
+    """A launcher Pod's ServiceAccount without the right to patch its Pod: the warning names the refusal."""
+    body = json.dumps({"kind": "Status", "message": 'pods "launcher-x" is forbidden: cannot patch', "code": 403})
+    refused = ApiException(status=403, reason="Forbidden")
+    refused.body = body.encode()  # as the client keeps it
+    assert failure(refused) == 'the API server answered 403 Forbidden: pods "launcher-x" is forbidden: cannot patch'
+    assert failure(ConnectionRefusedError(111, "refused")) == "ConnectionRefusedError(111, 'refused')"

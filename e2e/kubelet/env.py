@@ -1,4 +1,10 @@
-"""A container's environment, resolved as the kubelet does: envFrom, env with `valueFrom`, `$(VAR)` expansion."""
+"""A container's environment, resolved as the kubelet does: envFrom, env with `valueFrom`, `$(VAR)` expansion.
+
+One fake, for what cannot be real here: a Pod's own loopback. Every Pod of the loopback cluster shares the host's
+network with an address of its own, so a URL in a container's env that names `127.0.0.1` or `localhost` (a sidecar
+calling its Pod's main container, as FMA's launcher notifier does with `http://127.0.0.1:8001`) is given the Pod's
+address instead, where the Pod's own network namespace would have routed it.
+"""
 
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -11,6 +17,7 @@ Fetch = Callable[[str, str, str], Awaitable[dict[str, str] | None]]
 
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 _SUBSCRIPT = re.compile(r"^metadata\.(labels|annotations)\['(.+)'\]$")
+_LOOPBACK_URL_HOST = re.compile(r"(?<=://)(?:127\.0\.0\.1|localhost)(?=[:/]|$)")
 
 
 class ContainerConfigError(ValueError):
@@ -99,7 +106,7 @@ async def resolve_env(
     for var in container.env or []:
         value: str | None
         if var.value_from is None:
-            value = expand(var.value or "", env)
+            value = _LOOPBACK_URL_HOST.sub(fields.pod_ip, expand(var.value or "", env))
         elif var.value_from.field_ref is not None:
             value = fields.field(var.value_from.field_ref.field_path)
         elif var.value_from.config_map_key_ref is not None:
