@@ -225,6 +225,45 @@ async def test_gpus_are_never_shared(api: client.ApiClient, namespace: str, clus
     assert sorted((await pod_env(second))["NVIDIA_VISIBLE_DEVICES"].split(",")) == sorted(gpu_map["gpu-node-1"])
 
 
+# PID 1 and a child of it (the same program, with an argument), each saying when SIGTERM reaches it.
+SIGTERM_REPORTER = """
+import signal, subprocess, sys, time
+who = "child" if sys.argv[1:] == ["child"] else "pid 1"
+def report(*_):
+    print(f"{who} got SIGTERM", flush=True)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, report)
+if who == "pid 1":
+    subprocess.Popen([sys.executable, "-c", PROGRAM, "child"])
+else:
+    print("child up", flush=True)
+time.sleep(3600)
+"""
+
+
+async def test_sigterm_reaches_the_containers_pid_1_alone(
+    api: client.ApiClient, namespace: str, cluster: LoopbackCluster
+) -> None:
+    """As a container runtime sends it: PID 1 hears of it and decides for what it started (here it exits, and the
+    kernel kills the rest of its PID namespace), so a child never gets SIGTERM from the kubelet."""
+    core = client.CoreV1Api(api)
+    code = f"PROGRAM = {SIGTERM_REPORTER!r}\nexec(PROGRAM)"
+    held = {"finalizers": ["dualpods.test/hold"]}  # its status stays readable once it stopped
+    await core.create_namespaced_pod(namespace, pod_manifest("pid1", python_container(code), metadata=held))
+    pod = await wait_pod(core, namespace, "pid1", "to run", is_running_and_ready)
+    await wait_for(lambda: "child up" in cluster.container_log(pod, "main"), what="the child up", within=60)
+    await core.delete_namespaced_pod("pid1", namespace)
+
+    def terminated(pod: client.V1Pod) -> bool:
+        return pod.status.container_statuses[0].state.terminated is not None
+
+    pod = await wait_pod(core, namespace, "pid1", "to report its container terminated", terminated)
+    log = cluster.container_log(pod, "main")
+    await core.patch_namespaced_pod("pid1", namespace, {"metadata": {"finalizers": None}})
+    assert "pid 1 got SIGTERM" in log, log
+    assert "child got SIGTERM" not in log, log
+
+
 @pytest.mark.parametrize(("ignore_sigterm", "exit_code"), [(False, 0), (True, 137)])
 async def test_deleted_pod_stops_within_grace_and_waits_for_its_finalizer(
     api: client.ApiClient, namespace: str, cluster: LoopbackCluster, ignore_sigterm: bool, exit_code: int

@@ -142,9 +142,14 @@ class ContainerProcess:
             os.killpg(self.pid, sig)
 
     async def stop(self, grace_seconds: float) -> int:
-        """SIGTERM, then SIGKILL after the grace period (the whole namespace dies with its first process)."""
+        """SIGTERM to the container's PID 1 alone, as a container runtime sends it (what PID 1 started hears of it
+        from PID 1, and a PID 1 that ignores it, as FMA's notifier sidecar does, lives out the grace period), then
+        SIGKILL after the grace period (the whole namespace dies with its first process)."""
         if self._process.returncode is None:
-            self._signal(signal.SIGTERM)
+            init = self._namespace_init()
+            if init is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(init, signal.SIGTERM)
             try:
                 async with asyncio.timeout(max(grace_seconds, 0.0)):
                     return await self.wait()
