@@ -3,9 +3,11 @@
 A user runs FMA's released controllers (e2e/fma_controllers.py) with our launcher and serves two models on one GPU,
 so FMA's controllers leave a launcher with two sleeping vLLM servers. The user stops FMA's controllers and installs
 our chart: ours take the launcher over (not replaced) and wake both sleepers hot (the same server processes), and
-serve a third model on the other GPU (a new instance of our making). Then back: our chart uninstalled, FMA's
-controllers started again, and they take over what ours left: all three sleepers woken hot by FMA's controller.
-No sleeper is lost either way: every server process lives from its first start to the end.
+serve a third model on the other GPU (a new instance of our making); our populator makes a launcher on a second
+Node. Then back: our chart uninstalled, FMA's controllers started again, and they take over what ours left: all
+three sleepers woken hot by FMA's controller, and the launcher ours made bound by FMA's controller (found by FMA's
+launcher-config hash, kept by FMA's populator by its template hash) instead of one of FMA's making. No sleeper is
+lost either way: every server process lives from its first start to the end.
 """
 
 from pathlib import Path
@@ -20,7 +22,7 @@ from e2e.fma_controllers import under_fma
 from e2e.swaps import Swaps, create_models, open_listing, process_start
 
 RS = "migrating"
-NODE = "gpu-node-1"
+NODE, OTHER_NODE = "gpu-node-1", "gpu-node-2"
 PORTS = {"model-a": 8005, "model-b": 8006, "model-c": 8007}
 # Our requester under both: its SPI open, as FMA's controller sends no token (docs/fma-compatibility.md).
 IMAGES = Images(
@@ -54,7 +56,9 @@ async def test_fmas_sleepers_move_to_our_controllers_and_back_without_one_lost(
 
         # FMA's controllers stopped, ours installed: both sleepers woken, and C made on the other GPU.
         await fma.stop()
-        await env.controllers.install(NO_ADMISSION_POLICIES)
+        # Launchers made without the chart's launcher token, so that FMA's controllers (which send none) can drive
+        # them after the move back (docs/operations.md).
+        await env.controllers.install(NO_ADMISSION_POLICIES, "launcherToken.enabled=false")
         under_ours = Swaps(env, RS, PORTS, lambda: "")
         for isc in ("model-a", "model-b"):
             await woken(under_ours, isc, launcher)
@@ -63,6 +67,10 @@ async def test_fmas_sleepers_move_to_our_controllers_and_back_without_one_lost(
         servers["model-c"] = await process_start(launcher, PORTS["model-c"])
         await under_ours.release(launcher, "model-c")
         assert [pods.name(p) for p in await env.launchers()] == [pods.name(launcher)], "our populator kept FMA's"
+        there = {"labelSelector": {"matchLabels": {"kubernetes.io/hostname": OTHER_NODE}}}
+        await env.create_population_policy("keep-other", "lc", count=1, selector=there)
+        await env.wait_launchers_ready(2)
+        [ours_made] = [p for p in await env.launchers() if pods.name(p) != pods.name(launcher)]
 
         # Ours uninstalled, FMA's started again: every sleeper, FMA's and ours, woken hot by FMA's controller.
         await env.controllers.uninstall()
@@ -72,6 +80,11 @@ async def test_fmas_sleepers_move_to_our_controllers_and_back_without_one_lost(
             await woken(under_fmas, isc, launcher)
         listing = await open_listing(launcher)
         assert len(listing["instances"]) == 3, listing
+        # On the other Node, FMA's controllers use the launcher ours made.
+        other_gpu = sorted(next(n for n in await env.cluster.kubelet.nodes() if n.name == OTHER_NODE).gpus)[0]
+        await env.pin_requesters(RS, OTHER_NODE, other_gpu)
+        assert pods.name(await under_fmas.serve("model-a")) == pods.name(ours_made), "FMA's made another launcher"
+        assert len([p for p in await env.launchers() if not pods.is_deleting(p)]) == 2
 
 
 pytestmark = pytest.mark.timeout(1800)

@@ -123,6 +123,8 @@ async def test_nodes_are_ready_loopback_gpu_nodes(api: client.ApiClient, cluster
         lease = await leases.read_namespaced_lease(name, "kube-node-lease")
         age = time.time() - lease.spec.renew_time.timestamp()
         assert lease.spec.holder_identity == name
+        # A correctness bound: renewed every few seconds, a lease older than 30 s is near its 40 s expiry, when the
+        # Node would turn NotReady.
         assert age < 30, f"lease of {name} renewed {age:.0f} s ago"
 
     published = await core.read_namespaced_config_map(GPU_MAP_CONFIGMAP, "default")
