@@ -35,11 +35,11 @@ class GpuInventory:
         """Start reading the source now, in the background (at the launcher's start, as FMA's launcher reads
         its GPUs when it starts): the first instance does not wait for NVML's init or for the API server."""
         if self._reading is None:
-            self._reading = asyncio.ensure_future(self._read())
+            self._reading = asyncio.create_task(self._read())
 
     async def mapping(self, refresh: bool = False) -> GpuMap:
         if self._reading is None or (refresh and self._reading.done()):
-            self._reading = asyncio.ensure_future(self._read())
+            self._reading = asyncio.create_task(self._read())
         return await asyncio.shield(self._reading)  # a caller that gives up does not end the others' read
 
     async def _read(self) -> GpuMap:

@@ -198,7 +198,7 @@ class HttpProbe:
         its own that the deadline cancels; a cancellation of the caller reaches it too. (Not wait_for: Python
         3.11's wait_for loses a cancellation that arrives as the attempt ends, and a probe loop cancelled at its
         container's exit then ran on forever, holding up that Pod's deletion.)"""
-        attempt = asyncio.ensure_future(self._connect(scheme, host, port))
+        attempt = asyncio.create_task(self._connect(scheme, host, port))
         timer = _Deadline(deadline, attempt.cancel)
         try:
             return await attempt
