@@ -16,6 +16,10 @@ from e2e.dualpods_env import DualPodsEnv, Obj
 from e2e.waiting import wait_for
 
 LOGGED_WITHIN_S = 30.0  # a line reaches the log file within milliseconds on a quiet machine
+VLLM_READY_S = 300  # a new launcher preloads vLLM, then forks it: generous for a loaded 2-core machine
+# A bound on "woken, not loaded", not a goal: a quiet hot start with vLLM takes 0.4-0.6 s, a quiet cold one about
+# 1 s (a new instance in a preloaded launcher), so a start above this cannot have been a wake.
+HOT_WITHIN_S = 10.0
 
 
 @dataclass
@@ -79,3 +83,17 @@ async def release(env: DualPodsEnv, replica_set: str) -> None:
     await env.scale(replica_set, 0)
     await env.wait_gone(replica_set, within=120)
     await env.wait_launchers_unbound(within=120, interval=0.05)
+
+
+async def release_one(env: DualPodsEnv, replica_set: str) -> None:
+    """Scale `replica_set` (one requester) to 0 and wait until its launcher is unbound (its instance asleep); other
+    launchers may stay bound."""
+    (requester,) = await env.requesters(replica_set)
+    launcher = pods.name(await env.launcher_of(requester))
+    await env.scale(replica_set, 0)
+    await env.wait_gone(replica_set, within=120)
+
+    async def unbound() -> bool:
+        return pods.binding(await env.pod(launcher)) is None
+
+    await wait_for(unbound, what=f"launcher {launcher} unbound", within=120, interval=0.1)

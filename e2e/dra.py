@@ -24,6 +24,18 @@ async def added_node(cluster: LoopbackCluster, name: str, gpu_mode: GpuMode, gpu
         await cluster.kubelet.lose_node(name)
 
 
+@contextlib.asynccontextmanager
+async def added_nodes(
+    cluster: LoopbackCluster, prefix: str, gpu_mode: GpuMode, count: int = 2
+) -> AsyncIterator[list[NodeInfo]]:
+    """`count` Nodes (`<prefix>-1`, ...) added for one test; request it before `env`, so that the Nodes outlive the
+    controllers' teardown of the requesters."""
+    async with contextlib.AsyncExitStack() as stack:
+        yield [
+            await stack.enter_async_context(added_node(cluster, f"{prefix}-{i}", gpu_mode)) for i in range(1, count + 1)
+        ]
+
+
 ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 # A LauncherPopulationPolicy's selector of the Nodes NVIDIA's DRA driver publishes GPUs for.
 DRA_NODES = {"labelSelector": {}, "draDevices": {DRIVER: {"min": 1}}}

@@ -19,27 +19,23 @@ import pytest
 from api import keys
 from controller import pods
 from controller.dualpods.placement.choice import Result, decided
-from e2e.actuation import actuate
+from e2e.actuation import HOT_WITHIN_S, VLLM_READY_S, actuate, release_one
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.dra import DRA_NODES, added_node, allow_admin_access, create_claim_template
+from e2e.dra import DRA_NODES, added_nodes, allow_admin_access, create_claim_template
 from e2e.dualpods_env import DualPodsEnv
 from e2e.kubelet.control import NodeInfo
 from e2e.tiny_model import ensure_tiny_model
-from e2e.waiting import wait_for
 
 MODELS = {"model-a": (1, 8005), "model-b": (2, 8006), "model-c": (3, 8007)}
 PLACED = {keys.PLACEMENT_ANNOTATION: keys.PLACEMENT_PREFER_SLEEPER}
 SWAPS = 10
 SEED = 44
-READY_S = 300  # a new launcher preloads vLLM, then forks it: generous for a loaded 2-core machine
-HOT_WITHIN_S = 10.0  # a bound on "woken, not loaded", not a goal: a quiet hot start takes 0.4-0.6 s
 
 
-# Requested before `env`, so that the Nodes outlive the controllers' teardown of the requesters.
 @pytest.fixture
 async def dra_nodes(cluster: LoopbackCluster) -> AsyncIterator[list[NodeInfo]]:
-    async with added_node(cluster, "place-dra-1", "dra") as first, added_node(cluster, "place-dra-2", "dra") as second:
-        yield [first, second]
+    async with added_nodes(cluster, "place-dra", "dra") as nodes:
+        yield nodes
 
 
 async def sleepers_on_free_gpus(env: DualPodsEnv, model: str) -> set[tuple[str, str]]:
@@ -64,19 +60,6 @@ async def sleepers_on_free_gpus(env: DualPodsEnv, model: str) -> set[tuple[str, 
     }
 
 
-async def scale_down(env: DualPodsEnv, model: str) -> None:
-    """Scale `model` to 0 and wait until its launcher is unbound (its instance asleep)."""
-    (requester,) = await env.requesters(model)
-    launcher = pods.name(await env.launcher_of(requester))
-    await env.scale(model, 0)
-    await env.wait_gone(model, within=120)
-
-    async def unbound() -> bool:
-        return pods.binding(await env.pod(launcher)) is None
-
-    await wait_for(unbound, what=f"launcher {launcher} unbound", within=120, interval=0.1)
-
-
 async def test_every_swap_whose_model_sleeps_on_a_free_gpu_is_hot_without_pinning(
     dra_nodes: list[NodeInfo], env: DualPodsEnv
 ) -> None:
@@ -89,20 +72,20 @@ async def test_every_swap_whose_model_sleeps_on_a_free_gpu_is_hot_without_pinnin
         await env.create_isc(name, "lc", port=port, options=options, isc_annotations=PLACED)
         await env.create_requesters(name, name, replicas=0, claim_template="one-gpu")
     await env.create_population_policy("one-per-gpu", "lc", count=2, selector=DRA_NODES)
-    await env.wait_launchers_ready(4, within=READY_S)
+    await env.wait_launchers_ready(4, within=VLLM_READY_S)
 
     rng = random.Random(SEED)
     up = ["model-a", "model-b"]
     for model in up:
-        await actuate(env, model, within=READY_S)
+        await actuate(env, model, within=VLLM_READY_S)
     possible, hot_times = 0, []
     for _ in range(SWAPS):
         down = rng.choice(up)
         coming = rng.choice([m for m in MODELS if m not in up])
-        await scale_down(env, down)
+        await release_one(env, down)
         up = [m for m in up if m != down] + [coming]
         sleeping = await sleepers_on_free_gpus(env, coming)
-        actuation = await actuate(env, coming, within=READY_S)
+        actuation = await actuate(env, coming, within=VLLM_READY_S)
         (requester,) = await env.requesters(coming)
         launcher = await env.launcher_of(requester)
         served = (pods.name(launcher), pods.annotations(launcher)[keys.INSTANCE_ID_ANNOTATION])

@@ -6,7 +6,7 @@ rebuilt on the other Node, and the next first requester is hot again, there.
 
 Hot is judged by what happened (the copy woken, no instance made), not by the clock: on this shared 2-core machine a
 wake's time depends on the load. Each hot start's time (requester start -> told ready) is printed, and bounded only by
-HOT_WITHIN_S, below which a start cannot have loaded a model (e2e/test_placement_vllm.py)."""
+HOT_WITHIN_S, below which a start cannot have loaded a model (e2e/actuation.py)."""
 
 from collections.abc import AsyncIterator
 from typing import Any
@@ -15,14 +15,13 @@ import pytest
 
 from api import keys
 from controller import pods
-from e2e.actuation import actuate
+from e2e.actuation import HOT_WITHIN_S, VLLM_READY_S, actuate, release_one
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import run_kubectl
-from e2e.dra import DRA_NODES, added_node, allow_admin_access, create_claim_template
+from e2e.dra import DRA_NODES, added_nodes, allow_admin_access, create_claim_template
 from e2e.dualpods_env import DualPodsEnv
 from e2e.kubelet.control import NodeInfo
 from e2e.pools import pool_status
-from e2e.test_placement_vllm import HOT_WITHIN_S, READY_S, scale_down
 from e2e.tiny_model import ensure_tiny_model
 from e2e.waiting import wait_for
 
@@ -30,11 +29,10 @@ MODEL = "pooled"
 PLACED = {keys.PLACEMENT_ANNOTATION: keys.PLACEMENT_PREFER_SLEEPER}
 
 
-# Requested before `env`, so that the Nodes outlive the controllers' teardown of the requesters.
 @pytest.fixture
 async def dra_nodes(cluster: LoopbackCluster) -> AsyncIterator[list[NodeInfo]]:
-    async with added_node(cluster, "pool-dra-1", "dra") as first, added_node(cluster, "pool-dra-2", "dra") as second:
-        yield [first, second]
+    async with added_nodes(cluster, "pool-dra", "dra") as nodes:
+        yield nodes
 
 
 async def _copies(env: DualPodsEnv) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -57,12 +55,12 @@ async def _pool_filled_on(env: DualPodsEnv, nodes: set[str]) -> dict[str, tuple[
         copies = await _copies(env)
         return copies if copies and {node for node, _ in copies.values()} <= nodes else {}
 
-    return await wait_for(filled, what=f"the pool filled on {sorted(nodes)}", within=READY_S, interval=0.5)
+    return await wait_for(filled, what=f"the pool filled on {sorted(nodes)}", within=VLLM_READY_S, interval=0.5)
 
 
 async def _first_start_is_hot(env: DualPodsEnv, copies: dict[str, tuple[str, dict[str, Any]]]) -> str:
     """Scale the model to 1: it must be served by one of `copies`, woken; the Node it ran on."""
-    actuation = await actuate(env, MODEL, within=READY_S)
+    actuation = await actuate(env, MODEL, within=VLLM_READY_S)
     (requester,) = await env.requesters(MODEL)
     launcher = await env.launcher_of(requester)
     served = pods.annotations(launcher)[keys.INSTANCE_ID_ANNOTATION]
@@ -87,7 +85,7 @@ async def test_a_pools_first_requester_is_hot_and_after_a_drain_the_pool_is_rebu
     names = {node.name for node in dra_nodes}
 
     first = await _first_start_is_hot(env, await _pool_filled_on(env, names))
-    await scale_down(env, MODEL)
+    await release_one(env, MODEL)
     try:
         code, _, err = await run_kubectl(
             cluster, "drain", first, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=300s"
