@@ -32,16 +32,12 @@ from kubernetes_asyncio import client
 from e2e.actuation import Actuation, actuate, release
 from e2e.chart import DUAL_PODS, POPULATOR
 from e2e.cluster.cluster import LoopbackCluster, default_nodes
-from e2e.dualpods_env import PROCESSES, DualPodsEnv, Images, installed
+from e2e.dualpods_env import DualPodsEnv, installed
 from e2e.fixtures import fresh_namespace
-from e2e.fma_controllers import under_fma
+from e2e.fma_controllers import OPEN_SPI, under_fma
 from e2e.scale import api_requests, bench_main, progress_line, quantile
 
 RS = "bench"
-# Our requester for both: FMA's controller sends no token, so its SPI is open (docs/fma-compatibility.md).
-IMAGES = Images(
-    launcher=PROCESSES.launcher, requester=PROCESSES.requester, requester_env=(("REQUESTER_SPI_AUTH", "none"),)
-)
 PATHS = ("hot", "warm", "cold")
 Controllers = Callable[[], dict[str, psutil.Process]]  # the running controllers by component
 Setting = tuple[DualPodsEnv, Controllers]
@@ -102,7 +98,7 @@ async def measure(env: DualPodsEnv, args: argparse.Namespace, run: Run, controll
 @contextlib.asynccontextmanager
 async def ours(cluster: LoopbackCluster, api: client.ApiClient, work_dir: Path) -> AsyncIterator[Setting]:
     async with fresh_namespace(api, "bench-ours") as namespace, installed(
-        cluster, api, namespace, work_dir, images=IMAGES
+        cluster, api, namespace, work_dir, images=OPEN_SPI
     ) as env:  # fmt: skip
         yield env, lambda: {c: env.controllers.processes(c)[0] for c in (DUAL_PODS, POPULATOR)}
 
@@ -110,9 +106,9 @@ async def ours(cluster: LoopbackCluster, api: client.ApiClient, work_dir: Path) 
 @contextlib.asynccontextmanager
 async def fmas(cluster: LoopbackCluster, api: client.ApiClient, work_dir: Path) -> AsyncIterator[Setting]:
     async with fresh_namespace(api, "bench-fma") as namespace, under_fma(
-        cluster, api, namespace, work_dir, IMAGES
+        cluster, api, namespace, work_dir, OPEN_SPI
     ) as (env, fma):  # fmt: skip
-        yield env, fma.processes
+        yield env, fma.running
 
 
 def _p(values: list[float], q: float) -> str:

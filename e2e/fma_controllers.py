@@ -22,7 +22,7 @@ import psutil
 import yaml
 from kubernetes_asyncio import client
 
-from e2e.chart import helm
+from e2e.chart import DUAL_PODS, helm
 from e2e.cluster import processes
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.cluster.kubeconfig import service_account_token, token_kubeconfig
@@ -31,8 +31,6 @@ from e2e.dualpods_env import PROCESSES, DualPodsEnv, Images
 from e2e.fma_release import FMA_VERSION, binary, chart
 from e2e.requester_process import distinct_free_ports
 
-DUAL_PODS = "dual-pods-controller"
-POPULATOR = "launcher-populator"
 # What FMA's installer (install-fma.sh --ensure-node-view-cluster-role) makes for the chart to bind: both controllers
 # read Nodes cluster-wide.
 NODE_VIEWER = "fma-node-viewer"
@@ -43,7 +41,11 @@ NODE_VIEWER_ROLE = {
     "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}],
 }
 FMA_REQUESTER = f"ghcr.io/llm-d-incubation/llm-d-fast-model-actuation/requester:{FMA_VERSION}"
-STOP_GRACE_S = 10.0
+STOP_GRACE_S = 10.0  # the populator sleeps 5 s after SIGTERM before it exits
+# Our launcher and our requester with its SPI open: FMA's controller sends no token (docs/fma-compatibility.md).
+OPEN_SPI = Images(
+    launcher=PROCESSES.launcher, requester=PROCESSES.requester, requester_env=(("REQUESTER_SPI_AUTH", "none"),)
+)
 # What FMA's e2e grants its launchers' ServiceAccount (run-launcher-based.sh) for the notifier FMA's controllers add.
 NOTIFIER_RBAC: list[dict[str, Any]] = [
     {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "launcher-notifier"},
@@ -51,7 +53,7 @@ NOTIFIER_RBAC: list[dict[str, Any]] = [
     {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "launcher-notifier"},
      "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "launcher-notifier"},
      "subjects": [{"kind": "ServiceAccount", "name": "default"}]},
-]  # fmt: skip  # the populator sleeps 5 s after SIGTERM before it exits
+]  # fmt: skip
 
 
 @dataclass
@@ -115,7 +117,7 @@ class FmaControllers:
         """Stop one controller as its Deployment scaled to 0 would (SIGTERM, then SIGKILL after the grace)."""
         await asyncio.to_thread(processes.stop, [processes.by_name(self._records, component)], STOP_GRACE_S)
 
-    def processes(self) -> dict[str, psutil.Process]:
+    def running(self) -> dict[str, psutil.Process]:
         """The running controllers by component (for their CPU time and memory)."""
         found = {}
         for record in processes.records(self._records):

@@ -26,18 +26,15 @@ from api.crds import GROUP, VERSION, LauncherPopulationPolicy
 from controller import pods
 from e2e.chart import DUAL_PODS
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.dualpods_env import PROCESSES, DualPodsEnv, Images, Obj, installed
-from e2e.fma_controllers import FmaControllers, under_fma
+from e2e.dualpods_env import DualPodsEnv, Obj, installed
+from e2e.fma_controllers import OPEN_SPI, FmaControllers, under_fma
 from e2e.swaps import open_listing
-from e2e.waiting import wait_for
+from e2e.waiting import wait_for, wait_pod_gone
 
 RS, RS2 = "rs", "rs2"
 TEST_LABEL = "e2e-test.fma.llm-d.ai/isc-label"
 TEST_ANNOTATION = "e2e-test.fma.llm-d.ai/isc-annotation"
 TEMPLATE_LABEL = "from-launcher-config"  # what e2e/dualpods_env.py's LauncherConfigs put on their launchers
-IMAGES = Images(
-    launcher=PROCESSES.launcher, requester=PROCESSES.requester, requester_env=(("REQUESTER_SPI_AUTH", "none"),)
-)
 # FMA's own bounds: a requester Ready within 300 s (its first), 30 s after its controller's restart.
 READY_S, READY_AFTER_RESTART_S = 300, 30
 SETTLE_S = 10
@@ -81,10 +78,10 @@ async def controller_set(
     which: str, cluster: LoopbackCluster, api: client.ApiClient, namespace: str, work_dir: Path
 ) -> AsyncIterator[ControllerSet]:
     if which == "fma":
-        async with under_fma(cluster, api, namespace, work_dir, IMAGES) as (env, fma):
+        async with under_fma(cluster, api, namespace, work_dir, OPEN_SPI) as (env, fma):
             yield ControllerSet(env, fma)
     else:
-        async with installed(cluster, api, namespace, work_dir, images=IMAGES) as env:
+        async with installed(cluster, api, namespace, work_dir, images=OPEN_SPI) as env:
             yield ControllerSet(env, None)
 
 
@@ -98,11 +95,16 @@ async def served(env: DualPodsEnv, replica_set: str = RS) -> tuple[Obj, Obj]:
     return requester, await env.launcher_of(requester)
 
 
-async def rescale(env: DualPodsEnv, isc: str | None = None) -> None:
-    """Scale the set to 0 (its launcher unbound), point it at `isc`, and scale it to 1."""
+async def unbind(env: DualPodsEnv) -> None:
+    """Scale the set to 0; its requester gone and its launcher unbound."""
     await env.scale(RS, 0)
     await env.wait_gone(RS)
     await env.wait_launchers_unbound(within=60)
+
+
+async def rescale(env: DualPodsEnv, isc: str | None = None) -> None:
+    """Scale the set to 0 (its launcher unbound), point it at `isc`, and scale it to 1."""
+    await unbind(env)
     if isc is not None:
         await env.set_requester_isc(RS, isc)
     await env.scale(RS, 1)
@@ -132,7 +134,7 @@ async def cases(controllers: ControllerSet) -> None:
     testnode = pods.node_name(probe)
     assert testnode
     await env.delete_pod("gpu-probe")
-    await wait_for(lambda: _gone(env, "gpu-probe"), what="the GPU probe gone", within=60)
+    await wait_pod_gone(env.core, env.namespace, "gpu-probe", within=60)
 
     # Basic: the population policy's launchers, one per GPU Node; a requester served by one of them, which carries
     # the ISC's and the template's metadata.
@@ -178,9 +180,7 @@ async def cases(controllers: ControllerSet) -> None:
 
     # Wake-up: unbound, launcher 1 keeps its template's metadata and loses the ISC's; pinned to req1's GPU, the next
     # requester is bound to launcher 1 again, with the ISC's metadata back.
-    await env.scale(RS, 0)
-    await env.wait_gone(RS)
-    await env.wait_launchers_unbound(within=60)
+    await unbind(env)
     launcher1 = await env.pod(pods.name(launcher1))
     assert not pods.labels(launcher1).get(keys.DUAL_LABEL)
     assert TEST_LABEL not in pods.labels(launcher1)
@@ -201,9 +201,7 @@ async def cases(controllers: ControllerSet) -> None:
         assert accelerators(requester) == pinned, isc
 
     # Instance cap (maxInstances 2): a third ISC replaces a sleeper; no new launcher.
-    await env.scale(RS, 0)
-    await env.wait_gone(RS)
-    await env.wait_launchers_unbound(within=60)
+    await unbind(env)
     assert await total_instances(controllers, launcher1) == 2
     launchers = {pods.name(p) for p in await env.launchers() if not pods.is_deleting(p)}
     await env.set_requester_isc(RS, "isc3")
@@ -214,9 +212,7 @@ async def cases(controllers: ControllerSet) -> None:
     assert await total_instances(controllers, launcher1) == 2
 
     # The dual-pods controller restarted: nothing changes; a requester is then served within 30 s.
-    await env.scale(RS, 0)
-    await env.wait_gone(RS)
-    await env.wait_launchers_unbound(within=60)
+    await unbind(env)
     await controllers.restart()
     await asyncio.sleep(SETTLE_S)
     assert {pods.name(p) for p in await env.launchers() if not pods.is_deleting(p)} == launchers
@@ -239,7 +235,7 @@ async def cases(controllers: ControllerSet) -> None:
 
     # An unbound launcher deleted: the next requester is served by a new one, on the pinned GPU.
     await env.delete_pod(pods.name(launcher1))
-    await wait_for(lambda: _gone(env, pods.name(launcher1)), what="launcher 1 gone", within=60)
+    await wait_pod_gone(env.core, env.namespace, pods.name(launcher1), within=60)
     await env.scale(RS, 1)
     requester, launcher = await served(env)
     assert pods.name(launcher) != pods.name(launcher1)
@@ -248,8 +244,7 @@ async def cases(controllers: ControllerSet) -> None:
     # A stopped instance: its requester is deleted, and the set's next one is served by the same launcher.
     [running] = [i for i in (await controllers.listing(launcher))["instances"] if i["status"] == "running"]
     await controllers.delete_instance(launcher, running["instance_id"])
-    await wait_for(lambda: _gone(env, pods.name(requester)), what="the requester of the stopped instance deleted",
-                   within=60)  # fmt: skip
+    await wait_pod_gone(env.core, env.namespace, pods.name(requester), within=60)  # deleted by the controller
     requester, again = await served(env)
     assert pods.name(again) == pods.name(launcher)
     assert accelerators(requester) == pinned
@@ -261,14 +256,6 @@ async def cases(controllers: ControllerSet) -> None:
 async def _running(env: DualPodsEnv, name: str) -> Obj:
     pod = await env.pod(name)
     return pod if pod.get("status", {}).get("phase") == "Running" else {}
-
-
-async def _gone(env: DualPodsEnv, name: str) -> bool:
-    try:
-        await env.pod(name)
-    except ApiException as err:
-        return err.status == 404
-    return False
 
 
 async def _launchers_at_least(env: DualPodsEnv, count: int) -> bool:

@@ -17,23 +17,19 @@ from kubernetes_asyncio import client
 
 from controller import pods
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.dualpods_env import NO_ADMISSION_POLICIES, PROCESSES, Images, Obj
-from e2e.fma_controllers import under_fma
+from e2e.dualpods_env import NO_ADMISSION_POLICIES, Obj
+from e2e.fma_controllers import OPEN_SPI, under_fma
 from e2e.swaps import Swaps, create_models, open_listing, process_start
 
 RS = "migrating"
 NODE, OTHER_NODE = "gpu-node-1", "gpu-node-2"
 PORTS = {"model-a": 8005, "model-b": 8006, "model-c": 8007}
-# Our requester under both: its SPI open, as FMA's controller sends no token (docs/fma-compatibility.md).
-IMAGES = Images(
-    launcher=PROCESSES.launcher, requester=PROCESSES.requester, requester_env=(("REQUESTER_SPI_AUTH", "none"),)
-)
 
 
 async def test_fmas_sleepers_move_to_our_controllers_and_back_without_one_lost(
     cluster: LoopbackCluster, api: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
-    async with under_fma(cluster, api, namespace, tmp_path, IMAGES) as (env, fma):
+    async with under_fma(cluster, api, namespace, tmp_path, OPEN_SPI) as (env, fma):  # our requester under both
         await create_models(env, PORTS, NODE, max_instances=3)
         [gpu0, gpu1] = sorted(next(n for n in await env.cluster.kubelet.nodes() if n.name == NODE).gpus)
         await env.create_requesters(RS, "model-a", replicas=0, node=NODE, gpu=gpu0)

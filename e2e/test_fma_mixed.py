@@ -24,8 +24,8 @@ from kubernetes_asyncio import client
 
 from controller import pods
 from e2e.cluster.cluster import LoopbackCluster
-from e2e.dualpods_env import PROCESSES, DualPodsEnv, Images, Obj, installed, proxy_chat
-from e2e.fma_controllers import fma_requester_images, under_fma
+from e2e.dualpods_env import DualPodsEnv, Obj, installed, proxy_chat
+from e2e.fma_controllers import OPEN_SPI, fma_requester_images, under_fma
 from e2e.fma_launcher_env import ensure_venv
 from e2e.fma_release import launcher_dir
 from e2e.requester_process import distinct_free_ports
@@ -39,10 +39,7 @@ PORTS = {"model-a": 8005, "model-b": 8006}
 async def test_fmas_controllers_with_our_launcher_and_our_requester(
     cluster: LoopbackCluster, api: client.ApiClient, namespace: str, tmp_path: Path
 ) -> None:
-    images = Images(
-        launcher=PROCESSES.launcher, requester=PROCESSES.requester, requester_env=(("REQUESTER_SPI_AUTH", "none"),)
-    )
-    async with under_fma(cluster, api, namespace, tmp_path, images) as (env, fma):
+    async with under_fma(cluster, api, namespace, tmp_path, OPEN_SPI) as (env, fma):
         await cold_warm_hot(env, fma.log_tail, open_listing)
 
 

@@ -14,6 +14,7 @@ is the image's working directory (Docker's WORKDIR), where its process starts un
 image with no entry runs as a pause container: no process, always Running.
 """
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -54,6 +55,7 @@ class ImageMapFile(BaseModel):
 POD_IP_PLACEHOLDER = "{pod_ip}"
 
 
+@functools.cache  # read at every container start (its PATH); the lock's hash behind `fma_launcher_bin` once
 def placeholders() -> dict[str, str]:
     python = Path(sys.executable)
     # `{pod_ip}` is filled per Pod (in env values only), so it survives the load-time fill unchanged.
