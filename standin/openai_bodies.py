@@ -1,23 +1,38 @@
-"""OpenAI-shaped completion and chat bodies, full or as SSE chunks, with canned deterministic text.
+"""OpenAI completion and chat answers, full or as SSE chunks, with canned deterministic text.
 
-The stand-in answers the way vLLM's OpenAI server does — same objects, ids, `finish_reason`,
-`usage`, chunk sequence (a role chunk first for chat, `finish_reason` on the last token, an optional
-usage chunk) — so clients and proxies can be tested without a model. A "token" is one word of a
-fixed text; prompt tokens are the prompt's whitespace-separated words, or the token IDs it is made of.
-As vLLM, a completion can also carry token IDs (`return_token_ids`: `prompt_token_ids` and `token_ids`)
-and log-probabilities (`logprobs: N`, with `return_tokens_as_token_ids`), which a greedy probe of the
-model compares (the launcher's post-wake check). A corrupted engine (`--corrupt-after-wake`) answers
-other tokens, as a model whose weights came back wrong from a wake would.
+The stand-in answers with the surface's models (`api.vllm_surface.completions`), as the transformers runtime
+does, and the way vLLM's OpenAI server does — same objects, ids, `finish_reason`, `usage`, chunk sequence (a
+role chunk first for chat, `finish_reason` on the last token, an optional usage chunk) — so clients and
+proxies can be tested without a model. A "token" is one word of a fixed text; prompt tokens are the prompt's
+whitespace-separated words, or the token IDs it is made of. As vLLM, a completion can also carry token IDs
+(`return_token_ids`: `prompt_token_ids` and `token_ids`) and log-probabilities (`logprobs: N`, with
+`return_tokens_as_token_ids`), which a greedy probe of the model compares (the launcher's post-wake check). A
+corrupted engine (`--corrupt-after-wake`) answers other tokens, as a model whose weights came back wrong from a
+wake would.
 """
 
 import time
-import uuid
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel
+
 from api.openai_errors import ApiError
+from api.vllm_surface.completions import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionResponse,
+    ChatStreamChoice,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionResponse,
+    FinishReason,
+    Usage,
+    response_id,
+)
 
 WORDS = ("The", "stand-in", "server", "answers", "every", "prompt", "with", "this", "same", "text.")
 DEFAULT_MAX_TOKENS = 16
@@ -91,7 +106,7 @@ class Job:
     logprobs: int | None = None  # top log-probabilities per token asked for
     token_ids_as_tokens: bool = False  # return_tokens_as_token_ids
     shift: int = 0  # a corrupted engine's
-    id: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    id: str = ""  # the answer's: `response_id`
     created: int = field(default_factory=lambda: int(time.time()))
 
     @classmethod
@@ -128,6 +143,7 @@ class Job:
         with_ids = body.get("return_token_ids") is True and not chat
         stream_options = body.get("stream_options") or {}
         return cls(
+            id=response_id(chat),
             prompt_token_ids=tuple(_prompt_token_ids(p) for p in token_prompts) if with_ids else (),
             logprobs=logprobs,
             token_ids_as_tokens=body.get("return_tokens_as_token_ids") is True,
@@ -141,65 +157,65 @@ class Job:
             include_usage=bool(isinstance(stream_options, dict) and stream_options.get("include_usage")),
         )
 
-    def _envelope(self, chunk: bool) -> dict[str, Any]:
-        if self.chat:
-            kind, prefix = ("chat.completion.chunk" if chunk else "chat.completion"), "chatcmpl-"
-        else:
-            kind, prefix = "text_completion", "cmpl-"
-        return {"id": prefix + self.id, "object": kind, "created": self.created, "model": self.model}
+    def _usage(self) -> Usage:
+        return Usage.of(self.prompt_tokens, self.choices * self.max_tokens)
 
-    def _usage(self) -> dict[str, int]:
-        completion_tokens = self.choices * self.max_tokens
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "total_tokens": self.prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens,
-        }
-
-    def _logprobs(self) -> dict[str, Any] | None:
+    def _logprobs(self) -> CompletionLogprobs | None:
         """vLLM's completion `logprobs` object for the canned tokens (the runner-up is the next word)."""
         if self.logprobs is None:
             return None
         pieces = canned_pieces(self.max_tokens, self.shift)
         ids = canned_token_ids(self.max_tokens + 1, self.shift)
         names = [f"token_id:{t}" for t in ids] if self.token_ids_as_tokens else [*pieces, WORDS[0]]
-        top = [{names[i]: LOGPROB, names[i + 1]: RUNNER_UP_LOGPROB} for i in range(len(pieces))]
-        return {
-            "text_offset": [sum(map(len, pieces[:i])) for i in range(len(pieces))],
-            "token_logprobs": [LOGPROB] * len(pieces),
-            "tokens": names[: len(pieces)],
-            "top_logprobs": [dict(list(t.items())[: self.logprobs]) for t in top] if self.logprobs else None,
-        }
+        lists, offset = CompletionLogprobs(), 0
+        for i, piece in enumerate(pieces):
+            top = {names[i]: LOGPROB, names[i + 1]: RUNNER_UP_LOGPROB}
+            lists.add(names[i], LOGPROB, dict(list(top.items())[: self.logprobs]), offset)
+            offset += len(piece)
+        return lists
 
     async def whole(self) -> dict[str, Any]:
         """The whole answer, as a non-streaming request gets it."""
         text = "".join(canned_pieces(self.max_tokens, self.shift))
-        payload: dict[str, Any] = {"message": {"role": "assistant", "content": text}} if self.chat else {"text": text}
-        choices = []
-        logprobs = self._logprobs()
-        for i in range(self.choices):
-            choice = {"index": i, **payload, "logprobs": logprobs, "finish_reason": "length", "stop_reason": None}
-            if self.prompt_token_ids:
-                per_prompt = self.choices // len(self.prompt_token_ids)
-                choice["prompt_token_ids"] = self.prompt_token_ids[i // per_prompt]
-                choice["token_ids"] = canned_token_ids(self.max_tokens, self.shift)
-            choices.append(choice)
-        return {**self._envelope(chunk=False), "choices": choices, "usage": self._usage()}
+        ends: dict[str, Any] = {"finish_reason": "length", "stop_reason": None}
+        answer: CompletionResponse | ChatCompletionResponse
+        if self.chat:
+            message = AssistantMessage(content=text)
+            chat = [ChatChoice(index=i, message=message, **ends) for i in range(self.choices)]
+            answer = ChatCompletionResponse(**self._envelope(), choices=chat, usage=self._usage())
+        else:
+            logprobs = self._logprobs()
+            choices = [CompletionChoice(index=i, text=text, logprobs=logprobs, **ends) for i in range(self.choices)]
+            for i, choice in enumerate(choices if self.prompt_token_ids else []):
+                choice.prompt_token_ids = self.prompt_token_ids[i // (self.choices // len(self.prompt_token_ids))]
+                choice.token_ids = canned_token_ids(self.max_tokens, self.shift)
+            answer = CompletionResponse(**self._envelope(), choices=choices, usage=self._usage())
+        return answer.model_dump(mode="json")
 
-    async def chunks(self) -> AsyncIterator[dict[str, Any]]:
+    async def chunks(self) -> AsyncIterator[BaseModel]:
         """The answer as SSE `data:` objects, in vLLM's order (without the final `[DONE]`)."""
         pieces = canned_pieces(self.max_tokens, self.shift)
         if self.chat:
             for i in range(self.choices):
-                yield self._chunk(i, {"delta": {"role": "assistant", "content": ""}}, None)
+                yield self._chunk(i, "", None, role=True)
         for position, piece in enumerate(pieces):
-            finish = "length" if position == len(pieces) - 1 else None
-            payload = {"delta": {"content": piece}} if self.chat else {"text": piece}
+            finish: FinishReason | None = "length" if position == len(pieces) - 1 else None
             for i in range(self.choices):
-                yield self._chunk(i, payload, finish)
+                yield self._chunk(i, piece, finish)
         if self.include_usage:
-            yield {**self._envelope(chunk=True), "choices": [], "usage": self._usage()}
+            if self.chat:
+                yield ChatCompletionChunk(**self._envelope(), choices=[], usage=self._usage())
+            else:
+                yield CompletionResponse(**self._envelope(), choices=[], usage=self._usage())
 
-    def _chunk(self, index: int, payload: dict[str, Any], finish: str | None) -> dict[str, Any]:
-        choice = {"index": index, **payload, "logprobs": None, "finish_reason": finish}
-        return {**self._envelope(chunk=True), "choices": [choice]}
+    def _envelope(self) -> dict[str, Any]:
+        return {"id": self.id, "created": self.created, "model": self.model}
+
+    def _chunk(self, index: int, piece: str, finish: FinishReason | None, role: bool = False) -> BaseModel:
+        if self.chat:
+            delta = {"role": "assistant", "content": piece} if role else {"content": piece}
+            choice = ChatStreamChoice(index=index, delta=delta, finish_reason=finish)
+            return ChatCompletionChunk(**self._envelope(), choices=[choice])
+        return CompletionResponse(
+            **self._envelope(), choices=[CompletionChoice(index=index, text=piece, finish_reason=finish)]
+        )

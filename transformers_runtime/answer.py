@@ -7,12 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from api.openai_errors import ApiError
-from api.vllm_surface.engine import JsonObject
-
-from .engine import Done, Failed, GenerationJob
-from .generation import Delta, TokenLogprob
-from .logprobs import render
-from .protocol import (
+from api.vllm_surface.completions import (
     AssistantMessage,
     ChatChoice,
     ChatCompletionChunk,
@@ -21,9 +16,13 @@ from .protocol import (
     CompletionChoice,
     CompletionResponse,
     Usage,
-    chat_completion_id,
-    completion_id,
+    response_id,
 )
+from api.vllm_surface.engine import JsonObject
+
+from .engine import Done, Failed, GenerationJob
+from .generation import Delta, TokenLogprob
+from .logprobs import render
 from .text import TextCodec
 
 
@@ -35,7 +34,7 @@ class Assembly:
         self.chat = chat
         self.codec = codec
         self.model = model
-        self.id = chat_completion_id() if chat else completion_id()
+        self.id = response_id(chat)
         self.created = int(time.time())
         self.prompt_tokens = prompt_tokens
         self.completion_tokens = 0

@@ -20,6 +20,7 @@ from api.openai_errors import ApiError
 from api.openapi import Content, Operation, Reply
 from api.vllm_surface import app as surface
 from api.vllm_surface.bodies import ModelCard, SleepMode
+from api.vllm_surface.completions import ChatCompletionResponse, CompletionResponse
 
 from .answer import Assembly, GeneratedAnswer
 from .batch import Prompt
@@ -27,7 +28,7 @@ from .engine import Engine, GenerationJob, ModelContext
 from .lora import Adapter, AdapterRegistry
 from .metrics import Metrics
 from .model import Checkpoint
-from .protocol import ChatCompletionRequest, ChatCompletionResponse, CompletionRequest, CompletionResponse
+from .protocol import ChatCompletionRequest, CompletionRequest
 from .text import NoChatTemplate
 
 log = logging.getLogger("transformers_runtime")

@@ -13,12 +13,11 @@ still sees its context, and a token costs the same at the end of a long answer a
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+
+from api.vllm_surface.completions import FinishReason
 
 from .sampling import SamplingParams
 from .text import TextCodec
-
-FinishReason = Literal["stop", "length", "abort"]
 
 
 @dataclass(frozen=True)

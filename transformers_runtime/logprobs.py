@@ -10,8 +10,9 @@ the offsets continue from chunk to chunk.
 
 from collections.abc import Sequence
 
+from api.vllm_surface.completions import ChatLogprobs, CompletionLogprobs, TokenLogprobs, TopLogprob
+
 from .generation import TokenLogprob
-from .protocol import ChatLogprobs, CompletionLogprobs, TokenLogprobs, TopLogprob
 from .text import TextCodec
 
 

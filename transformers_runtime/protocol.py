@@ -1,5 +1,6 @@
-"""OpenAI request and response bodies (the subset vLLM's server accepts that this runtime implements); the
-bodies of the routes around inference are the surface's (`api.vllm_surface.bodies`).
+"""OpenAI request bodies (the subset vLLM's server accepts that this runtime implements); the answers are
+the surface's (`api.vllm_surface.completions`), as are the bodies of the routes around inference
+(`api.vllm_surface.bodies`).
 
 Requests ignore unknown fields, as vLLM does, but take JSON types strictly (a number is not a string).
 Every field of OpenAI's and vLLM's bodies that changes the answer is declared: what this runtime
@@ -10,16 +11,13 @@ answer that quietly ignored what it asked for.
 """
 
 import math
-import time
-import uuid
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, BeforeValidator, Field
+from pydantic import BeforeValidator, Field
 
 from api.openai_errors import ApiError
 from api.vllm_surface.bodies import StrictBody
 
-from .generation import FinishReason
 from .sampling import SamplingParams
 
 # The neutral value of each refused feature: a request may send it, but nothing else.
@@ -45,7 +43,6 @@ _NEUTRAL: dict[str, tuple[object, ...]] = {
 PENALTY_LIMIT = 2.0  # OpenAI's and vLLM's range for presence and frequency penalties: [-2, 2]
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit bias: [-100, 100]
 MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
-LOGPROB_FLOOR = -9999.0  # vLLM's stand-in for -inf, which JSON cannot carry
 GREEDY_EPSILON = 1e-5  # vLLM's: a temperature below it means greedy decoding
 # What torch.Generator.manual_seed takes; a seed beyond it would fail in the model thread.
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
@@ -281,124 +278,3 @@ class ChatCompletionRequest(_GenerationRequest):
 
     def conversation(self) -> list[dict[str, str]]:
         return [{"role": m.role, "content": m.text()} for m in self.messages]
-
-
-# Responses ---------------------------------------------------------------------------------------
-
-
-def _created() -> int:
-    return int(time.time())
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-    completion_tokens: int
-
-    @classmethod
-    def of(cls, prompt_tokens: int, completion_tokens: int) -> "Usage":
-        return cls(
-            prompt_tokens=prompt_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-            completion_tokens=completion_tokens,
-        )
-
-
-class _Envelope(BaseModel):
-    id: str
-    created: int = Field(default_factory=_created)
-    model: str
-
-
-def _finite(logprob: float) -> float:
-    return max(logprob, LOGPROB_FLOOR)
-
-
-class CompletionLogprobs(BaseModel):
-    """The legacy completions' logprobs: one entry per generated token in each list."""
-
-    text_offset: list[int] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    tokens: list[str] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
-
-    def add(self, token: str, logprob: float, top: dict[str, float], offset: int) -> None:
-        self.text_offset.append(offset)
-        self.token_logprobs.append(_finite(logprob))
-        self.tokens.append(token)
-        self.top_logprobs.append({text: _finite(value) for text, value in top.items()})
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int]
-
-    @classmethod
-    def of(cls, token: str, logprob: float) -> "TopLogprob":
-        return cls(token=token, logprob=_finite(logprob), bytes=list(token.encode()))
-
-
-class TokenLogprobs(TopLogprob):
-    top_logprobs: list[TopLogprob]
-
-
-class ChatLogprobs(BaseModel):
-    content: list[TokenLogprobs] = Field(default_factory=list)
-
-
-class CompletionChoice(BaseModel):
-    index: int
-    text: str
-    logprobs: CompletionLogprobs | None = None
-    finish_reason: FinishReason | None = None
-    stop_reason: str | int | None = None
-    token_ids: list[int] | None = None  # with return_token_ids
-    prompt_token_ids: list[int] | None = None
-
-
-class CompletionResponse(_Envelope):
-    object: Literal["text_completion"] = "text_completion"
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: AssistantMessage
-    logprobs: ChatLogprobs | None = None
-    finish_reason: FinishReason | None = None
-    stop_reason: str | int | None = None
-
-
-class ChatCompletionResponse(_Envelope):
-    object: Literal["chat.completion"] = "chat.completion"
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class ChatStreamChoice(BaseModel):
-    index: int
-    delta: dict[str, str]  # {"role": "assistant", "content": ""} first, then {"content": ...}
-    logprobs: ChatLogprobs | None = None
-    finish_reason: FinishReason | None = None
-    stop_reason: str | int | None = None
-
-
-class ChatCompletionChunk(_Envelope):
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    choices: list[ChatStreamChoice]
-    usage: Usage | None = None
-
-
-def completion_id() -> str:
-    return f"cmpl-{uuid.uuid4().hex}"
-
-
-def chat_completion_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex}"
