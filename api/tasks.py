@@ -1,12 +1,18 @@
 """Structured concurrency helpers shared by the components (one async dialect: TaskGroup, never a dangling task).
 
 `first_to_finish` is the race several components run: "do this until that happens", "whichever watcher
-reaches a verdict first". Its tasks live in a TaskGroup, so none outlives the call.
+reaches a verdict first". Its tasks live in a TaskGroup, so none outlives the call. `Background` owns the tasks
+that cannot live in one caller's TaskGroup because nobody waits for them where they start (a clean-up after an
+answer went out, a removal a synchronous method asks for): it keeps each alive until it ends, logs a failure,
+and lets its owner wait for them all.
 """
 
 import asyncio
-from collections.abc import Awaitable
-from typing import TypeVar
+import logging
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -34,3 +40,26 @@ async def first_to_finish(*contenders: Awaitable[T]) -> T:
             for task in running:
                 task.cancel()
     return winner.result()
+
+
+class Background:
+    """Tasks started now and awaited later, all together: each is held until it ends (the event loop keeps only
+    weak references to tasks), and a failure is logged when it happens."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def start(self, coroutine: Coroutine[Any, Any, T], name: str | None = None) -> "asyncio.Task[T]":
+        task = asyncio.get_running_loop().create_task(coroutine, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: "asyncio.Task[Any]") -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("background task %s failed", task.get_name(), exc_info=error)
+
+    async def wait(self) -> None:
+        """Until every task started so far has ended (their failures were logged, not raised here)."""
+        await asyncio.gather(*self._tasks, return_exceptions=True)

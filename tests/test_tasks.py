@@ -1,10 +1,12 @@
-"""`api.tasks.first_to_finish`: the first contender decides, the others are cancelled before it returns."""
+"""`api.tasks`: `first_to_finish` (the first contender decides, the others are cancelled before it returns) and
+`Background` (tasks held until they end, failures logged)."""
 
 import asyncio
+import logging
 
 import pytest
 
-from api.tasks import first_to_finish
+from api.tasks import Background, first_to_finish
 
 
 async def _forever(cancelled: list[str], name: str) -> str:
@@ -54,3 +56,21 @@ async def test_cancelling_the_race_cancels_every_contender() -> None:
     with pytest.raises(asyncio.CancelledError):
         await race
     assert sorted(cancelled) == ["a", "b"]
+
+
+async def test_background_holds_its_tasks_until_they_end_and_logs_a_failure(caplog: pytest.LogCaptureFixture) -> None:
+    background = Background()
+    release = asyncio.Event()
+
+    async def fail() -> None:
+        await release.wait()
+        raise RuntimeError("the copy could not be freed")
+
+    task = background.start(fail(), name="free the copy")
+    release.set()
+    with caplog.at_level(logging.ERROR, logger="api.tasks"):
+        await background.wait()
+    assert task.done()
+    assert [(r.getMessage(), str(r.exc_info[1]) if r.exc_info else "") for r in caplog.records] == [
+        ("background task free the copy failed", "the copy could not be freed")
+    ]

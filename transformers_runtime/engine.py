@@ -27,6 +27,7 @@ from functools import partial
 from typing import Generic, TypeVar
 
 from api.openai_errors import ApiError
+from api.tasks import Background
 from api.vllm_surface.bodies import SleepMode
 
 from .batch import Batch, Prompt
@@ -208,7 +209,7 @@ class Engine:
         self._transition = asyncio.Lock()  # one sleep or wake at a time
         self._current: list[Queued] = []  # what runs on the model thread now
         self._worker: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = Background()  # host copies being freed after a wake answered
 
     @property
     def is_sleeping(self) -> bool:
@@ -394,9 +395,7 @@ class Engine:
 
     def _release_later(self, host: HostCopy) -> None:
         """Unpin and free the host copy after answering: the wake's latency is the copy, not the cleanup."""
-        task = asyncio.create_task(asyncio.to_thread(host.release))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.start(asyncio.to_thread(host.release), name="release host copy")
 
     async def close(self) -> None:
         """Abort everything, release held requests with 503, and wait for the model thread to stop."""
@@ -411,4 +410,4 @@ class Engine:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._worker
         await asyncio.to_thread(self._thread.shutdown, True, cancel_futures=True)
-        await asyncio.gather(*self._background)
+        await self._background.wait()

@@ -30,6 +30,7 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from api.tasks import Background
 from e2e.kubelet.container import exit_code
 from e2e.kubelet.security import Security
 from e2e.kubelet.volumes import Mount
@@ -175,7 +176,7 @@ class OciContainer:
         self.spec = spec
         self._process = process
         self.started_at = datetime.datetime.now(datetime.UTC)
-        self._removals: set[asyncio.Task[tuple[int, str]]] = set()
+        self._removals = Background()  # of a killed container, which `kill` cannot wait for
 
     @classmethod
     async def start(cls, spec: OciSpec, log: Path) -> "OciContainer":
@@ -219,9 +220,7 @@ class OciContainer:
     def kill(self) -> None:
         """SIGKILL at once (podman removes the container; its `podman run` then exits with 137)."""
         if self._running():
-            task = asyncio.get_running_loop().create_task(_podman("rm", "--force", "--time=0", self.spec.name))
-            self._removals.add(task)
-            task.add_done_callback(self._removals.discard)
+            self._removals.start(_podman("rm", "--force", "--time=0", self.spec.name), name=f"remove {self.spec.name}")
 
     async def exec(self, argv: list[str], *, env: dict[str, str], cwd: Path, limit: float) -> tuple[int, str]:
         """Run `argv` in the container (exec probes, preStop hooks) with its own environment and directory."""
