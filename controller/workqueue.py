@@ -16,9 +16,11 @@ A reconcile pass returns a `Result`, which the workers act on:
 - `Problem(errors, retry=False)`: terminal: the reconciler told the user (a status, an Event) and only a
   change to some watched object can settle it, so the key is not queued again until that change's event.
 
-An exception out of a pass is a bug (or an API error the pass did not expect): logged with the pass's context
-and its traceback, and backed off. Every pass runs inside `pass_context`: each of its log lines, the
-workers' line about how it ended included, carries a pass ID and the key.
+An exception out of a pass is a bug (logged at WARNING with its traceback) or an API call that failed in a way
+the pass did not expect (an API server that does not answer, a conflict with a newer version: logged quietly at
+first, as a back-off the pass asked for); either is logged with the pass's context and backed off. Every pass
+runs inside `pass_context`: each of its log lines, the workers' line about how it ended included, carries a pass
+ID and the object the key names.
 """
 
 import asyncio
@@ -30,6 +32,9 @@ import time
 from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
+
+import aiohttp
+from kubernetes_asyncio.client.exceptions import ApiException
 
 from api.log_format import PASS_FIELD, context_fields, log_context
 
@@ -91,6 +96,9 @@ K = TypeVar("K", bound=Hashable)
 BASE_DELAY_S = 0.005
 MAX_DELAY_S = 20.0  # FMA's cap
 QUIET_RETRIES = 8
+# An API server that did not answer, or refused a call (a conflict with a newer version than a cache held):
+# usually a moment that passes.
+API_FAILURES = (ApiException, aiohttp.ClientError, OSError, TimeoutError)
 
 
 class WorkQueue(Generic[K]):
@@ -216,18 +224,15 @@ async def _one_pass(queue: WorkQueue[K], reconcile: Reconcile[K], key: K) -> Non
         result = await reconcile(key)
     except asyncio.CancelledError:
         raise
+    except API_FAILURES as err:
+        _back_off(queue, key, f"failed: {err}", quiet=True)
+        return
     except Exception as err:
-        delay = queue.add_rate_limited(key)
-        log.warning("%s: reconciling %s failed unexpectedly (retry %d in %.2f s): %r", queue.name, key,
-                    queue.retries(key), delay, err, exc_info=True)  # fmt: skip
+        _back_off(queue, key, f"failed unexpectedly: {err!r}", quiet=False)
         return
     match result:
         case Problem(retry=True):
-            delay = queue.add_rate_limited(key)
-            # Early retries are usually a state in transition (a Pod without an address yet).
-            level = logging.WARNING if queue.retries(key) > QUIET_RETRIES else logging.INFO
-            log.log(level, "%s: %s: backing off (retry %d in %.2f s): %s", queue.name, key, queue.retries(key),
-                    delay, result)  # fmt: skip
+            _back_off(queue, key, f"backing off: {result}", quiet=True)
         case Problem():
             queue.forget(key)
             log.debug("%s: %s: waiting for a change: %s", queue.name, key, result)
@@ -237,3 +242,14 @@ async def _one_pass(queue: WorkQueue[K], reconcile: Reconcile[K], key: K) -> Non
                 queue.add_after(key, after_s)
         case Done():
             queue.forget(key)
+
+
+def _back_off(queue: WorkQueue[K], key: K, why: str, *, quiet: bool) -> None:
+    """Retry `key` after its back-off, and say so: a bug at WARNING with its traceback; a back-off the pass asked
+    for, or an API call that failed, at INFO for its first QUIET_RETRIES (usually a state in transition: a Pod
+    without an address yet, a write that met a newer version), at WARNING after."""
+    delay = queue.add_rate_limited(key)
+    retries = queue.retries(key)
+    loud = not quiet or retries > QUIET_RETRIES
+    log.log(logging.WARNING if loud else logging.INFO, "%s: %s: %s (retry %d in %.2f s)", queue.name, key, why,
+            retries, delay, exc_info=not quiet or log.isEnabledFor(logging.DEBUG))  # fmt: skip

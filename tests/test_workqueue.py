@@ -6,6 +6,9 @@ import io
 import json
 import logging
 
+import pytest
+from kubernetes_asyncio.client.exceptions import ApiException
+
 from api import log_format
 from controller.workqueue import DONE, Problem, Result, Wait, WorkQueue, run_workers
 
@@ -140,14 +143,23 @@ async def test_a_terminal_problem_forgets_the_back_off_of_earlier_failures() -> 
     assert (outcomes, queue.retries("k")) == ([], 0)
 
 
-async def test_a_failed_pass_is_logged_within_its_context_with_its_traceback(lines: io.StringIO) -> None:
+@pytest.mark.parametrize(
+    ("failure", "level", "traceback"),
+    [
+        (KeyError("a bug"), "WARNING", "KeyError: 'a bug'"),  # a bug: loud at once
+        (ApiException(status=409, reason="Conflict"), "INFO", None),  # a write that met a newer version: quiet
+    ],
+)
+async def test_a_failed_pass_is_logged_within_its_context(
+    lines: io.StringIO, failure: Exception, level: str, traceback: str | None
+) -> None:
     queue: WorkQueue[str] = WorkQueue("test", base_delay=0.01)
     in_pass: list[str] = []
 
     async def reconcile(key: str) -> Result:
         logging.getLogger("controller.test").info("looking at %s", key)
         in_pass.append(log_format.context_fields()[log_format.PASS_FIELD])
-        raise KeyError("a bug")
+        raise failure
 
     queue.add("req-1")
     workers = asyncio.create_task(run_workers(queue, reconcile, 1, lambda key: {log_format.REQUESTER_FIELD: key}))
@@ -156,7 +168,8 @@ async def test_a_failed_pass_is_logged_within_its_context_with_its_traceback(lin
     await workers
     found = [json.loads(line) for line in lines.getvalue().splitlines()]
     looked, failed = found[0], next(r for r in found if "failed" in r["msg"])
-    assert failed["level"] == "WARNING"
-    assert "KeyError: 'a bug'" in failed["exception"]
+    assert failed["level"] == level
+    if traceback is not None:
+        assert traceback in failed["exception"]
     assert failed["requester"] == looked["requester"] == "req-1"
     assert failed["pass_id"] == looked["pass_id"] == in_pass[0]

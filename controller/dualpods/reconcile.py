@@ -21,7 +21,6 @@ import logging
 import time
 from datetime import UTC, datetime
 
-import aiohttp
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
@@ -40,7 +39,7 @@ from controller.dualpods.snapshot import observe, parse
 from controller.dualpods.status import Ending, Outcome, new_errors
 from controller.http import HttpError
 from controller.kube import refusal
-from controller.workqueue import Result, pass_context
+from controller.workqueue import API_FAILURES, Result, pass_context
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +48,9 @@ LAUNCHERS = "launchers"  # pod index: "true" -> every launcher Pod
 # watch event (which brings the next pass); this long at most, should the event not come.
 BEHIND_RECHECK_S = 1.0
 # What a step may meet that says nothing about the requester: a launcher, requester or model server that does
-# not answer (HttpError, and the sockets under it). An ApiException is one too, unless the API server refused
-# the write (a 4xx other than 404 and 409).
-TRANSIENT = (HttpError, OSError, TimeoutError, aiohttp.ClientError)
+# not answer (HttpError), an API server that does not answer or a conflict (API_FAILURES; an ApiException is a
+# refusal the requester is told of when the API server refused the write for what it asked: `_refused`).
+TRANSIENT = (HttpError, *API_FAILURES)
 
 
 class Reconciler:
