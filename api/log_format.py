@@ -25,6 +25,7 @@ from typing import Final, TextIO
 LOG_FORMATS: Final = ("text", "json")
 COMPONENT_FIELD, REQUESTER_FIELD, INSTANCE_FIELD = "component", "requester", "instance"
 PHASE_FIELD, PASS_FIELD = "phase", "pass_id"
+ISC_FIELD, LAUNCHER_FIELD = "isc", "launcher"  # the object a controller pass is about, besides a requester
 _CONTEXT: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
     "log_context", default=types.MappingProxyType({})
 )

@@ -24,8 +24,9 @@ NO_ERRORS: Final = "NoErrors"
 
 
 @dataclass(frozen=True)
-class Problem:
-    """Something wrong with the object or what it names; `reason` is the condition reason (CamelCase)."""
+class Fault:
+    """Something wrong with the object or what it names, as its status conditions show it; `reason` is the
+    condition reason (CamelCase). (A reconcile pass's own ending is the work queue's Problem: workqueue.py.)"""
 
     reason: str
     message: str
@@ -51,7 +52,7 @@ def current(kind: type[S], obj: Mapping[str, Any]) -> S:
 def computed(
     shown: S,
     generation: int,
-    problems: Sequence[Problem],
+    problems: Sequence[Fault],
     readiness: Readiness,
     now: datetime,
     also: Mapping[str, Readiness] | None = None,

@@ -1,8 +1,12 @@
-"""Kubernetes Events from the controllers: what a user sees in `kubectl describe`."""
+"""Kubernetes Events from the controllers: what a user sees in `kubectl describe`, and the one object logger
+(`tell`, `warn`, `note`) through which every controller says something about an object: the log line (a
+Warning at WARNING, else INFO, with the object and the running pass's context) and the Event on it, so a
+warning is never in only one of them.
+"""
 
 import logging
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import aiohttp
 from kubernetes_asyncio import client
@@ -15,6 +19,25 @@ class EventSink(Protocol):
     """Where Events go (EventRecorder, or a test's fake)."""
 
     async def record(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None: ...
+
+
+EventType = Literal["Normal", "Warning"]
+
+
+async def tell(sink: EventSink, obj: dict[str, Any], type_: EventType, reason: str, message: str) -> None:
+    """Log what is said about `obj` (within the running pass's log context) and record it as an Event on it."""
+    level = logging.WARNING if type_ == "Warning" else logging.INFO
+    kind, name = obj.get("kind") or "Pod", obj["metadata"]["name"]
+    log.log(level, "%s %s: %s: %s", kind, name, reason, message, extra={"reason": reason, "object": f"{kind}/{name}"})
+    await sink.record(obj, type_, reason, message)
+
+
+async def warn(sink: EventSink, obj: dict[str, Any], reason: str, message: str) -> None:
+    await tell(sink, obj, "Warning", reason, message)
+
+
+async def note(sink: EventSink, obj: dict[str, Any], reason: str, message: str) -> None:
+    await tell(sink, obj, "Normal", reason, message)
 
 
 class EventRecorder:

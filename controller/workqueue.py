@@ -1,26 +1,104 @@
-"""A rate-limited work queue with per-key serialization, after client-go's workqueue.
+"""A rate-limited work queue with per-key serialization, after client-go's workqueue, and the one contract
+between it and every reconciler (controller-runtime's Reconcile -> Result).
 
 A key added while it waits is queued once; a key added while a worker processes it is queued again
 when the worker is done, so one key is never processed by two workers at once and no change is lost.
 Failed keys come back after an exponential back-off; keys can also be scheduled for later. As in
 client-go, how long a key waited (from the add that made it pending to the get that hands it out) can be
 observed, for FMA's `fma_dpc_innerqueue_queue_duration_seconds`.
+
+A reconcile pass returns a `Result`, which the workers act on:
+
+- `Done`: nothing more to do; the next change of the object (its watch event) brings the next pass.
+- `Wait(after_s, why)`: not yet; look again after `after_s` seconds (None: an event will bring the pass).
+- `Problem(errors, retry=True)`: back off: the key comes back after the queue's exponential back-off, and
+  `errors` say why (the log's line; the reconciler decides whether its object's status shows them).
+- `Problem(errors, retry=False)`: terminal: the reconciler told the user (a status, an Event) and only a
+  change to some watched object can settle it, so the key is not queued again until that change's event.
+
+An exception out of a pass is a bug (logged at WARNING with its traceback) or an API call that failed in a way
+the pass did not expect (an API server that does not answer, a conflict with a newer version: logged quietly at
+first, as a back-off the pass asked for); either is logged with the pass's context and backed off. Every pass
+runs inside `pass_context`: each of its log lines, the workers' line about how it ended included, carries a pass
+ID and the object the key names.
 """
 
 import asyncio
 import collections
+import contextlib
+import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+import aiohttp
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from api.log_format import PASS_FIELD, context_fields, log_context
+
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Done:
+    pass
+
+
+@dataclass(frozen=True)
+class Wait:
+    after_s: float | None
+    why: str
+
+
+@dataclass(frozen=True)
+class Problem:
+    errors: tuple[str, ...]
+    retry: bool = True
+
+    @classmethod
+    def of(cls, *errors: str, retry: bool = True) -> "Problem":
+        return cls(errors, retry)
+
+    def __str__(self) -> str:
+        return "; ".join(self.errors)
+
+
+Result = Done | Wait | Problem
+DONE = Done()
+
+
+def sooner(a: Done | Wait, b: Done | Wait) -> Done | Wait:
+    """The result of a part `a` followed by a part `b`: the sooner of their waits, for the reason of the first
+    that waits (Done when neither does)."""
+    if not isinstance(a, Wait):
+        return b
+    if not isinstance(b, Wait) or b.after_s is None:
+        return a
+    return Wait(b.after_s if a.after_s is None else min(a.after_s, b.after_s), a.why)
+
+
+_pass_ids = itertools.count(1)
+
+
+@contextlib.contextmanager
+def pass_context(**fields: str) -> Iterator[None]:
+    """The log context of one reconcile pass: `fields` name its object; a pass ID is added unless the pass
+    already has one (a worker's pass that a reconciler names further keeps the worker's ID)."""
+    ids = {} if PASS_FIELD in context_fields() else {PASS_FIELD: str(next(_pass_ids))}
+    with log_context(**ids, **fields):
+        yield
+
 
 K = TypeVar("K", bound=Hashable)
 
 BASE_DELAY_S = 0.005
 MAX_DELAY_S = 20.0  # FMA's cap
 QUIET_RETRIES = 8
+# An API server that did not answer, or refused a call (a conflict with a newer version than a cache held):
+# usually a moment that passes.
+API_FAILURES = (ApiException, aiohttp.ClientError, OSError, TimeoutError)
 
 
 class WorkQueue(Generic[K]):
@@ -117,30 +195,61 @@ class WorkQueue(Generic[K]):
         self._nonempty.set()
 
 
-Reconcile = Callable[[K], Awaitable[float | None]]
+Reconcile = Callable[[K], Awaitable[Result]]
 
 
-async def run_workers(queue: WorkQueue[K], reconcile: Reconcile[K], workers: int) -> None:
-    """Process keys until the queue shuts down. `reconcile` returns seconds after which to look at
-    the key again (or None); an exception requeues it with back-off."""
+def _key_field(key: Hashable) -> Mapping[str, str]:
+    return {"key": str(key)}
+
+
+async def run_workers(
+    queue: WorkQueue[K], reconcile: Reconcile[K], workers: int, fields: Callable[[K], Mapping[str, str]] = _key_field
+) -> None:
+    """Process keys until the queue shuts down, each pass inside its `pass_context` (`fields`: the key's, e.g.
+    the name of the object it is), acting on each pass's Result."""
 
     async def worker() -> None:
         while (key := await queue.get()) is not None:
             try:
-                again = await reconcile(key)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                delay = queue.add_rate_limited(key)
-                # Early retries are usually a state in transition (a Pod without an address yet).
-                level = logging.WARNING if queue.retries(key) > QUIET_RETRIES else logging.INFO
-                log.log(level, "%s: reconciling %s failed (retry %d in %.2f s): %s", queue.name, key,
-                        queue.retries(key), delay, err, exc_info=log.isEnabledFor(logging.DEBUG))  # fmt: skip
-            else:
-                queue.forget(key)
-                if again is not None:
-                    queue.add_after(key, again)
+                with pass_context(**fields(key)):
+                    await _one_pass(queue, reconcile, key)
             finally:
                 queue.done(key)
 
     await asyncio.gather(*(worker() for _ in range(workers)))
+
+
+async def _one_pass(queue: WorkQueue[K], reconcile: Reconcile[K], key: K) -> None:
+    try:
+        result = await reconcile(key)
+    except asyncio.CancelledError:
+        raise
+    except API_FAILURES as err:
+        _back_off(queue, key, f"failed: {err}", quiet=True)
+        return
+    except Exception as err:
+        _back_off(queue, key, f"failed unexpectedly: {err!r}", quiet=False)
+        return
+    match result:
+        case Problem(retry=True):
+            _back_off(queue, key, f"backing off: {result}", quiet=True)
+        case Problem():
+            queue.forget(key)
+            log.debug("%s: %s: waiting for a change: %s", queue.name, key, result)
+        case Wait(after_s=after_s):
+            queue.forget(key)
+            if after_s is not None:
+                queue.add_after(key, after_s)
+        case Done():
+            queue.forget(key)
+
+
+def _back_off(queue: WorkQueue[K], key: K, why: str, *, quiet: bool) -> None:
+    """Retry `key` after its back-off, and say so: a bug at WARNING with its traceback; a back-off the pass asked
+    for, or an API call that failed, at INFO for its first QUIET_RETRIES (usually a state in transition: a Pod
+    without an address yet, a write that met a newer version), at WARNING after."""
+    delay = queue.add_rate_limited(key)
+    retries = queue.retries(key)
+    loud = not quiet or retries > QUIET_RETRIES
+    log.log(logging.WARNING if loud else logging.INFO, "%s: %s: %s (retry %d in %.2f s)", queue.name, key, why,
+            retries, delay, exc_info=not quiet or log.isEnabledFor(logging.DEBUG))  # fmt: skip

@@ -9,12 +9,12 @@ import pytest
 from kubernetes_asyncio import client
 
 from api.crds import GROUP, VERSION, LauncherPopulationPolicy, Status
-from controller.conditions import Problem, Readiness, computed, current
+from controller.conditions import Fault, Readiness, computed, current
 from controller.status_writer import StatusWriter
 
 T0 = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
 T1 = T0 + timedelta(minutes=5)
-MISSING = Problem("LauncherConfigNotFound", "LauncherConfig x does not exist")
+MISSING = Fault("LauncherConfigNotFound", "LauncherConfig x does not exist")
 
 
 def lpp(name: str) -> dict[str, Any]:

@@ -1,9 +1,13 @@
-"""Fixtures shared by the unit and integration tests: tiny models built offline."""
+"""Fixtures shared by the unit and integration tests: tiny models built offline, the controller's log lines."""
 
+import io
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from api import log_format
 from controller.dualpods.phases import Phase
 from e2e.tiny_model import ensure_tiny_model
 from tests.phase_transitions import RECORDER, Exported
@@ -59,3 +63,18 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     report = terminalreporter.config.rootpath / PHASE_REPORT
     report.parent.mkdir(parents=True, exist_ok=True)
     report.write_text("\n".join(lines) + "\n")
+
+
+@pytest.fixture
+def lines() -> Iterator[io.StringIO]:
+    """The controller's log lines as `--log-format json` writes them (each pass's context fields included), from
+    DEBUG up."""
+    stream = io.StringIO()
+    handler = log_format.handler("json", "controller", stream)
+    logger = logging.getLogger("controller")
+    saved = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield stream
+    logger.removeHandler(handler)
+    logger.setLevel(saved)

@@ -8,7 +8,7 @@ from typing import Any
 from api import keys
 from api.crds import InferenceServerConfigStatus, Status
 from api.launcher_summary import of_pod
-from controller.conditions import Problem, Readiness, computed, current
+from controller.conditions import Fault, Readiness, computed, current
 from controller.dualpods.isc_status import IscSnapshot, isc_status, observe_isc
 from controller.populator.key import LauncherKey
 from controller.populator.refusals import QUOTA_EXCEEDED, Refusal
@@ -30,7 +30,7 @@ from tests.test_populator_fakes import launcher
 
 T0 = datetime(2026, 12, 1, 10, 0, 0, tzinfo=UTC)
 T1 = T0 + timedelta(minutes=5)
-MISSING = Problem("LauncherConfigNotFound", "LauncherConfig x does not exist")
+MISSING = Fault("LauncherConfigNotFound", "LauncherConfig x does not exist")
 
 
 def conditions(status: Status) -> dict[str, tuple[str, str, str, str, int]]:
@@ -41,7 +41,7 @@ def conditions(status: Status) -> dict[str, tuple[str, str, str, str, int]]:
 
 
 def test_problems_make_errors_and_stalled_and_unready_with_the_first_reason() -> None:
-    other = Problem("InvalidSpec", "bad selector")
+    other = Fault("InvalidSpec", "bad selector")
     status = computed(Status(), 3, [MISSING, other], Readiness(True, "Serving"), T0)
     assert status.errors == [MISSING.message, other.message]
     assert status.observed_generation == 3

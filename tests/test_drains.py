@@ -3,6 +3,7 @@ the loop that keeps the warm label its PodDisruptionBudget selects (controller/d
 tests/test_dualpods_fakes.py. A real drain of the loopback cluster is in e2e/test_drains.py."""
 
 import json
+import logging
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
@@ -15,6 +16,8 @@ from controller import pods
 from controller.dualpods.copies import LauncherFacts
 from controller.dualpods.drain_plan import INSTANCE_REWARMED_FROM, plan
 from controller.informer import Obj
+from controller.workqueue import DONE
+from tests.results import again
 from tests.test_dualpods_fakes import (
     GPU0,
     GPU1,
@@ -159,7 +162,7 @@ async def test_a_drain_copies_the_sleepers_then_lets_the_launcher_go(h: Harness)
     drains = h.controller.drains
     drains.now = lambda: T0
 
-    assert await drains.reconcile("l1") == pytest.approx(1.0)
+    assert again(await drains.reconcile("l1")) == pytest.approx(1.0)
     (create,) = h.journal.of("create_instance")
     copy_id = wanted_id(isc_obj(), (GPU2,))
     assert create.target == copy_id
@@ -169,7 +172,7 @@ async def test_a_drain_copies_the_sleepers_then_lets_the_launcher_go(h: Harness)
     h.views.views["l2"].instances[copy_id] = h.views.views["l2"].instances[copy_id].model_copy(update={"ready": True})
     await drains.reconcile("l1")
     assert [c.target for c in h.journal.of("sleep")] == [copy_id]
-    assert await drains.reconcile("l1") is None
+    assert await drains.reconcile("l1") == DONE
     assert not warm(h, "l1")
     assert ("DrainRewarmed", f"its sleepers are asleep on other nodes: {sleeper().instance_id} on l2") in events(h)
 
@@ -186,7 +189,7 @@ async def test_a_drain_waits_for_launchers_whose_instances_are_not_known_yet(h: 
     h.put(node_obj(NODE, unschedulable=True), gpu_map({OTHER_NODE: [GPU2, GPU3], NODE: [GPU0, GPU1]}))
     drains = h.controller.drains
     drains.now = lambda: T0
-    assert await drains.reconcile("l1") == pytest.approx(1.0)
+    assert again(await drains.reconcile("l1")) == pytest.approx(1.0)
     assert warm(h, "l1"), "the sleeper still holds the drain"
     assert events(h) == [], "neither stranded nor rewarmed while l2's instances are unknown"
     h.views.put(h.pod("l2"))  # l2's view synced: the copy goes there
@@ -205,14 +208,19 @@ async def test_a_launcher_not_known_yet_does_not_hold_up_copies_to_known_ones(h:
     assert [c.target for c in h.journal.of("create_instance")] == [wanted_id(isc_obj(), (GPU2,))]
 
 
-async def test_a_drain_that_cannot_finish_in_time_lets_the_launcher_go(h: Harness) -> None:
+async def test_a_drain_that_cannot_finish_in_time_lets_the_launcher_go(
+    h: Harness, caplog: pytest.LogCaptureFixture
+) -> None:
     h.put(launcher_obj("l1"), node_obj(NODE, unschedulable=True))
     h.views.put(h.pod("l1"), sleeper())
     drains = h.controller.drains
     drains.now = lambda: T0
     await drains.reconcile("l1")
-    assert ("DrainStranded", f"sleeping instance {sleeper().instance_id} cannot be copied to another node: "
-            "no launcher of its LauncherConfig on a schedulable node") in events(h)  # fmt: skip
+    stranded = (f"sleeping instance {sleeper().instance_id} cannot be copied to another node: no launcher of its "
+                "LauncherConfig on a schedulable node")  # fmt: skip
+    assert ("DrainStranded", stranded) in events(h)
+    (logged,) = [r for r in caplog.records if getattr(r, "reason", None) == "DrainStranded"]
+    assert (logged.levelno, logged.getMessage().endswith(stranded)) == (logging.WARNING, True)
     assert not warm(h, "l1"), "a stranded sleeper does not hold the drain"
 
     h.put(on(launcher_obj("l2", ip="127.0.2.1"), OTHER_NODE, "127.0.2.1"))

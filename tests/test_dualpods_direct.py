@@ -17,6 +17,7 @@ from controller.dualpods.nominal import NominalError, gpu_keys, nominal_provider
 from controller.dualpods.passes import Options
 from controller.http import HttpError, Reply
 from controller.informer import Obj
+from tests.results import backs_off, terminal
 from tests.test_dualpods_fakes import (
     GPU0,
     GPU1,
@@ -245,7 +246,7 @@ def test_gpu_map_errors_are_fmas(configmap: Obj | None, uuids: list[str], errors
 async def test_without_a_gpu_map_the_requester_shows_it_and_waits_for_the_map(h: Harness) -> None:
     h.remove(gpu_map_obj())
     h.put(direct_requester_obj())
-    assert await h.reconcile() is None  # no retry: the ConfigMap's arrival brings the requester back
+    assert terminal(await h.reconcile())  # no retry: the ConfigMap's arrival brings the requester back
     assert status_errors(h.pod(REQ)) == ["GPU map ConfigMap gpu-map is not available"]
     assert h.journal.of("create") == []
 
@@ -267,7 +268,7 @@ async def test_requesting_both_kinds_of_provider_is_a_status_error(h: Harness) -
 
 async def test_a_broken_patch_is_a_status_error_without_retries(h: Harness) -> None:
     h.put(direct_requester_obj(patch="spec:\n  contianers: []"))
-    assert await h.reconcile() is None
+    assert terminal(await h.reconcile())
     assert status_errors(h.pod(REQ)) == [
         'failed to construct the nominal server-providing Pod: strict decoding error: unknown field "spec.contianers"'
     ]
@@ -382,15 +383,16 @@ async def test_an_invalid_provider_is_a_status_error_not_a_retry_loop(h: Harness
     h.put(direct_requester_obj())
     message = f'Pod "{REQ}-dual-x7k2p" is invalid: spec.containers[0].image: Required value'
     h.writer.create = _raises(create_refused(422, message))  # type: ignore[method-assign]
-    assert await h.reconcile() is None
+    assert terminal(await h.reconcile())
     assert status_errors(h.pod(REQ)) == [f"the nominal server-providing {message}"]
 
 
 async def test_another_creation_failure_is_a_status_error_and_a_retry(h: Harness) -> None:
     h.put(direct_requester_obj())
     h.writer.create = _raises(create_refused(403, "exceeded quota"))  # type: ignore[method-assign]
-    with pytest.raises(Exception, match="exceeded quota"):
-        await h.reconcile()
+    result = await h.reconcile()
+    assert backs_off(result)
+    assert "exceeded quota" in str(result)
     assert status_errors(h.pod(REQ)) == ["failed to create server-providing Pod: exceeded quota"]
 
 
@@ -555,6 +557,5 @@ async def test_unbind_deletes_a_provider_that_refuses_to_sleep(h: Harness) -> No
 async def test_unbind_retries_a_provider_that_fails_to_sleep(h: Harness) -> None:
     h.put(provider_obj(bound_to=direct_requester_obj()))
     h.providers.refusal = HttpError("sleep", f"http://{IP}:8000/sleep?level=1", None, ConnectionError())
-    with pytest.raises(HttpError):
-        await h.reconcile()
+    assert backs_off(await h.reconcile())
     assert h.journal.kinds() == [("sleep", IP)]

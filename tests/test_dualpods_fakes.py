@@ -50,6 +50,7 @@ from controller.http import HttpError, Reply
 from controller.informer import Informer, Obj, object_key
 from controller.launcher_template import node_independent_pod, pod_for_node
 from controller.launcher_views import ChangeListener, LauncherView, ListedListener
+from controller.workqueue import Result
 from tests.phase_transitions import RECORDER
 
 NS = "ns"
@@ -784,7 +785,7 @@ class Harness:
     def has_pod(self, name: str) -> bool:
         return self.caches.pods.get(f"{NS}/{name}") is not None
 
-    async def reconcile(self, name: str = REQ) -> float | None:
+    async def reconcile(self, name: str = REQ) -> Result:
         RECORDER.ran(self.phase(name))
         return await self.reconciler.reconcile_requester(name)
 

@@ -4,13 +4,11 @@ Event on it too."""
 
 import io
 import json
-import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from api import log_format
 from tests.test_dualpods_fakes import REQ, Harness, harness, isc_obj, lc_obj, node_obj, requester_obj
 from tests.test_dualpods_phases import setup_lost
 
@@ -20,20 +18,6 @@ async def h() -> AsyncIterator[Harness]:
     async with harness() as made:
         made.put(node_obj(), isc_obj(), lc_obj())
         yield made
-
-
-@pytest.fixture
-def lines() -> Iterator[io.StringIO]:
-    """The controller's log lines (JSON, as `--log-format json` writes them), from DEBUG up."""
-    stream = io.StringIO()
-    handler = log_format.handler("json", "controller", stream)
-    logger = logging.getLogger("controller")
-    saved = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    yield stream
-    logger.removeHandler(handler)
-    logger.setLevel(saved)
 
 
 def records(stream: io.StringIO) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ from api import keys, launcher_summary
 from api.launcher import InstanceStatus, VllmConfig
 from controller import pods
 from controller.dualpods.binding import LAUNCHER_SEEN_RECHECK_S
+from controller.dualpods.controller import REQUESTER
 from controller.dualpods.devices import Device
 from controller.dualpods.memory import SWEEP_S
 from controller.dualpods.passes import RELAY_RECHECK_S
@@ -23,10 +24,11 @@ from controller.dualpods.phases import Phase
 from controller.dualpods.release import RELEASE_POLL_S
 from controller.dualpods.requester_client import RequesterError
 from controller.dualpods.requester_steps import SPI_STARTUP_RETRY_S
-from controller.dualpods.status import RequesterProblem
 from controller.http import HttpError, Reply
 from controller.informer import Obj
 from controller.pods import annotations, binding, labels
+from controller.workqueue import DONE, Problem
+from tests.results import again, backs_off, terminal
 from tests.test_dualpods_fakes import (
     GPU0,
     GPU1,
@@ -108,7 +110,7 @@ def refused(status: int) -> HttpError:
 
 
 async def test_both_pods_gone_does_nothing(h: Harness) -> None:
-    assert await h.reconcile() is None
+    assert await h.reconcile() == DONE
     assert h.journal == []
 
 
@@ -317,7 +319,7 @@ async def test_unbind_waits_while_the_launchers_instances_are_unknown(h: Harness
     launcher = bound(launcher_obj(), requester)
     h.put(requester, launcher)
     h.views.put(launcher, synced=False)
-    assert await h.reconcile() == RELEASE_POLL_S  # a wait, not a failure: looked at again soon
+    assert again(await h.reconcile()) == RELEASE_POLL_S  # a wait, not a failure: looked at again soon
     assert h.journal == []
     assert h.metric("dualpods_passes_total", phase="release-waiting", result="wait") == 1
 
@@ -342,36 +344,34 @@ async def test_nothing_happens_while_the_node_is_missing_or_going(h: Harness, no
         h.put(node_obj(deleting=True))
     h.put(requester_obj(), launcher_obj())
     h.views.put(launcher_obj())
-    assert await h.reconcile() is None
+    assert await h.reconcile() == DONE
     assert h.journal == []
 
 
 async def test_a_requester_without_an_ip_yet_is_left_alone(h: Harness) -> None:
     """A normal moment of a Pod's start (a deliberate departure from FMA's `no IP assigned yet` error)."""
     h.put(requester_obj(ip=None, gpus=None))
-    assert await h.reconcile() is None
+    assert await h.reconcile() == DONE
     assert h.journal == []
 
 
-async def test_a_problem_is_a_status_error_an_event_and_a_retry_once(h: Harness) -> None:
+async def test_a_problem_is_a_status_error_and_an_event_once(h: Harness) -> None:
     h.remove(isc_obj())
     h.put(requester_obj())
-    with pytest.raises(RequesterProblem):
-        await h.reconcile()
+    assert terminal(await h.reconcile())  # until the ISC changes
     assert h.journal.kinds() == [("event", REQ), ("update", REQ)]
     assert h.journal[0].detail == ("Warning", "ActuationProblem", "InferenceServerConfig isc does not exist")
     assert status_errors(h.pod(REQ)) == ["InferenceServerConfig isc does not exist"]
 
     h.journal.clear()
-    with pytest.raises(RequesterProblem):
-        await h.reconcile()
+    assert terminal(await h.reconcile())  # until the ISC changes
     assert h.journal == []  # the same problem again: no second Event, no write
 
 
 async def test_gpus_are_asked_once_and_recorded_in_the_accelerators_annotation(h: Harness) -> None:
     h.requesters.gpus = [GPU0, GPU1]
     h.put(requester_obj(gpus=None))
-    assert await h.reconcile() is None
+    assert await h.reconcile() == DONE
     # No launcher yet: one is created for it, in the same pass, and the requester is written once.
     assert h.journal.kinds() == [("gpu_uuids", REQ), ("create", "launcher-lc-1"), ("update", REQ)]
     assert annotations(h.pod(REQ))[keys.ACCELERATORS_ANNOTATION] == f"{GPU0},{GPU1}"
@@ -384,8 +384,7 @@ async def test_gpus_are_asked_once_and_recorded_in_the_accelerators_annotation(h
 async def test_an_empty_gpu_set_is_a_status_error(h: Harness) -> None:
     h.requesters.gpus = []
     h.put(requester_obj(gpus=None))
-    with pytest.raises(RequesterProblem):
-        await h.reconcile()
+    assert backs_off(await h.reconcile())
     assert status_errors(h.pod(REQ)) == ["the assigned set of GPUs is empty"]
     assert keys.ACCELERATORS_ANNOTATION not in annotations(h.pod(REQ))
 
@@ -393,8 +392,7 @@ async def test_an_empty_gpu_set_is_a_status_error(h: Harness) -> None:
 async def test_a_failed_gpu_query_is_a_status_error(h: Harness) -> None:
     h.requesters.gpus = RequesterError("the requester's GPU query failed: 500 no GPUs found")
     h.put(requester_obj(gpus=None))
-    with pytest.raises(RequesterError):
-        await h.reconcile()
+    assert backs_off(await h.reconcile())
     assert status_errors(h.pod(REQ)) == ["the requester's GPU query failed: 500 no GPUs found"]
 
 
@@ -407,15 +405,14 @@ async def test_a_requester_still_starting_is_asked_for_its_gpus_again_soon(h: Ha
     requester["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": now()}}
     h.put(requester)
     h.requesters.gpus = unreachable()
-    assert await h.reconcile() == SPI_STARTUP_RETRY_S
+    assert again(await h.reconcile()) == SPI_STARTUP_RETRY_S
     assert h.journal.kinds() == [("gpu_uuids", REQ)]  # no status error, no Event
 
 
 async def test_a_requester_that_never_answers_is_a_status_error(h: Harness) -> None:
     h.put(requester_obj(gpus=None))  # started long ago
     h.requesters.gpus = unreachable()
-    with pytest.raises(RequesterProblem):
-        await h.reconcile()
+    assert backs_off(await h.reconcile())
     (error,) = status_errors(h.pod(REQ)) or []
     assert error.startswith("cannot query the requester's GPUs: get_gpu_uuids: ")
 
@@ -441,8 +438,7 @@ async def test_a_cordoned_node_keeps_a_bound_requester(h: Harness) -> None:
 async def test_a_missing_isc_or_launcher_config_is_a_status_error(h: Harness, missing: str, message: str) -> None:
     h.remove(isc_obj() if missing == "isc" else lc_obj())
     h.put(requester_obj())
-    with pytest.raises(RequesterProblem):
-        await h.reconcile()
+    assert terminal(await h.reconcile())
     assert status_errors(h.pod(REQ)) == [message]
     assert h.journal.of("create") == []
 
@@ -450,8 +446,7 @@ async def test_a_missing_isc_or_launcher_config_is_a_status_error(h: Harness, mi
 async def test_invalid_routing_metadata_is_a_status_error_and_nothing_is_bound(h: Harness) -> None:
     h.put(isc_obj(labels={"kubernetes.io/pool": "a"}), requester_obj(), launcher_obj())
     h.views.put(launcher_obj())
-    with pytest.raises(RequesterProblem):
-        await h.reconcile()
+    assert terminal(await h.reconcile())
     assert status_errors(h.pod(REQ)) == [
         "InferenceServerConfig isc: label key 'kubernetes.io/pool' uses a reserved prefix"
     ]
@@ -461,8 +456,9 @@ async def test_invalid_routing_metadata_is_a_status_error_and_nothing_is_bound(h
 async def test_a_routing_label_that_the_launcher_config_already_sets_is_refused(h: Harness) -> None:
     """Unbinding removes the ISC's labels; with a shared key it would strip the LauncherConfig's own."""
     h.put(isc_obj(labels={LC_LABEL: "yes"}), requester_obj())
-    with pytest.raises(RequesterProblem, match=f"label '{LC_LABEL}' is already on the Pod"):
-        await h.reconcile()
+    result = await h.reconcile()
+    assert terminal(result)
+    assert f"label '{LC_LABEL}' is already on the Pod" in str(result)
     assert h.journal.of("create") == []
 
 
@@ -574,7 +570,7 @@ async def test_while_a_launcher_is_starting_nothing_is_created(h: Harness, start
     h.put(requester_obj(), launcher)
     if starting != "no IP":
         h.views.put(launcher, synced=starting != "instances not listed yet")
-    assert await h.reconcile() is None
+    assert await h.reconcile() == DONE
     assert h.journal == []
 
 
@@ -670,8 +666,7 @@ async def test_an_instance_the_launcher_refuses_is_a_status_error(h: Harness) ->
     h.views.put(launcher)
     h.launchers.refusal = refused(400)
     await h.reconcile()
-    with pytest.raises(RequesterProblem):
-        await h.reconcile()
+    assert backs_off(await h.reconcile())
     (error,) = status_errors(h.pod(REQ)) or []
     assert error.startswith(f"launcher {LAUNCHER} refused the instance: ")
 
@@ -683,8 +678,7 @@ async def test_a_launcher_failing_to_create_is_retried_without_status_error(h: H
     h.views.put(launcher)
     h.launchers.refusal = refused(503)
     await h.reconcile()
-    with pytest.raises(HttpError):
-        await h.reconcile()
+    assert backs_off(await h.reconcile())
     assert status_errors(h.pod(REQ)) is None
 
 
@@ -707,8 +701,7 @@ async def test_an_instance_refused_after_the_bind_is_a_status_error_of_the_bound
     h.put(requester_obj(), launcher_obj())
     h.views.put(launcher_obj())
     h.launchers.refusal = refused(400)
-    with pytest.raises(RequesterProblem):
-        await h.reconcile()
+    assert backs_off(await h.reconcile())
     assert labels(h.pod(REQ))[keys.DUAL_LABEL] == LAUNCHER
     (error,) = status_errors(h.pod(REQ)) or []
     assert error.startswith(f"launcher {LAUNCHER} refused the instance: ")
@@ -723,12 +716,10 @@ async def test_a_persistent_problem_does_not_make_the_status_flap(h: Harness) ->
     h.views.put(launcher)
     h.launchers.refusal = refused(400)
     await h.reconcile()
-    with pytest.raises(RequesterProblem):
-        await h.reconcile()
+    assert backs_off(await h.reconcile())
     h.journal.clear()
     for _ in range(3):
-        with pytest.raises(RequesterProblem):
-            await h.reconcile()
+        assert backs_off(await h.reconcile())
     assert [c.kind for c in h.journal] == ["create_instance"] * 3  # no write, no Event
     assert status_errors(h.pod(REQ))
 
@@ -750,10 +741,10 @@ async def standing_problem(h: Harness, kind: str) -> None:
 
 @pytest.mark.parametrize("kind", ["unbound", "bound"])
 async def test_a_restarted_controller_neither_rewrites_a_standing_problem_nor_records_it_again(kind: str) -> None:
+    ends = terminal if kind == "unbound" else backs_off  # a missing ISC waits for it; a refusal is retried
     async with harness() as before:
         await standing_problem(before, kind)
-        with pytest.raises(RequesterProblem):
-            await before.reconcile()
+        assert ends(await before.reconcile())
         assert [c.kind for c in before.journal if c.kind != "create_instance"] == ["event", "update"]
         reported = before.pod(REQ)
         shown = status_errors(reported)
@@ -762,8 +753,7 @@ async def test_a_restarted_controller_neither_rewrites_a_standing_problem_nor_re
         await standing_problem(after, kind)
         after.put(reported)
         for _ in range(3):
-            with pytest.raises(RequesterProblem):
-                await after.reconcile()
+            assert ends(await after.reconcile())
         assert [c.kind for c in after.journal if c.kind != "create_instance"] == []  # no write, no second Event
         assert status_errors(after.pod(REQ)) == shown
 
@@ -771,8 +761,7 @@ async def test_a_restarted_controller_neither_rewrites_a_standing_problem_nor_re
 async def test_a_cleared_problem_clears_the_status(h: Harness) -> None:
     serving_pair(h)
     h.requesters.relay_error = RequesterError("relaying readiness to the requester failed: refused")
-    with pytest.raises(RequesterError):
-        await h.reconcile()
+    assert backs_off(await h.reconcile())
     assert status_errors(h.pod(REQ)) == ["relaying readiness to the requester failed: refused"]
     h.requesters.relay_error = None
     await h.drive()
@@ -783,13 +772,31 @@ async def test_a_status_error_from_before_binding_is_cleared_once_bound(h: Harne
     h.remove(isc_obj())
     h.put(requester_obj(), launcher_obj())
     h.views.put(launcher_obj(), inst(WANTED))
-    with pytest.raises(RequesterProblem):
-        await h.reconcile()
+    assert terminal(await h.reconcile())
     assert status_errors(h.pod(REQ)) == ["InferenceServerConfig isc does not exist"]
     h.put(isc_obj())
     await h.drive()
     assert status_errors(h.pod(REQ)) is None
     assert h.journal.of("relay")
+
+
+async def test_a_missing_isc_is_terminal_until_it_is_created_and_its_creation_queues_the_requester(
+    h: Harness,
+) -> None:
+    h.remove(isc_obj())
+    h.put(requester_obj(), launcher_obj())
+    h.views.put(launcher_obj(), inst(WANTED))
+    missing = "InferenceServerConfig isc does not exist"
+    assert await h.reconcile() == Problem.of(missing, retry=False)  # the queue does not retry it
+    assert [c.detail for c in h.journal.of("event")] == [("Warning", "ActuationProblem", missing)]
+    assert status_errors(h.pod(REQ)) == [missing]
+    await h.queued()  # what the pass's own write queued
+    h.put(isc_obj())  # the ISC's watch event
+    assert (REQUESTER, REQ) in await h.queued()
+    assert not isinstance(await h.reconcile(), Problem)  # the requester proceeds: it binds
+    assert binding(h.pod(LAUNCHER)) is not None
+    await h.drive()
+    assert status_errors(h.pod(REQ)) is None
 
 
 async def test_an_instance_that_vanished_after_being_seen_deletes_the_requester(h: Harness) -> None:
@@ -835,7 +842,7 @@ async def test_a_create_that_an_earlier_pass_already_made_is_not_an_error(h: Har
         Reply(409, {"detail": "Instance x already exists"}),
     )
     await h.reconcile()  # settles the requester
-    assert await h.reconcile() is None  # the PUT answers 409: no error, no back-off
+    assert await h.reconcile() == DONE  # the PUT answers 409: no error, no back-off
     assert h.journal.kinds()[-1][0] == "create_instance"
     assert status_errors(h.pod(REQ)) is None
 
@@ -865,7 +872,7 @@ async def test_an_awake_instance_makes_the_launcher_an_endpoint_in_one_write_and
     launcher = bound(launcher_obj(), requester)
     h.put(requester, launcher)
     h.views.put(launcher, inst(WANTED, sleeping=False))
-    assert await h.reconcile() == RELAY_RECHECK_S
+    assert again(await h.reconcile()) == RELAY_RECHECK_S
     assert h.journal.kinds() == [("update", LAUNCHER), ("relay", REQ)]
     serving = h.journal.written(LAUNCHER)
     assert labels(serving)[keys.SLEEPING_LABEL] == "false"
@@ -876,10 +883,10 @@ async def test_an_awake_instance_makes_the_launcher_an_endpoint_in_one_write_and
     assert duality(h) == 1
 
     h.journal.clear()
-    again = await h.reconcile()  # within the recheck window: not re-sent, and measured once only
+    after_s = again(await h.reconcile())  # within the recheck window: not re-sent, and measured once only
     assert h.journal == []
-    assert again is not None
-    assert 0 < again <= RELAY_RECHECK_S
+    assert after_s is not None
+    assert 0 < after_s <= RELAY_RECHECK_S
     assert actuations(h, "hot") == 1
 
 
@@ -980,8 +987,7 @@ async def test_a_wake_that_cannot_fit_the_gpu_budget_is_refused_with_a_status_er
     launcher = bound(launcher_obj(), requester)
     h.put(requester, launcher)
     h.views.put(launcher, inst(WANTED, sleeping=True))
-    with pytest.raises(RequesterProblem):
-        await h.reconcile()
+    assert backs_off(await h.reconcile())
     (error,) = status_errors(h.pod(REQ)) or []
     assert error.startswith(f"not waking instance {WANTED}: its GPUs already hold more than the sleeper budget")
     assert h.journal.of("wake") == []
@@ -1131,7 +1137,7 @@ async def test_a_pass_before_the_watch_shows_the_created_launcher_does_not_creat
     await h.reconcile()
     (created,) = h.journal.of("create")
     for _ in range(3):
-        assert await h.reconcile() == LAUNCHER_SEEN_RECHECK_S
+        assert again(await h.reconcile()) == LAUNCHER_SEEN_RECHECK_S
     assert len(h.journal.of("create")) == 1, "no second launcher"
     h.writer.deliver_created()
     await h.drive()
@@ -1204,7 +1210,7 @@ async def test_isc_change_deletes_only_idle_obsolete_unbound_instances_of_that_i
         inst("Iisc2i", isc="isc2", port=8008, revision=5),  # another ISC's
     )
     h.views.put(taken, inst(old_gpu1, gpus=[GPU1], sleeping=True))  # the bound instance itself stays
-    assert await h.reconciler.reconcile_isc(ISC) is None
+    assert await h.reconciler.reconcile_isc(ISC) == DONE
     assert set(h.journal.kinds()) == {("delete_instance", "Istoppedi"), ("delete_instance", WANTED)}
     assert len(h.journal) == 2
 

@@ -5,7 +5,7 @@ the digest says which keys and policies a change affects, and what the policies'
 
 from typing import Any
 
-from controller.conditions import Problem
+from controller.conditions import Fault
 from controller.populator.digest import Digest, digest_config, digest_policy
 from controller.populator.key import LauncherKey
 from controller.populator.nodes import NodeFacts
@@ -121,8 +121,8 @@ def test_policy_errors_name_their_unusable_launcher_configs_and_their_own_proble
         "invalid enhancedNodeSelector: labelSelector.matchExpressions.0.operator: "
     )
     assert references == [
-        Problem("LauncherConfigNotFound", 'LauncherConfig "ghost" referenced in CountForLauncher does not exist'),
-        Problem(
+        Fault("LauncherConfigNotFound", 'LauncherConfig "ghost" referenced in CountForLauncher does not exist'),
+        Fault(
             "LauncherConfigInvalid",
             'LauncherConfig "b" referenced in CountForLauncher is malformed: '
             "LauncherConfig b: podTemplate.spec has no container named 'inference-server'",

@@ -8,6 +8,8 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
+from controller.workqueue import DONE
+from tests.results import again
 from tests.test_populator_fakes import KEY, NOW, THRESHOLDS, FakeCluster, current_hash, digest_for, launcher, reconciler
 
 LONG_AGO = NOW - timedelta(minutes=10)
@@ -28,7 +30,7 @@ STUCK_EVENT = ("stuck", "LauncherStuck", "Launcher is stuck (stuck_starting); le
 async def test_a_stuck_launcher_is_kept_labelled_and_reported() -> None:
     cluster = FakeCluster(stuck_starting())
     reconcile, _, _ = reconciler(cluster, digest_for(1))
-    assert await reconcile(KEY) is None, "reporting alone asks for no requeue"
+    assert await reconcile(KEY) == DONE, "reporting alone asks for no requeue"
     assert cluster.names() == {"stuck"}, "not replaced"
     assert labelled(cluster, "stuck")
     assert cluster.events == [STUCK_EVENT]
@@ -91,14 +93,13 @@ async def test_a_launcher_whose_surplus_delete_conflicts_is_reported_on_the_next
     cluster = FakeCluster(healthy, stuck_starting())
     cluster.conflicting.add("stuck")
     reconcile, expectations, _ = reconciler(cluster, digest_for(1))
-    again = await reconcile(KEY)
-    assert again is not None, "deletions are pending: look again"
+    assert again(await reconcile(KEY)) is not None, "deletions are pending: look again"
     assert cluster.names() == {"stuck"}, "the not-Ready one is picked first; the healthy one goes when it conflicts"
     assert not labelled(cluster, "stuck")
     assert cluster.events == []
 
     cluster.sync(expectations)
-    assert await reconcile(KEY) is None
+    assert await reconcile(KEY) == DONE
     assert labelled(cluster, "stuck")
     assert cluster.events == [STUCK_EVENT]
 
@@ -126,5 +127,5 @@ async def test_the_key_is_looked_at_again_when_a_launcher_will_become_stuck() ->
     starting = launcher("l", DIGEST_HASH, created=LONG_AGO, scheduled=NOW - timedelta(seconds=THRESHOLDS.starting - 30))
     cluster = FakeCluster(starting)
     reconcile, _, _ = reconciler(cluster, digest_for(1))
-    assert await reconcile(KEY) == 30
+    assert again(await reconcile(KEY)) == 30
     assert cluster.events == []

@@ -45,22 +45,24 @@ async def bind(p: Pass, gpus: list[str] | None = None) -> StepResult:
     """Bind the best unbound launcher, or create one: one write, whose event brings the next pass. `gpus`: the
     requester's, asked in this pass (its snapshot does not show them yet)."""
     s, requester = p.s, p.requester
+    # What the requester's ISC and LauncherConfig say settles only when one of them (or the requester) changes,
+    # and those changes queue the requester again: terminal problems, not retried.
     if s.isc.value is None or s.launcher_config.value is None:
-        return Problem.of(str(s.isc.problem or s.launcher_config.problem))
+        return Problem.of(str(s.isc.problem or s.launcher_config.problem), retry=False)
     isc, lc = s.isc.value, s.launcher_config.value
     try:
         template, template_hash = node_independent_pod(
             lc, p.world.options.launcher_token_secret, p.world.options.launcher_runtime_class
         )
     except TemplateError as err:
-        return Problem.of(str(err))
+        return Problem.of(str(err), retry=False)
     routing = from_isc(isc)
     if found := problems(routing, template["metadata"]["labels"], template["metadata"]["annotations"]):
-        return Problem.of(f"InferenceServerConfig {s.isc_name}: " + "; ".join(found))
+        return Problem.of(f"InferenceServerConfig {s.isc_name}: " + "; ".join(found), retry=False)
     try:
         runtime = runtime_of(pods.annotations(requester), isc.metadata.annotations)
     except ValueError as err:
-        return Problem.of(str(err))
+        return Problem.of(str(err), retry=False)
     gpus, node = gpus if gpus is not None else s.gpus or [], str(pods.node_name(requester))
     wanted = instance_id(isc, gpus, runtime)
     config = launcher_instance_config(isc, lc, gpus, runtime)

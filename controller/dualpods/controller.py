@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from api import keys, launcher_summary
 from api.crds import InferenceServerConfig, LauncherConfig
 from api.keys import GPU_MAP_CONFIGMAP
+from api.log_format import ISC_FIELD, REQUESTER_FIELD
 from api.token_file import TokenFile
 from controller import pods
 from controller.dualpods.binding import LAUNCHERS_BY_CONFIG_HASH
@@ -33,7 +34,8 @@ from controller.dualpods.passes import Options, World
 from controller.dualpods.phases import LAUNCHER_START_BUDGET, Phase
 from controller.dualpods.placement.admission import Placement, PlacementOptions
 from controller.dualpods.placement.announce import PlacementAnnouncer
-from controller.dualpods.placement.choice import Result, decided, opted_in_expression
+from controller.dualpods.placement.choice import Result as Placed
+from controller.dualpods.placement.choice import decided, opted_in_expression
 from controller.dualpods.placement.claim_templates import KubeClaimTemplates
 from controller.dualpods.placement.fleet import INDEXES, REQUESTERS_ON_NODE, FleetReader
 from controller.dualpods.placement.webhook import Endpoint, serve_placement
@@ -54,7 +56,7 @@ from controller.launcher_template import node_independent_pod
 from controller.launcher_views import LauncherView, LauncherViews, ViewSource
 from controller.passclock import timed
 from controller.status_writer import StatusWriter
-from controller.workqueue import WorkQueue, run_workers
+from controller.workqueue import DONE, Problem, Result, WorkQueue, run_workers
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +163,7 @@ class DualPodsController:
             clients.claim_templates,
             on_decision=lambda d: metrics.placements.labels(namespace, d.result.value).inc(),
         )
-        for result in Result:  # every result a series from the start, so that a rate of 0 reads as 0, not absent
+        for result in Placed:  # every result a series from the start, so that a rate of 0 reads as 0, not absent
             metrics.placements.labels(namespace, result.value)
         self.announcer = PlacementAnnouncer(namespace, caches.pods, clients.events)
         self.pools = PoolKeeper(
@@ -196,31 +198,37 @@ class DualPodsController:
                          len(self.caches.nodes.items()))  # fmt: skip
                 self.synced.set()
                 process = timed(self._process, self.metrics.reconcile_own_seconds, lambda key: key.kind.value)
-                tasks.create_task(run_workers(self.queue, process, self.options.workers))
+                tasks.create_task(run_workers(self.queue, process, self.options.workers, _key_fields))
                 tasks.create_task(self.drains.run())
                 tasks.create_task(self.pools.run())
         finally:
             for queue in (self.queue, self.drains.queue, self.pools.queue):
                 queue.shutdown()
 
-    async def _process(self, key: Key) -> float | None:
+    async def _process(self, key: Key) -> Result:
         started = time.monotonic()
         node = self._node_of(key)
         try:
-            if key.kind is KeyKind.REQUESTER:
-                return await self.reconciler.reconcile_requester(key.name)
-            if key.kind is KeyKind.ISC_STATUS:
-                return await self.reconciler.reconcile_isc_status(key.name)
-            if key.kind is KeyKind.PLACEMENT:
-                await self.announcer.announce(key.name)
-                return None
-            return await self.reconciler.reconcile_isc(key.name)
+            result = await self._reconcile(key)
         except Exception:
             self.metrics.queue_retries.labels(node).inc()
             raise
         finally:
             self.metrics.queue_work_seconds.labels(node).observe(time.monotonic() - started)
             self.metrics.queue_depth.labels(node).set(len(self.queue))
+        if isinstance(result, Problem) and result.retry:  # backed off too (workqueue.py)
+            self.metrics.queue_retries.labels(node).inc()
+        return result
+
+    async def _reconcile(self, key: Key) -> Result:
+        if key.kind is KeyKind.REQUESTER:
+            return await self.reconciler.reconcile_requester(key.name)
+        if key.kind is KeyKind.ISC_STATUS:
+            return await self.reconciler.reconcile_isc_status(key.name)
+        if key.kind is KeyKind.PLACEMENT:
+            await self.announcer.announce(key.name)
+            return DONE
+        return await self.reconciler.reconcile_isc(key.name)
 
     def _observe_queue_wait(self, key: Key, seconds: float) -> None:
         self.metrics.queue_wait_seconds.labels(self._node_of(key)).observe(seconds)
@@ -391,6 +399,11 @@ async def run_dual_pods(
                         api, controller.placement, options.placement, controller.opted_in, controller.opt_ins_changed
                     )
                 )
+
+
+def _key_fields(key: Key) -> dict[str, str]:
+    """A work item's log fields: the object its pass is about (`requester=`, `isc=`)."""
+    return {ISC_FIELD if key.kind in (ISC, ISC_STATUS) else REQUESTER_FIELD: key.name}
 
 
 def _incarnation(pod: Obj) -> tuple[str, int]:

@@ -78,12 +78,21 @@ def as_created(created: str, config: VllmConfig) -> InstanceState:
     )  # fmt: skip
 
 
+class NoAddress(Exception):
+    """A launcher a plan names has lost its address (gone, or restarting) since the plan was made."""
+
+
+# What carrying out a plan may meet: a launcher that does not answer, or has no address any more; the pass that
+# planned backs off (and plans afresh).
+CARRY_OUT_FAILURES = (HttpError, NoAddress)
+
+
 def launcher_ip(caches: Caches, namespace: str, launcher: str) -> str:
     """The address of a launcher a plan names (it had one when the plan was made)."""
     pod = caches.pods.get(f"{namespace}/{launcher}")
     ip = pods.pod_ip(pod) if pod is not None else None
     if ip is None:
-        raise RuntimeError(f"launcher {launcher} has no address")
+        raise NoAddress(f"launcher {launcher} has no address")
     return ip
 
 

@@ -24,17 +24,19 @@ from datetime import UTC, datetime
 
 from api import keys, launcher_summary
 from api.crds import InferenceServerConfig, LauncherConfig
-from controller import pods
+from api.log_format import LAUNCHER_FIELD
+from controller import events, pods
 from controller.dualpods.collaborators import Clients
-from controller.dualpods.copies import LauncherFacts, carry_out, launcher_ip
+from controller.dualpods.copies import CARRY_OUT_FAILURES, LauncherFacts, carry_out, launcher_ip
 from controller.dualpods.drain_plan import plan, sleeping
 from controller.dualpods.gpu_map import gpu_locations
 from controller.dualpods.launcher_summaries import SETTLE_S, summary_text
 from controller.dualpods.snapshot import Caches, parse
 from controller.dualpods.writer import set_annotation, set_label
+from controller.events import EventType
 from controller.informer import Obj
 from controller.launcher_views import LauncherView, ViewSource
-from controller.workqueue import WorkQueue, run_workers
+from controller.workqueue import DONE, Problem, Result, Wait, WorkQueue, pass_context, run_workers
 
 log = logging.getLogger(__name__)
 
@@ -67,34 +69,41 @@ class DrainRewarmer:
         caches.nodes.subscribe(self._node_changed)
 
     async def run(self) -> None:
-        await run_workers(self.queue, self.reconcile, workers=1)
+        await run_workers(self.queue, self.reconcile, workers=1, fields=lambda name: {LAUNCHER_FIELD: name})
 
-    async def reconcile(self, name: str) -> float | None:
+    async def reconcile(self, name: str) -> Result:
+        with pass_context(**{LAUNCHER_FIELD: name}):
+            return await self._reconcile(name)
+
+    async def _reconcile(self, name: str) -> Result:
         pod = self.caches.pods.get(f"{self.namespace}/{name}")
         view = self.views.get(name)
         if pod is None or pods.is_deleting(pod) or not pods.is_launcher(pod) or view is None or not view.synced:
-            return None
+            return DONE
         held = bool(sleeping(list(view.instances.values())))
         if not pods.is_cordoned(self._node_of(pod)):
             await self._keep(pod, view, warm=held, drain_started=None)
-            return None
+            return DONE
         started = _started(pod) or self.now()
         if not held or not view.extensions:
             await self._keep(pod, view, warm=False, drain_started=started)
-            return None
+            return DONE
         if (self.now() - started).total_seconds() > self.timeout_s:
             await self._tell(pod, "Warning", "DrainRewarmTimeout", f"its sleepers were not all copied to other "
                              f"nodes within {self.timeout_s:g} s; letting the drain evict it")  # fmt: skip
             await self._keep(pod, view, warm=False, drain_started=started)
-            return None
+            return DONE
         drain = plan(self._facts(pod), self._others(pod), self._iscs())
-        await carry_out(self.clients, self._ip, self.views, drain.creates, drain.sleeps, f"drain of {pods.name(pod)}")
+        try:
+            await carry_out(self.clients, self._ip, self.views, drain.creates, drain.sleeps, f"drain of {name}")
+        except CARRY_OUT_FAILURES as err:
+            return Problem.of(f"drain of {name}: {err}")  # backed off, and planned afresh
         if drain.stranded and (unseen := self._unseen_launchers(pod)):
             # One of them may be where a stranded sleeper goes (a controller that just started knows no launcher
             # yet): the drain keeps waiting rather than finding nowhere to copy it and letting the launcher go.
-            log.info("drain of %s: waiting for the instances of launchers %s", pods.name(pod), ", ".join(unseen))
+            log.info("drain of %s: waiting for the instances of launchers %s", name, ", ".join(unseen))
             await self._keep(pod, view, warm=True, drain_started=started)
-            return RECHECK_S
+            return Wait(RECHECK_S, f"the instances of launchers {', '.join(unseen)}")
         for sleeper, why in drain.stranded.items():
             await self._tell(pod, "Warning", "DrainStranded", f"sleeping instance {sleeper} cannot be copied "
                              f"to another node: {why}")  # fmt: skip
@@ -104,7 +113,7 @@ class DrainRewarmer:
                 pod, "Normal", "DrainRewarmed", f"its sleepers are asleep on other nodes: {where or 'none'}"
             )
         await self._keep(pod, view, warm=not drain.done, drain_started=started)
-        return None if drain.done else RECHECK_S
+        return DONE if drain.done else Wait(RECHECK_S, "its sleepers' copies")
 
     async def _keep(self, pod: Obj, view: LauncherView, *, warm: bool, drain_started: datetime | None) -> None:
         """The instance summary, the warm label and the drain's start time, in one write per pass and only when
@@ -121,13 +130,12 @@ class DrainRewarmer:
             log.info("launcher %s may go: its drain holds it no more", pods.name(pod))
         await self.clients.pods.update(pod, mutate, "summary, warm" if warm else "summary, not warm")
 
-    async def _tell(self, pod: Obj, type_: str, reason: str, message: str) -> None:
-        """An Event once per launcher and message (a drain's pass repeats every RECHECK_S)."""
+    async def _tell(self, pod: Obj, type_: EventType, reason: str, message: str) -> None:
+        """Said once per launcher and message (a drain's pass repeats every RECHECK_S)."""
         key = (pods.uid(pod), f"{reason}: {message}")
         if key not in self._told:
             self._told.add(key)
-            log.info("launcher %s: %s: %s", pods.name(pod), reason, message)
-            await self.clients.events.record(pod, type_, reason, message)
+            await events.tell(self.clients.events, pod, type_, reason, message)
 
     # ----- what the plan reads
 

@@ -19,7 +19,7 @@ from typing import Any
 from api import keys, launcher_summary
 from api.crds import POOL_READY, InferenceServerConfig, InferenceServerConfigStatus, LauncherConfig, PoolStatus
 from controller import pods
-from controller.conditions import Problem, Readiness, computed, current
+from controller.conditions import Fault, Readiness, computed, current
 from controller.dualpods.identity import runtime_of
 from controller.dualpods.pools.filling import Filling, Verdict
 from controller.dualpods.routing import from_isc, problems
@@ -99,24 +99,24 @@ def _pool(s: IscSnapshot) -> tuple[PoolStatus | None, dict[str, Readiness]]:
     return status, {POOL_READY: Readiness(found.verdict is Verdict.FILLED, found.verdict.value, found.why)}
 
 
-def _problems(s: IscSnapshot, token_secret: str | None) -> list[Problem]:
+def _problems(s: IscSnapshot, token_secret: str | None) -> list[Fault]:
     isc, lc = s.isc.value, s.launcher_config.value
     if isc is None:
-        return [Problem("InvalidSpec", str(s.isc.problem))]
-    found: list[Problem] = []
+        return [Fault("InvalidSpec", str(s.isc.problem))]
+    found: list[Fault] = []
     try:
         runtime_of({}, isc.metadata.annotations)
     except ValueError as err:
-        found.append(Problem("InvalidSpec", str(err)))
+        found.append(Fault("InvalidSpec", str(err)))
     if not s.launcher_config_name or s.launcher_config.missing:
-        return [*found, Problem("LauncherConfigNotFound", f"LauncherConfig {s.launcher_config_name} does not exist")]
+        return [*found, Fault("LauncherConfigNotFound", f"LauncherConfig {s.launcher_config_name} does not exist")]
     if lc is None:
-        return [*found, Problem("TemplateError", str(s.launcher_config.problem))]
+        return [*found, Fault("TemplateError", str(s.launcher_config.problem))]
     try:
         template, _ = node_independent_pod(lc, token_secret)
     except TemplateError as err:
-        return [*found, Problem("TemplateError", str(err))]
+        return [*found, Fault("TemplateError", str(err))]
     meta: Mapping[str, Any] = template["metadata"]
     if routing := problems(from_isc(isc), meta["labels"], meta["annotations"]):
-        found.append(Problem("InvalidSpec", f"InferenceServerConfig {isc.metadata.name}: " + "; ".join(routing)))
+        found.append(Fault("InvalidSpec", f"InferenceServerConfig {isc.metadata.name}: " + "; ".join(routing)))
     return found

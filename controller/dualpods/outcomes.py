@@ -1,12 +1,14 @@
-"""What a step returns: Done, Wait or Problem. Exceptions are left for the unexpected (a launcher or an API
-server that does not answer, a conflict); the pass treats those as transient and retries with back-off.
+"""What a step returns: the work queue's `Result` (controller/workqueue.py), read as a phase's step reads it.
+Exceptions are left for the unexpected; a pass treats those it expects (a launcher or an API server that does
+not answer, a conflict) as transient: a back-off.
 
 - `Done`: the step made its change (or had none to make); the event that change causes brings the next pass.
 - `Wait(after_s, why)`: not yet; look again after `after_s` seconds (None: an event will bring the pass), and
   `why` says what is awaited, which becomes the requester's status error if the wait outlasts its phase's
   budget.
 - `Problem(errors, retry)`: something the user must see in the requester's status; `retry` says whether
-  trying again (with the queue's back-off) can help, or only a change to some object can.
+  trying again (with the queue's back-off) can help, or only a change to some watched object can (terminal:
+  the requester is looked at again when that object changes).
 
 A phase's `Budget` bounds how long a standing trouble stays out of the requester's status: a wait, or a
 transient failure retried again and again (say, a launcher that does not answer), becomes a status error and
@@ -15,40 +17,11 @@ an Event once it has stood `seconds` (and, for failures, `retries` failed passes
 
 from dataclasses import dataclass
 
+from controller.workqueue import DONE, Done, Problem, Result, Wait, sooner
 
-@dataclass(frozen=True)
-class Done:
-    pass
+__all__ = ["DONE", "Budget", "Done", "Problem", "StepResult", "Wait", "sooner"]
 
-
-@dataclass(frozen=True)
-class Wait:
-    after_s: float | None
-    why: str
-
-
-@dataclass(frozen=True)
-class Problem:
-    errors: tuple[str, ...]
-    retry: bool = True
-
-    @classmethod
-    def of(cls, *errors: str, retry: bool = True) -> "Problem":
-        return cls(errors, retry)
-
-
-StepResult = Done | Wait | Problem
-DONE = Done()
-
-
-def sooner(a: Done | Wait, b: Done | Wait) -> Done | Wait:
-    """The result of a step `a` followed by a part `b`: the sooner of their waits, for the reason of the first
-    that waits (Done when neither does)."""
-    if not isinstance(a, Wait):
-        return b
-    if not isinstance(b, Wait) or b.after_s is None:
-        return a
-    return Wait(b.after_s if a.after_s is None else min(a.after_s, b.after_s), a.why)
+StepResult = Result
 
 
 @dataclass(frozen=True)

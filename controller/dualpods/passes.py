@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api import keys
-from controller import pods
+from controller import events, pods
 from controller.dualpods.collaborators import Clients
 from controller.dualpods.memory import Memory
 from controller.dualpods.metrics import DualPodsMetrics
 from controller.dualpods.outcomes import DONE, Budget, Done, Wait
 from controller.dualpods.snapshot import BoundNow, Caches, Snapshot
 from controller.dualpods.status import RequesterWants, desired_requester
+from controller.events import EventType
 from controller.launcher_views import ViewSource
 
 log = logging.getLogger(__name__)
@@ -121,13 +122,9 @@ class Pass:
             why = "; ".join(self.wants.why) or "status"
             await self.update(requester, lambda pod: pod.update(desired), why, if_unchanged=False)
 
-    async def event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        """The one object logger: what is said about `obj` goes to the log (a Warning at WARNING, else INFO,
-        with the pass's fields) and becomes an Event on it, so a warning is never only in one of them."""
-        level = logging.WARNING if type_ == "Warning" else logging.INFO
-        kind = obj.get("kind") or "Pod"
-        log.log(level, "%s %s: %s", kind, pods.name(obj), message, extra={"reason": reason})
-        await self.world.clients.events.record(obj, type_, reason, message)
+    async def event(self, obj: dict[str, Any], type_: EventType, reason: str, message: str) -> None:
+        """Say something about `obj`: the one object logger (events.tell), within this pass's log context."""
+        await events.tell(self.world.clients.events, obj, type_, reason, message)
 
     async def warn(self, obj: dict[str, Any], reason: str, message: str) -> None:
         """A warning about `obj`: logged, and a Warning Event on it."""

@@ -3,10 +3,10 @@ computed from each pass's outcome, and the whole requester a pass wants (`desire
 the metadata its steps asked for, written in one write.
 
 A pass ends in an Outcome: the errors it met (None when it failed in a way that says nothing about the
-requester, e.g. a launcher that did not answer), when to look again, and what it changed. The status is
-compared with what the requester already carries, never with memory: it is written only when it
-differs, and an Event is recorded only for an error the annotation does not show yet. So a controller
-that restarts while a problem stands writes nothing and records no second Event.
+requester, e.g. a launcher that did not answer), what the work queue does next (its Result), and what it
+changed. The status is compared with what the requester already carries, never with memory: it is written
+only when it differs, and an Event is recorded only for an error the annotation does not show yet. So a
+controller that restarts while a problem stands writes nothing and records no second Event.
 """
 
 import json
@@ -17,17 +17,7 @@ from api import keys
 from controller import pods
 from controller.dualpods.snapshot import BoundNow, Snapshot, own_metadata, settled
 from controller.dualpods.writer import set_annotation, set_finalizer, set_label
-
-
-class RequesterProblem(Exception):
-    """A pass that ended in a Problem (outcomes.py) the user sees in the requester's status, raised by the pass
-    for the work queue's back-off (only when `retry`: else only a change to some object can settle it, and that
-    change's event brings the next pass)."""
-
-    def __init__(self, *errors: str, retry: bool = True) -> None:
-        super().__init__("; ".join(errors))
-        self.errors = list(errors)
-        self.retry = retry
+from controller.workqueue import DONE, Result
 
 
 def status_json(errors: list[str]) -> str:
@@ -43,7 +33,7 @@ def reported_errors(requester: pods.Pod) -> list[str]:
     return [str(e) for e in found] if isinstance(found, list) else []
 
 
-class Result(StrEnum):
+class Ending(StrEnum):
     """How a pass's step ended (the `result` label of dualpods_passes_total)."""
 
     DONE = "done"
@@ -57,11 +47,9 @@ class Outcome:
     """How a pass ended."""
 
     errors: list[str] | None = field(default_factory=list)  # None: unknown, leave the status as it is
-    again_after: float | None = None  # seconds until the next look, if no event is awaited
-    failure: BaseException | None = None  # re-raised after the status is written, for the queue's back-off
+    next: Result = DONE  # what the work queue does with the requester next
     changed: list[str] = field(default_factory=list)  # what the pass wrote, in words
-    result: Result = Result.DONE
-    why: str = ""  # what a wait awaits
+    ending: Ending = Ending.DONE
 
 
 def new_errors(requester: pods.Pod, errors: list[str]) -> list[str]:

@@ -14,7 +14,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from api.crds import CountForLauncher, LauncherConfig
 from api.selectors import EnhancedNodeSelector
-from controller.conditions import Problem
+from controller.conditions import Fault
 from controller.launcher_template import Pod, TemplateError, node_independent_pod
 from controller.populator.key import LauncherKey
 from controller.populator.nodes import NodeFacts
@@ -121,17 +121,17 @@ class Digest:
     def policies_naming(self, config: str) -> list[str]:
         return sorted(name for name, policy in self._policies.items() if config in policy.counts)
 
-    def policy_problems(self, name: str) -> list[Problem]:
+    def policy_problems(self, name: str) -> list[Fault]:
         """What the policy's status should report: its own problems, then its unusable references."""
         policy = self._policies[name]
-        problems = [Problem("InvalidSpec", error) for error in policy.errors]
+        problems = [Fault("InvalidSpec", error) for error in policy.errors]
         for config in policy.counts:
             digest = self._configs.get(config)
             where = f'LauncherConfig "{config}" referenced in CountForLauncher'
             if digest is None:
-                problems.append(Problem("LauncherConfigNotFound", f"{where} does not exist"))
+                problems.append(Fault("LauncherConfigNotFound", f"{where} does not exist"))
             elif digest.error is not None:
-                problems.append(Problem("LauncherConfigInvalid", f"{where} is malformed: {digest.error}"))
+                problems.append(Fault("LauncherConfigInvalid", f"{where} is malformed: {digest.error}"))
         return problems
 
     def policy_asks(self, name: str) -> dict[LauncherKey, int]:

@@ -14,6 +14,11 @@ class LauncherKey(NamedTuple):
         return f"{self.node}/{self.config}"
 
 
+def key_fields(key: LauncherKey) -> dict[str, str]:
+    """A key's log fields (the pass about it logs within them)."""
+    return {"node": key.node, "launcher_config": key.config}
+
+
 def launcher_key(pod: Mapping[str, Any]) -> LauncherKey | None:
     """The key of a launcher Pod, None for a Pod that is not one (or lacks its node or config label)."""
     labels = pod["metadata"].get("labels") or {}

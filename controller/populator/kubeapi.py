@@ -12,6 +12,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
+from controller import events
 from controller.events import EventSink
 from controller.informer import decode
 from controller.launcher_template import Pod
@@ -115,11 +116,7 @@ class KubeLauncherApi:
         return True
 
     async def warn(self, pod: Pod, reason: str, message: str) -> None:
-        await self._record(pod, "Warning", reason, message)
+        await events.warn(self._events, pod, reason, message)
 
     async def note(self, pod: Pod, reason: str, message: str) -> None:
-        await self._record(pod, "Normal", reason, message)
-
-    async def _record(self, pod: Pod, type_: str, reason: str, message: str) -> None:
-        log.info("recording %s Event %s on launcher Pod %s: %s", type_, reason, pod["metadata"]["name"], message)
-        await self._events.record(pod, type_, reason, message)
+        await events.note(self._events, pod, reason, message)

@@ -25,7 +25,7 @@ from prometheus_client import CollectorRegistry
 from api import keys, launcher_summary
 from api.crds import LauncherConfig, LauncherPopulationPolicy
 from api.token_file import TokenFile
-from controller import pods
+from controller import events, pods
 from controller.events import EventRecorder
 from controller.http import http_caller
 from controller.informer import Informer, Obj
@@ -37,7 +37,7 @@ from controller.launcher_views import LauncherViews, ViewSource
 from controller.passclock import own_seconds_histogram, timed
 from controller.populator.digest import Digest, digest_config, digest_policy
 from controller.populator.expectations import PendingExpectations
-from controller.populator.key import LauncherKey, launcher_key, selector
+from controller.populator.key import LauncherKey, key_fields, launcher_key, selector
 from controller.populator.kubeapi import COMPONENT, KubeLauncherApi
 from controller.populator.metrics import LauncherPodCount
 from controller.populator.nodes import NodeFacts
@@ -47,7 +47,7 @@ from controller.populator.refusals import Refusal
 from controller.populator.status import config_status, policy_status
 from controller.populator.warmth import Warmth
 from controller.status_writer import StatusWriter
-from controller.workqueue import WorkQueue, run_workers
+from controller.workqueue import DONE, Result, WorkQueue, run_workers
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +159,10 @@ class Populator:
                     self._update_policy(policy["metadata"]["name"])
                 log.info("launcher populator synced: %d launcher Pods", len(self._pods.items()))
                 own = self._own_seconds
-                tasks.create_task(run_workers(self._digest_queue, timed(self._process, own, lambda item: item.kind), 1))
+                digest = timed(self._process, own, lambda item: item.kind)
+                tasks.create_task(run_workers(self._digest_queue, digest, 1, lambda item: {item.kind: item.name}))
                 reconcile = timed(self._reconcile, own, lambda key: "launchers")
-                tasks.create_task(run_workers(self._key_queue, reconcile, self._options.workers))
+                tasks.create_task(run_workers(self._key_queue, reconcile, self._options.workers, key_fields))
         finally:
             self._digest_queue.shutdown()
             self._key_queue.shutdown()
@@ -210,8 +211,8 @@ class Populator:
             policy = self._policies.get(f"{self._namespace}/{name}")
             if refusal is not None and policy is not None:
                 where = f"LauncherConfig {key.config} on node {key.node}"
-                await self._events.record(
-                    policy, "Warning", refusal.reason, f"cannot create a launcher of {where}: {refusal.message}"
+                await events.warn(
+                    self._events, policy, refusal.reason, f"cannot create a launcher of {where}: {refusal.message}"
                 )
 
     # ----- informer events
@@ -257,7 +258,7 @@ class Populator:
 
     # ----- digesting (the digest worker only)
 
-    async def _process(self, item: DigestItem) -> None:
+    async def _process(self, item: DigestItem) -> Result:
         now = datetime.now(UTC)
         match item.kind:
             case "config":
@@ -274,6 +275,7 @@ class Populator:
                     await self._status.write(LauncherPopulationPolicy, policy, status)
             case "node":
                 self._update_node(item.name)
+        return DONE
 
     def _update_config(self, name: str) -> Obj | None:
         config = self._configs.get(f"{self._namespace}/{name}")

@@ -8,7 +8,9 @@ loss (warmth.py: no sleeping instances first, then the fewest sleeper bytes, the
 not-Ready, newest), each with an Event that says why it was the one. New launchers are created only
 once nothing of the key is being deleted, so a node never holds old and new launchers at once, and every
 create and delete is remembered until the cache shows it, so a lagging cache never causes a second create.
-A create the API server refuses is reported (refusals.py) until one succeeds, then retried with back-off.
+A create the API server refuses is reported (refusals.py) until one succeeds, and the key backed off. A
+pass returns the work queue's Result (workqueue.py) and logs within its `pass_context` (the node and the
+LauncherConfig).
 """
 
 import asyncio
@@ -23,13 +25,14 @@ from controller import pods
 from controller.launcher_template import Pod, pod_for_node
 from controller.populator.digest import Digest, Target
 from controller.populator.expectations import Expectations, PendingExpectations
-from controller.populator.key import LauncherKey
+from controller.populator.key import LauncherKey, key_fields
 from controller.populator.kubeapi import DeleteOutcome, LauncherApi
 from controller.populator.metrics import LauncherPodCount
 from controller.populator.phases import Thresholds, phase_of, tally, template_hash
 from controller.populator.refusals import Refusal, refusal_of
 from controller.populator.stuck import report_stuck
 from controller.populator.warmth import Warmth, loss
+from controller.workqueue import DONE, Problem, Result, Wait, pass_context, sooner
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +54,6 @@ class RefusalSink(Protocol):
 
 def _utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-def _sooner(*delays: float | None) -> float | None:
-    return min((d for d in delays if d is not None), default=None)
 
 
 class KeyReconciler:
@@ -82,15 +81,19 @@ class KeyReconciler:
         self._recheck_after = recheck_after
         self._clock = clock
 
-    async def __call__(self, key: LauncherKey) -> float | None:
-        """Returns when to look at the key again: at the next stuck threshold crossing, or sooner while
-        deletions or expectations are pending."""
+    async def __call__(self, key: LauncherKey) -> Result:
+        """Look again at the next stuck threshold crossing, or sooner while deletions or expectations are
+        pending; back off while the API server refuses the key's creates."""
+        with pass_context(**key_fields(key)):
+            return await self._reconcile(key)
+
+    async def _reconcile(self, key: LauncherKey) -> Result:
         now = self._clock()
         target = self._digest.target(key)
         cached = self._cache.launchers(key)
         counts, due = tally(cached, target.template_hash if target else None, self._thresholds, now)
         self._metrics.publish(key, counts)
-        again = (due - now).total_seconds() if due is not None else None
+        again = Wait((due - now).total_seconds(), "the next stuck threshold") if due is not None else DONE
         if target is None:
             log.debug("%s: hands-off, its LauncherConfig is missing or malformed", key)
             return again
@@ -99,16 +102,17 @@ class KeyReconciler:
             return again
         match self._expectations.check(key):
             case Expectations.WAITING:
-                return _sooner(again, self._expectations.remaining(key))
+                return sooner(again, Wait(self._expectations.remaining(key), "the cache to show creates and deletes"))
             case Expectations.TIMED_OUT:
                 log.info("%s: the cache has not shown recent creates and deletes; listing from the API server", key)
                 launchers = await self._api.list_launchers(key)
                 self._expectations.reset(key)
             case Expectations.SATISFIED:
                 launchers = cached
-        return _sooner(again, await self._converge(key, target, launchers, now))
+        converged = await self._converge(key, target, launchers, now)
+        return converged if isinstance(converged, Problem) else sooner(again, converged)
 
-    async def _converge(self, key: LauncherKey, target: Target, launchers: list[Pod], now: datetime) -> float | None:
+    async def _converge(self, key: LauncherKey, target: Target, launchers: list[Pod], now: datetime) -> Result:
         live = [pod for pod in launchers if not pods.is_deleting(pod)]
         bound = [pod for pod in live if pods.binding(pod) is not None]
         unbound = [pod for pod in live if pods.binding(pod) is None]
@@ -149,7 +153,7 @@ class KeyReconciler:
         if unsettled:
             if diff > 0:
                 log.info("%s: %d launchers to create once the deletions are done", key, diff)
-            return self._recheck_after
+            return Wait(self._recheck_after, "the deletions to be seen")
         # The missing launchers of a node at once (a GPU node asks for one per GPU), not one after another.
         results = await asyncio.gather(
             *(self._api.create(pod_for_node(target.template, target.template_hash, key.node)) for _ in range(diff)),
@@ -160,11 +164,13 @@ class KeyReconciler:
                 self._expectations.expect_creation(key, uid)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if isinstance(failed, ApiException):
-            await self._refusals.refused(key, refusal_of(failed))
+            refusal = refusal_of(failed)
+            await self._refusals.refused(key, refusal)
+            return Problem.of(f"{refusal.reason}: {refusal.message}")  # reported; retried with back-off
         if failed is not None:
             raise failed
         await self._refusals.refused(key, None)
-        return None
+        return DONE
 
     async def _delete(self, key: LauncherKey, pod: Pod, why: str) -> DeleteOutcome:
         log.info("%s: deleting launcher %s: %s", key, pod["metadata"]["name"], why)

@@ -17,7 +17,7 @@ from api import keys, launcher_summary
 from api.crds import LauncherConfigStatus, Status
 from api.launcher_summary import LauncherSummary
 from controller import pods
-from controller.conditions import Problem, Readiness, computed, current
+from controller.conditions import Fault, Readiness, computed, current
 from controller.launcher_template import Pod
 from controller.populator.key import LauncherKey
 from controller.populator.refusals import Refusal
@@ -29,7 +29,7 @@ def config_status(
     config: Mapping[str, Any], error: str | None, summaries: Iterable[LauncherSummary | None], now: datetime
 ) -> LauncherConfigStatus:
     """`summaries`: those its launcher Pods carry (None: a launcher without one); they count its instances."""
-    problems = [Problem("TemplateError", error)] if error else []
+    problems = [Fault("TemplateError", error)] if error else []
     serving, sleeping = launcher_summary.counts(summary for summary in summaries if summary is not None)
     shown = current(LauncherConfigStatus, config)
     return computed(shown, _generation(config), problems, VALID, now, serving_instances=serving,
@@ -38,7 +38,7 @@ def config_status(
 
 def policy_status(
     policy: Mapping[str, Any],
-    problems: list[Problem],
+    problems: list[Fault],
     asks: Mapping[LauncherKey, int],
     launchers: Callable[[LauncherKey], list[Pod]],
     refusals: Mapping[LauncherKey, Refusal],

@@ -6,9 +6,9 @@ its creation (a restarted controller does not repeat what its predecessor said).
 
 import time
 
-from controller import pods
+from controller import events, pods
 from controller.dualpods.placement.choice import Result, decided
-from controller.events import EventSink
+from controller.events import EventSink, EventType
 from controller.informer import Informer
 
 ANNOUNCE_WITHIN_S = 60.0
@@ -32,8 +32,8 @@ class PlacementAnnouncer:
         decision = decided(pod) if pod is not None else None
         if pod is None or decision is None or pods.uid(pod) in self.told:
             return
-        kind = "Warning" if decision.result is Result.INVALID else "Normal"
-        await self.events.record(pod, kind, decision.result.value, decision.why)
+        kind: EventType = "Warning" if decision.result is Result.INVALID else "Normal"
+        await events.tell(self.events, pod, kind, decision.result.value, decision.why)
         self.told.add(pods.uid(pod))
 
     def forget(self, pod: pods.Pod) -> None:

@@ -17,9 +17,10 @@ from collections.abc import Callable, Iterable
 
 from api import keys
 from api.crds import InferenceServerConfig, LauncherConfig
-from controller import pods
+from api.log_format import ISC_FIELD
+from controller import events, pods
 from controller.dualpods.collaborators import Clients
-from controller.dualpods.copies import LauncherFacts, carry_out, launcher_ip
+from controller.dualpods.copies import CARRY_OUT_FAILURES, LauncherFacts, carry_out, launcher_ip
 from controller.dualpods.identity import runtime_of
 from controller.dualpods.metrics import DualPodsMetrics
 from controller.dualpods.placement.choice import Spot
@@ -32,7 +33,7 @@ from controller.http import HttpError
 from controller.informer import Obj
 from controller.launcher_template import TemplateError, launcher_config_hash
 from controller.launcher_views import ViewSource
-from controller.workqueue import WorkQueue, run_workers
+from controller.workqueue import DONE, Problem, Result, Wait, WorkQueue, pass_context, run_workers
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +77,17 @@ class PoolKeeper:
         caches.iscs.subscribe(self._isc_changed)
 
     async def run(self) -> None:
-        await run_workers(self.queue, self.reconcile, workers=1)
+        await run_workers(self.queue, self.reconcile, workers=1, fields=lambda name: {ISC_FIELD: name})
 
-    async def reconcile(self, name: str) -> float | None:
+    async def reconcile(self, name: str) -> Result:
+        with pass_context(**{ISC_FIELD: name}):
+            return await self._reconcile(name)
+
+    async def _reconcile(self, name: str) -> Result:
         isc = parse(InferenceServerConfig, self.caches.iscs, self.namespace, name).value
         if isc is None or isc.spec.warm_pool is None:
             self._forget(name)
-            return None
+            return DONE
         lc = parse(LauncherConfig, self.caches.lcs, self.namespace, isc.spec.launcher_config_name).value
         try:
             runtime = runtime_of({}, isc.metadata.annotations)
@@ -91,9 +96,12 @@ class PoolKeeper:
             template_hash = None  # the ISC's status says what is wrong with it or its LauncherConfig
         launchers = self._launchers(lc, template_hash) if lc is not None and template_hash is not None else []
         plan = plan_pool(isc, runtime, launchers, self._nodes(isc, launchers), _copy_bytes(name, launchers))
-        await self._act(name, plan)
+        try:
+            await self._act(name, plan)
+        except CARRY_OUT_FAILURES as err:
+            return Problem.of(f"pool of {name}: {err}")  # backed off, and planned afresh
         await self._record(isc, plan)
-        return LOADING_RECHECK_S if plan.loading or plan.creates else None
+        return Wait(LOADING_RECHECK_S, "copies loading") if plan.loading or plan.creates else DONE
 
     async def _act(self, name: str, plan: PoolPlan) -> None:
         await carry_out(self.clients, self._ip, self.views, plan.creates, plan.sleeps, f"pool of {name}")
@@ -121,10 +129,10 @@ class PoolKeeper:
         obj = self.caches.iscs.get(f"{self.namespace}/{name}")
         told = self.told.get(name, Verdict.FILLED)
         if obj is not None and plan.verdict.unfillable and told != plan.verdict:
-            await self.clients.events.record(obj, "Warning", "PoolUnfillable", plan.why)
+            await events.warn(self.clients.events, obj, "PoolUnfillable", plan.why)
             self.told[name] = plan.verdict
         elif obj is not None and plan.verdict is Verdict.FILLED and told.unfillable:
-            await self.clients.events.record(obj, "Normal", "PoolFilled", plan.why)
+            await events.note(self.clients.events, obj, "PoolFilled", plan.why)
             self.told[name] = plan.verdict
 
     def _forget(self, name: str) -> None:
