@@ -214,8 +214,8 @@ ROWS: tuple[Row, ...] = (
     Row(Phase.RELEASE_WAITING, "releasing a launcher whose instances are not known, within patience",
         lambda s: _unbinding(s) and not s.direct_provider and not s.routing_on and _waiting_to_release(s),
         release.wait_for_launcher, (Phase.RELEASING,)),
-    Row(Phase.RELEASING, "releasing a direct provider, or a launcher without routing labels whose instances "
-        "are known (or whose patience ran out)",
+    Row(Phase.RELEASING, "releasing a direct provider, or an unrouted launcher whose instances are known (or "
+        "patience ran out)",
         lambda s: _unbinding(s) and (s.direct_provider or not (s.routing_on or _waiting_to_release(s))),
         release.release, (Phase.GONE, Phase.DEPARTING, Phase.UNBOUND, Phase.PROVIDER_DELETED)),
     Row(Phase.DEPARTING, "the requester is being deleted, nothing bound, no finalizer",
