@@ -13,10 +13,12 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kubernetes_asyncio import client
 
 from api import keys
 from api.launcher import InstanceState
 from controller.dualpods import phases
+from controller.dualpods.passes import Options
 from controller.dualpods.phases import ROW, ROWS, Phase, Unclassified, classify, edges, mermaid
 from controller.dualpods.snapshot import UNBIND_PATIENCE_S, Snapshot, observe
 from controller.informer import Obj
@@ -324,22 +326,32 @@ def worlds(draw: st.DrawFn) -> tuple[list[Obj], InstanceState | None, bool]:
     return objs, draw(instances), "views not synced" not in off
 
 
-async def world_snapshot(objs: list[Obj], state: InstanceState | None, synced: bool) -> Snapshot:
+@pytest.fixture
+async def api() -> AsyncIterator[client.ApiClient]:
+    """One API client for every example of a property test (making one loads the TLS trust store): it only binds
+    the informers, and never connects."""
+    async with client.ApiClient() as made:
+        yield made
+
+
+def world_snapshot(api: client.ApiClient, objs: list[Obj], state: InstanceState | None, synced: bool) -> Snapshot:
     """The snapshot of REQ in a world of `objs`, each launcher reporting `state` (synced or not)."""
-    async with harness() as h:
-        h.put(isc_obj(), lc_obj())
-        for obj in objs:
-            h.put(obj)
-        for pod in h.caches.pods.items():
-            if pod["metadata"]["name"].startswith("launcher"):
-                h.views.put(pod, *([state] if state is not None else []), synced=synced)
-        return observe(NS, REQ, h.caches, h.views, now=time.time())
+    h = Harness(api, Options())
+    h.put(isc_obj(), lc_obj())
+    for obj in objs:
+        h.put(obj)
+    for pod in h.caches.pods.items():
+        if pod["metadata"]["name"].startswith("launcher"):
+            h.views.put(pod, *([state] if state is not None else []), synced=synced)
+    return observe(NS, REQ, h.caches, h.views, now=time.time())
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(world=worlds())
-async def test_every_snapshot_has_exactly_one_phase(world: tuple[list[Obj], InstanceState | None, bool]) -> None:
-    s = await world_snapshot(*world)
+def test_every_snapshot_has_exactly_one_phase(
+    api: client.ApiClient, world: tuple[list[Obj], InstanceState | None, bool]
+) -> None:
+    s = world_snapshot(api, *world)
     holding = [row.phase for row in ROWS if row.holds(s)]
     assert len(holding) == 1, f"the rules of {[phase.value for phase in holding]} hold at once"
     assert classify(s) is holding[0]
