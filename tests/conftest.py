@@ -50,7 +50,7 @@ PHASE_REPORT = Path("build/phase-transitions.txt")  # under the root of the run 
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Write the phase table's declared edges that no driven pass exercised (tests/phase_transitions.py), and the
+    """Write the phase table's declared edges that no recorded pass crossed (tests/phase_transitions.py), and the
     tests whose passes ran each phase's step, to PHASE_REPORT: the run itself ends with pytest's summary."""
     if not RECORDER.passes:
         return

@@ -1,10 +1,10 @@
-"""The transition recorder: while the unit tests drive passes (`Harness.drive`), every phase → phase change of
-a requester is checked against the phase table's declared edges (controller/dualpods/phases.py).
+"""The transition recorder: every pass the unit tests run (`Harness.reconcile`, which `Harness.drive` repeats) is
+checked against the phase table's declared edges (controller/dualpods/phases.py).
 
-Within one `drive` nothing but the passes changes the world, so each change of phase between two passes is
-one a step brought about: a change the table does not declare fails the test at once. At the end of the
-session tests/conftest.py lists the declared edges no test exercised, so the drawing's arrows are what
-passes really do, and a removed arrow that a test exercises fails `make test`.
+The phase is observed right before the pass and right after it, before the test changes anything, so a change
+between the two is one the pass's step brought about: a change the table does not declare fails the test that
+made it, at once (removing a declared edge that a test crosses fails the suite). At the end of the session
+tests/conftest.py lists the declared edges no test crossed, so the drawing's arrows are what passes really do.
 """
 
 from collections import Counter
@@ -35,15 +35,11 @@ class TransitionRecorder:
     test: str = ""  # the running test (set by tests/conftest.py)
     tests_by_phase: dict[Phase, set[str]] = field(default_factory=dict)  # the step tests of each phase, by runs
 
-    def ran(self, phase: Phase) -> None:
-        """A pass of the running test ran `phase`'s step."""
-        self.tests_by_phase.setdefault(phase, set()).add(self.test)
-
-    def record(self, requester: str, before: Phase | None, after: Phase) -> None:
-        """The phase `after` observed at a pass that follows one in phase `before` (None: the first)."""
+    def record(self, requester: str, before: Phase, after: Phase) -> None:
+        """A pass of `requester` ran `before`'s step and left it in phase `after`."""
         self.passes += 1
-        self.ran(after)
-        if before is None or before is after:
+        self.tests_by_phase.setdefault(before, set()).add(self.test)
+        if before is after:
             return
         if (before, after) not in self.declared:
             raise UndeclaredTransition(

@@ -240,7 +240,147 @@ def test_gpu_map_errors_are_fmas(configmap: Obj | None, uuids: list[str], errors
     assert raised.value.errors == errors
 
 
-# ----- finding or making a provider
+# ----- the Reconciler's direct-mode steps, grouped by phase in the order of the phase table (phases.py)
+
+
+def sleeper(name: str, model: str, **kwargs: Any) -> Obj:
+    """An unbound provider of another model on GPU 0."""
+    return provider_obj(name, requester=direct_requester_obj(patch=PATCH.replace("/models/m1", model)), **kwargs)
+
+
+def _raises(error: Exception) -> Any:
+    async def create(pod: Obj) -> Obj:
+        raise error
+
+    return create
+
+
+def bound_pair(h: Harness, *, sleeping: str = "false", ready: bool = True, requester_ready: bool = False) -> Obj:
+    """A requester bound to its provider, settled as the controller leaves it; returns the requester."""
+    requester = direct_requester_obj(finalizer=True, ready=requester_ready, labels={keys.DUAL_LABEL: PROVIDER})
+    requester["metadata"]["annotations"][keys.STATUS_ANNOTATION] = '{"Errors": null}'
+    h.put(requester, provider_obj(bound_to=requester, sleeping=sleeping, ready=ready))
+    return requester
+
+
+# ----- PROVIDER_DELETED: the provider is being deleted
+
+
+async def test_a_deleted_provider_takes_its_requester_with_it(h: Harness) -> None:
+    requester = direct_requester_obj(rv="7")
+    h.put(requester, provider_obj(bound_to=requester, deleting=True))
+    await h.reconcile()
+    assert h.journal.kinds() == [("delete", REQ), ("update", PROVIDER)]
+    assert keys.PROVIDER_FINALIZER not in meta(h.journal.written(PROVIDER), "finalizers")
+
+
+# ----- RELEASING: releasing a direct provider, or an unrouted launcher whose instances are known
+
+
+async def test_unbind_puts_the_provider_to_sleep_then_unbinds_it_in_one_write(h: Harness) -> None:
+    requester = bound_pair(h)
+    requester["metadata"]["deletionTimestamp"] = STARTED_AT
+    h.put(requester)
+    await h.reconcile()
+    assert h.journal.kinds() == [("sleep", IP), ("update", PROVIDER), ("update", REQ)]
+    unbound = h.journal.written(PROVIDER)
+    assert keys.REQUESTER_ANNOTATION not in meta(unbound, "annotations")
+    assert keys.NOMINAL_ANNOTATION in meta(unbound, "annotations")  # still findable for reuse
+    assert keys.DUAL_LABEL not in meta(unbound, "labels")
+    assert meta(unbound, "labels")[keys.SLEEPING_LABEL] == "true"
+    assert meta(unbound, "finalizers") == []
+    assert meta(h.journal.written(REQ), "finalizers") == []
+    h.journal.clear()
+    await h.reconcile()
+    assert h.journal == []  # the requester is gone; the provider stays, asleep
+    assert h.has_pod(PROVIDER)
+
+
+async def test_unbind_of_a_provider_known_asleep_makes_no_call(h: Harness) -> None:
+    requester = direct_requester_obj()
+    h.put(provider_obj(bound_to=requester, sleeping="true"))
+    h.reconciler.memory.asleep[f"{PROVIDER}-uid"] = (0, True)
+    await h.reconcile()
+    assert h.journal.kinds() == [("update", PROVIDER)]
+
+
+async def test_a_restarted_provider_is_not_taken_for_asleep(h: Harness) -> None:
+    requester = direct_requester_obj()
+    provider = provider_obj(bound_to=requester, restarts=1)
+    h.put(provider)
+    h.reconciler.memory.asleep[f"{PROVIDER}-uid"] = (0, True)  # before its restart
+    await h.reconcile()
+    assert h.journal.kinds() == [("sleep", IP), ("update", PROVIDER)]
+
+
+async def test_unbind_deletes_a_provider_that_does_not_serve_yet(h: Harness) -> None:
+    requester = direct_requester_obj()
+    h.put(provider_obj(bound_to=requester, ready=False))
+    await h.reconcile()
+    assert h.journal.kinds() == [("delete", PROVIDER)]
+
+
+async def test_unbind_deletes_a_provider_that_refuses_to_sleep(h: Harness) -> None:
+    h.put(provider_obj(bound_to=direct_requester_obj()))
+    h.providers.refusal = HttpError("sleep", f"http://{IP}:8000/sleep?level=1", Reply(404, "Not Found"))
+    await h.reconcile()
+    assert h.journal.kinds() == [("sleep", IP), ("event", PROVIDER), ("delete", PROVIDER)]
+
+
+async def test_unbind_retries_a_provider_that_fails_to_sleep(h: Harness) -> None:
+    h.put(provider_obj(bound_to=direct_requester_obj()))
+    h.providers.refusal = HttpError("sleep", f"http://{IP}:8000/sleep?level=1", None, ConnectionError())
+    assert backs_off(await h.reconcile())
+    assert h.journal.kinds() == [("sleep", IP)]
+
+
+# ----- UNSCHEDULED: staying, no Node or its Node is being deleted
+
+
+async def test_a_requester_on_a_departed_node_is_left_to_kubernetes(h: Harness) -> None:
+    h.remove(node_obj())
+    h.put(direct_requester_obj())
+    await h.reconcile()
+    assert h.journal == []
+
+
+# ----- INVALID: started, both a server patch and an ISC
+
+
+async def test_requesting_both_kinds_of_provider_is_a_status_error(h: Harness) -> None:
+    requester = direct_requester_obj()
+    requester["metadata"]["annotations"][keys.INFERENCE_SERVER_CONFIG_ANNOTATION] = "isc"
+    h.put(requester)
+    await h.reconcile()
+    (error,) = status_errors(h.pod(REQ)) or []
+    assert "exclude each other" in error
+
+
+# ----- NEEDS_GPUS: started and valid, its GPUs not recorded
+
+
+async def test_the_gpus_are_asked_once_and_recorded(h: Harness) -> None:
+    h.put(direct_requester_obj(gpus=None))
+    h.requesters.gpus = [GPU1]
+    await h.reconcile()
+    assert h.journal.kinds() == [("gpu_uuids", REQ), ("update", REQ)]
+    assert meta(h.pod(REQ), "annotations")[keys.ACCELERATORS_ANNOTATION] == GPU1
+
+
+# ----- CORDONED: admitted, unbound on a cordoned Node
+
+
+async def test_a_cordoned_node_deletes_a_requester_not_yet_served_but_not_a_served_one(h: Harness) -> None:
+    h.put(node_obj(unschedulable=True), direct_requester_obj(rv="3"), provider_obj())
+    await h.reconcile()
+    assert h.journal.kinds() == [("delete", REQ)]  # not even a sleeper of its own is woken
+    h.journal.clear()
+    bound_pair(h)
+    await h.reconcile()
+    assert h.journal.of("delete") == []
+
+
+# ----- ACQUIRING: admitted, direct mode, to bind
 
 
 async def test_without_a_gpu_map_the_requester_shows_it_and_waits_for_the_map(h: Harness) -> None:
@@ -257,29 +397,12 @@ async def test_gpus_the_map_places_elsewhere_are_status_errors(h: Harness) -> No
     assert status_errors(h.pod(REQ)) == [f"UUID {GPU0} is on Node node-b, not {NODE}", f"UUID {GPU1} is not known"]
 
 
-async def test_requesting_both_kinds_of_provider_is_a_status_error(h: Harness) -> None:
-    requester = direct_requester_obj()
-    requester["metadata"]["annotations"][keys.INFERENCE_SERVER_CONFIG_ANNOTATION] = "isc"
-    h.put(requester)
-    await h.reconcile()
-    (error,) = status_errors(h.pod(REQ)) or []
-    assert "exclude each other" in error
-
-
 async def test_a_broken_patch_is_a_status_error_without_retries(h: Harness) -> None:
     h.put(direct_requester_obj(patch="spec:\n  contianers: []"))
     assert terminal(await h.reconcile())
     assert status_errors(h.pod(REQ)) == [
         'failed to construct the nominal server-providing Pod: strict decoding error: unknown field "spec.contianers"'
     ]
-
-
-async def test_the_gpus_are_asked_once_and_recorded(h: Harness) -> None:
-    h.put(direct_requester_obj(gpus=None))
-    h.requesters.gpus = [GPU1]
-    await h.reconcile()
-    assert h.journal.kinds() == [("gpu_uuids", REQ), ("update", REQ)]
-    assert meta(h.pod(REQ), "annotations")[keys.ACCELERATORS_ANNOTATION] == GPU1
 
 
 async def test_without_a_sleeper_a_provider_is_created_bound(h: Harness) -> None:
@@ -325,14 +448,6 @@ async def test_a_copy_still_serving_a_departing_requester_is_awaited_then_reused
     await h.reconcile()
     assert h.journal.kinds() == [("update", PROVIDER)]
     assert meta(h.pod(PROVIDER), "annotations")[keys.REQUESTER_ANNOTATION] == f"{REQ_UID} {REQ}"
-
-
-# ----- the sleeper limit
-
-
-def sleeper(name: str, model: str, **kwargs: Any) -> Obj:
-    """An unbound provider of another model on GPU 0."""
-    return provider_obj(name, requester=direct_requester_obj(patch=PATCH.replace("/models/m1", model)), **kwargs)
 
 
 async def test_the_least_recently_used_sleepers_beyond_the_limit_go_before_a_creation(h: Harness) -> None:
@@ -396,22 +511,30 @@ async def test_another_creation_failure_is_a_status_error_and_a_retry(h: Harness
     assert status_errors(h.pod(REQ)) == ["failed to create server-providing Pod: exceeded quota"]
 
 
-def _raises(error: Exception) -> Any:
-    async def create(pod: Obj) -> Obj:
-        raise error
-
-    return create
+# ----- DIRECT_SERVING: bound to a direct provider, in line
 
 
-# ----- serving
+async def test_after_a_restart_whether_a_provider_sleeps_is_asked_once(h: Harness) -> None:
+    bound_pair(h, sleeping="false")
+    await h.reconcile()
+    await h.reconcile()
+    assert h.journal.kinds() == [("is_sleeping", IP), ("relay", REQ)]
 
 
-def bound_pair(h: Harness, *, sleeping: str = "false", ready: bool = True, requester_ready: bool = False) -> Obj:
-    """A requester bound to its provider, settled as the controller leaves it; returns the requester."""
-    requester = direct_requester_obj(finalizer=True, ready=requester_ready, labels={keys.DUAL_LABEL: PROVIDER})
-    requester["metadata"]["annotations"][keys.STATUS_ANNOTATION] = '{"Errors": null}'
-    h.put(requester, provider_obj(bound_to=requester, sleeping=sleeping, ready=ready))
-    return requester
+async def test_after_a_restart_a_provider_left_asleep_is_woken(h: Harness) -> None:
+    bound_pair(h, sleeping="true")
+    h.providers.asleep[IP] = True
+    await h.reconcile()
+    assert h.journal.kinds() == [("is_sleeping", IP), ("wake", IP), ("update", PROVIDER)]
+
+
+async def test_a_provider_that_stops_being_ready_makes_the_requester_unready(h: Harness) -> None:
+    bound_pair(h, ready=False, requester_ready=True)
+    await h.reconcile()
+    assert [(c.kind, c.target, c.detail) for c in h.journal] == [("relay", REQ, False)]
+
+
+# ----- whole actuations, pass after pass, across the phases
 
 
 async def test_a_hot_start_binds_settles_wakes_labels_and_relays(h: Harness) -> None:
@@ -454,108 +577,3 @@ async def test_a_cold_start_relays_once_the_new_provider_is_ready(h: Harness) ->
     assert [(c.kind, c.target) for c in done] == [("update", REQ), ("relay", REQ)]
     assert h.metric("fma_actuation_seconds_count", exported_namespace=NS, path="cold", instancesDeleted="0",
                     isc_name="") == 1  # fmt: skip
-
-
-async def test_after_a_restart_whether_a_provider_sleeps_is_asked_once(h: Harness) -> None:
-    bound_pair(h, sleeping="false")
-    await h.reconcile()
-    await h.reconcile()
-    assert h.journal.kinds() == [("is_sleeping", IP), ("relay", REQ)]
-
-
-async def test_after_a_restart_a_provider_left_asleep_is_woken(h: Harness) -> None:
-    bound_pair(h, sleeping="true")
-    h.providers.asleep[IP] = True
-    await h.reconcile()
-    assert h.journal.kinds() == [("is_sleeping", IP), ("wake", IP), ("update", PROVIDER)]
-
-
-async def test_a_provider_that_stops_being_ready_makes_the_requester_unready(h: Harness) -> None:
-    bound_pair(h, ready=False, requester_ready=True)
-    await h.reconcile()
-    assert [(c.kind, c.target, c.detail) for c in h.journal] == [("relay", REQ, False)]
-
-
-async def test_a_deleted_provider_takes_its_requester_with_it(h: Harness) -> None:
-    requester = direct_requester_obj(rv="7")
-    h.put(requester, provider_obj(bound_to=requester, deleting=True))
-    await h.reconcile()
-    assert h.journal.kinds() == [("delete", REQ), ("update", PROVIDER)]
-    assert keys.PROVIDER_FINALIZER not in meta(h.journal.written(PROVIDER), "finalizers")
-
-
-async def test_a_cordoned_node_deletes_a_requester_not_yet_served_but_not_a_served_one(h: Harness) -> None:
-    h.put(node_obj(unschedulable=True), direct_requester_obj(rv="3"), provider_obj())
-    await h.reconcile()
-    assert h.journal.kinds() == [("delete", REQ)]  # not even a sleeper of its own is woken
-    h.journal.clear()
-    bound_pair(h)
-    await h.reconcile()
-    assert h.journal.of("delete") == []
-
-
-async def test_a_requester_on_a_departed_node_is_left_to_kubernetes(h: Harness) -> None:
-    h.remove(node_obj())
-    h.put(direct_requester_obj())
-    await h.reconcile()
-    assert h.journal == []
-
-
-# ----- unbinding
-
-
-async def test_unbind_puts_the_provider_to_sleep_then_unbinds_it_in_one_write(h: Harness) -> None:
-    requester = bound_pair(h)
-    requester["metadata"]["deletionTimestamp"] = STARTED_AT
-    h.put(requester)
-    await h.reconcile()
-    assert h.journal.kinds() == [("sleep", IP), ("update", PROVIDER), ("update", REQ)]
-    unbound = h.journal.written(PROVIDER)
-    assert keys.REQUESTER_ANNOTATION not in meta(unbound, "annotations")
-    assert keys.NOMINAL_ANNOTATION in meta(unbound, "annotations")  # still findable for reuse
-    assert keys.DUAL_LABEL not in meta(unbound, "labels")
-    assert meta(unbound, "labels")[keys.SLEEPING_LABEL] == "true"
-    assert meta(unbound, "finalizers") == []
-    assert meta(h.journal.written(REQ), "finalizers") == []
-    h.journal.clear()
-    await h.reconcile()
-    assert h.journal == []  # the requester is gone; the provider stays, asleep
-    assert h.has_pod(PROVIDER)
-
-
-async def test_unbind_of_a_provider_known_asleep_makes_no_call(h: Harness) -> None:
-    requester = direct_requester_obj()
-    h.put(provider_obj(bound_to=requester, sleeping="true"))
-    h.reconciler.memory.asleep[f"{PROVIDER}-uid"] = (0, True)
-    await h.reconcile()
-    assert h.journal.kinds() == [("update", PROVIDER)]
-
-
-async def test_a_restarted_provider_is_not_taken_for_asleep(h: Harness) -> None:
-    requester = direct_requester_obj()
-    provider = provider_obj(bound_to=requester, restarts=1)
-    h.put(provider)
-    h.reconciler.memory.asleep[f"{PROVIDER}-uid"] = (0, True)  # before its restart
-    await h.reconcile()
-    assert h.journal.kinds() == [("sleep", IP), ("update", PROVIDER)]
-
-
-async def test_unbind_deletes_a_provider_that_does_not_serve_yet(h: Harness) -> None:
-    requester = direct_requester_obj()
-    h.put(provider_obj(bound_to=requester, ready=False))
-    await h.reconcile()
-    assert h.journal.kinds() == [("delete", PROVIDER)]
-
-
-async def test_unbind_deletes_a_provider_that_refuses_to_sleep(h: Harness) -> None:
-    h.put(provider_obj(bound_to=direct_requester_obj()))
-    h.providers.refusal = HttpError("sleep", f"http://{IP}:8000/sleep?level=1", Reply(404, "Not Found"))
-    await h.reconcile()
-    assert h.journal.kinds() == [("sleep", IP), ("event", PROVIDER), ("delete", PROVIDER)]
-
-
-async def test_unbind_retries_a_provider_that_fails_to_sleep(h: Harness) -> None:
-    h.put(provider_obj(bound_to=direct_requester_obj()))
-    h.providers.refusal = HttpError("sleep", f"http://{IP}:8000/sleep?level=1", None, ConnectionError())
-    assert backs_off(await h.reconcile())
-    assert h.journal.kinds() == [("sleep", IP)]

@@ -786,8 +786,12 @@ class Harness:
         return self.caches.pods.get(f"{NS}/{name}") is not None
 
     async def reconcile(self, name: str = REQ) -> Result:
-        RECORDER.ran(self.phase(name))
-        return await self.reconciler.reconcile_requester(name)
+        """One pass, recorded: the phase it ran and the phase its change led to (tests/phase_transitions.py)."""
+        before = self.phase(name)
+        try:
+            return await self.reconciler.reconcile_requester(name)
+        finally:
+            RECORDER.record(name, before, self.phase(name))
 
     def phase(self, name: str = REQ) -> Phase:
         """The phase the next pass of `name` runs."""
@@ -796,12 +800,9 @@ class Harness:
     async def drive(self, name: str = REQ, passes: int = 10) -> list[Call]:
         """Reconcile until a pass does nothing, as the watch event of each write would; returns what was done."""
         start = len(self.journal)
-        phase: Phase | None = None
         for _ in range(passes):
             before = len(self.journal)
-            phase, previous = self.phase(name), phase
-            RECORDER.record(name, previous, phase)
-            await self.reconciler.reconcile_requester(name)
+            await self.reconcile(name)
             if len(self.journal) == before:
                 return self.journal[start:]
         raise AssertionError(f"still busy after {passes} passes: {self.journal.kinds()[start:]}")

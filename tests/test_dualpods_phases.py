@@ -5,25 +5,29 @@ Snapshots are observed, as a pass observes them, from the controller's caches lo
 launcher views (tests/test_dualpods_fakes.py).
 """
 
-import re
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kubernetes_asyncio import client
 
 from api import keys
 from api.launcher import InstanceState
-from controller.dualpods.phases import ROWS, Phase, classify, edges, mermaid
+from controller.dualpods import phases
+from controller.dualpods.passes import Options
+from controller.dualpods.phases import ROW, ROWS, Phase, Unclassified, classify, edges, mermaid
 from controller.dualpods.snapshot import UNBIND_PATIENCE_S, Snapshot, observe
 from controller.informer import Obj
+from scripts import phase_diagram
 from tests.phase_transitions import RECORDER, TransitionRecorder, UndeclaredTransition
 from tests.test_dualpods_fakes import (
     LAUNCHER,
     NS,
+    PROVIDER,
     REQ,
     WANTED,
     Harness,
@@ -40,8 +44,6 @@ from tests.test_dualpods_fakes import (
     requester_obj,
     settled,
 )
-
-ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
 
 @pytest.fixture
@@ -241,10 +243,9 @@ TABLE: dict[Phase, Callable[[Harness], None]] = {
 }
 
 
-def test_the_table_covers_every_phase_and_every_phase_has_a_rule() -> None:
-    assert set(TABLE) == set(Phase)
-    assert [row.phase for row in ROWS] == list(dict.fromkeys(row.phase for row in ROWS))  # one rule each
-    assert {row.phase for row in ROWS} == set(Phase)
+def test_the_table_is_the_enum_in_order_and_every_phase_has_a_rule() -> None:
+    assert list(TABLE) == list(Phase)
+    assert [row.phase for row in ROWS] == list(Phase)  # one rule each, in the enum's order
 
 
 @pytest.mark.parametrize("phase", list(Phase), ids=[p.value for p in Phase])
@@ -253,46 +254,7 @@ async def test_classify(h: Harness, phase: Phase) -> None:
     assert classify(snapshot(h)) is phase
 
 
-# ----- every snapshot has exactly one phase
-
-
-@st.composite
-def worlds(draw: st.DrawFn) -> list[Obj]:
-    """A requester (or none) and a provider (or none) in any combination of the states the rules read."""
-    objs: list[Obj] = []
-    if draw(st.booleans()):
-        objs.append(node_obj(unschedulable=draw(st.booleans()), deleting=draw(st.booleans())))
-    direct = draw(st.booleans())
-    requester: Obj | None = None
-    if draw(st.booleans()):
-        make = direct_requester_obj if direct else requester_obj
-        requester = make(
-            ip=draw(st.sampled_from([None, "127.0.0.5"])),
-            gpus=draw(st.sampled_from([None, ("GPU-0000",)])),
-            ready=draw(st.booleans()),
-            finalizer=draw(st.booleans()),
-            deleting=draw(st.booleans()),
-            labels={keys.INSTANCE_LABEL: WANTED} if draw(st.booleans()) else None,
-        )
-        if draw(st.booleans()):
-            requester["metadata"]["annotations"][keys.INFERENCE_SERVER_CONFIG_ANNOTATION] = "isc"
-        if requester["metadata"].get("deletionTimestamp") and draw(st.booleans()):
-            long_ago(requester)
-        objs.append(requester)
-    if draw(st.booleans()):
-        owner = requester if requester is not None and draw(st.booleans()) else requester_obj(uid="earlier-uid")
-        running, ready = draw(st.booleans()), draw(st.booleans())
-        if direct:
-            pod = provider_obj(bound_to=owner, ready=ready, running=running, deleting=draw(st.booleans()))
-        else:
-            pod = bound(launcher_obj(ready=ready, running=running, deleting=draw(st.booleans()),
-                                     failed=draw(st.booleans())), owner, serving=draw(st.booleans()))  # fmt: skip
-        if draw(st.booleans()):
-            crash_looping(pod)
-        objs.append(pod)
-        if draw(st.booleans()) and requester is not None:
-            objs.append(bound(launcher_obj("launcher-2"), requester))
-    return objs
+# ----- every snapshot has exactly one phase: every rule evaluated, whatever the order of the rows
 
 
 instances = st.sampled_from([
@@ -300,34 +262,123 @@ instances = st.sampled_from([
     inst(WANTED, sleeping=False),
     inst(WANTED, sleeping=True),
     inst(WANTED, ready=False, sleeping=False),
+    inst(WANTED, ready=False, sleeping=True),
     inst(WANTED, stopped=True),
+    inst(WANTED, stopped=True, ready=False, sleeping=False),
+    inst(WANTED, wake_check_failed=True),
 ])  # fmt: skip
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(objs=worlds(), state=instances, synced=st.booleans())
-async def test_every_snapshot_has_exactly_one_phase(objs: list[Obj], state: InstanceState | None, synced: bool) -> None:
-    async with harness() as h:
-        h.put(isc_obj(), lc_obj())
-        for obj in objs:
-            h.put(obj)
-        for pod in h.caches.pods.items():
-            if pod["metadata"]["name"].startswith("launcher"):
-                h.views.put(pod, *([state] if state is not None else []), synced=synced)
-        s = observe(NS, REQ, h.caches, h.views, now=time.time())
-        holding = [row.phase for row in ROWS if row.holds(s)]
-        assert holding, "no rule holds"
-        assert classify(s) is holding[0]  # the first of those that hold: exactly one phase
+# What can be off in a world where a requester is served: the rules read each of these.
+OFF = (
+    "no node", "node cordoned", "node deleting",
+    "no requester", "requester without ip", "requester without gpus", "requester deleting", "requester long gone",
+    "requester of both modes", "requester unsettled", "requester not served", "requester ready",
+    "no provider", "provider of an earlier requester", "provider not running", "provider not ready",
+    "provider deleting", "provider failed", "provider crash-looping", "provider misrouted", "provider not serving",
+    "second provider", "views not synced",
+)  # fmt: skip
+
+
+@st.composite
+def worlds(draw: st.DrawFn) -> tuple[list[Obj], InstanceState | None, bool]:
+    """A world where a requester is served, with up to three things off (so every phase is drawn, and where two
+    rules could meet); the instance its launcher reports, and whether the launcher views are synced."""
+    off = draw(st.sets(st.sampled_from(OFF), max_size=3))
+    direct = draw(st.booleans())
+    objs: list[Obj] = []
+    if "no node" not in off:
+        objs.append(node_obj(unschedulable="node cordoned" in off, deleting="node deleting" in off))
+    requester = (direct_requester_obj if direct else requester_obj)(
+        ip=None if "requester without ip" in off else "127.0.0.5",
+        gpus=None if "requester without gpus" in off else ("GPU-0000",),
+        ready="requester ready" in off,
+        deleting="requester deleting" in off or "requester long gone" in off,
+    )
+    if "requester long gone" in off:
+        long_ago(requester)
+    if "requester of both modes" in off:
+        requester["metadata"]["annotations"][keys.INFERENCE_SERVER_CONFIG_ANNOTATION] = "isc"
+    if "requester unsettled" not in off:
+        settled(requester, launcher=PROVIDER if direct else LAUNCHER)
+    if "requester not served" in off:
+        requester["metadata"]["labels"].pop(keys.INSTANCE_LABEL, None)
+    if "no requester" not in off:
+        objs.append(requester)
+    owner = requester_obj(uid="earlier-uid") if "provider of an earlier requester" in off else requester
+    running, ready, deleting = (
+        "provider not running" not in off,
+        "provider not ready" not in off,
+        "provider deleting" in off,
+    )
+    if direct:
+        pod = provider_obj(bound_to=owner, ready=ready, running=running, deleting=deleting, sleeping="false")
+    else:
+        routing = '{"labels": {"kubernetes.io/pool": "a"}}' if "provider misrouted" in off else None
+        pod = bound(launcher_obj(ready=ready, running=running, deleting=deleting, failed="provider failed" in off),
+                    owner, serving="provider not serving" not in off, routing_json=routing)  # fmt: skip
+    if "provider crash-looping" in off:
+        crash_looping(pod)
+    if "no provider" not in off:
+        objs.append(pod)
+    if "second provider" in off:
+        objs.append(bound(launcher_obj("launcher-2"), requester))
+    return objs, draw(instances), "views not synced" not in off
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[client.ApiClient]:
+    """One API client for every example of a property test (making one loads the TLS trust store): it only binds
+    the informers, and never connects."""
+    async with client.ApiClient() as made:
+        yield made
+
+
+def world_snapshot(api: client.ApiClient, objs: list[Obj], state: InstanceState | None, synced: bool) -> Snapshot:
+    """The snapshot of REQ in a world of `objs`, each launcher reporting `state` (synced or not)."""
+    h = Harness(api, Options())
+    h.put(isc_obj(), lc_obj())
+    for obj in objs:
+        h.put(obj)
+    for pod in h.caches.pods.items():
+        if pod["metadata"]["name"].startswith("launcher"):
+            h.views.put(pod, *([state] if state is not None else []), synced=synced)
+    return observe(NS, REQ, h.caches, h.views, now=time.time())
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(world=worlds())
+def test_every_snapshot_has_exactly_one_phase(
+    api: client.ApiClient, world: tuple[list[Obj], InstanceState | None, bool]
+) -> None:
+    s = world_snapshot(api, *world)
+    holding = [row.phase for row in ROWS if row.holds(s)]
+    assert len(holding) == 1, f"the rules of {[phase.value for phase in holding]} hold at once"
+    assert classify(s) is holding[0]
+
+
+async def test_where_two_rules_hold_classify_names_them_rather_than_pick_one(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Order decides nothing: a table whose rules overlap is a defect that classify reports."""
+    overlapping = dataclasses.replace(ROW[Phase.SERVING], holds=lambda s: True)
+    monkeypatch.setattr(phases, "ROWS", (*ROWS, overlapping))
+    with pytest.raises(Unclassified, match="the rules of gone, serving hold"):
+        classify(snapshot(h))
 
 
 # ----- the drawing
 
 
-def test_the_architecture_drawing_is_the_classifiers_table() -> None:
-    text = ARCHITECTURE.read_text()
-    found = re.search(r"<!-- phases:begin -->\n```mermaid\n(.*?)\n```\n<!-- phases:end -->", text, re.DOTALL)
-    assert found, "docs/architecture.md has no phase drawing between the phases:begin/end markers"
-    assert found.group(1) == mermaid(), "docs/architecture.md's phase drawing is stale: paste mermaid() there"
+def test_the_architecture_drawing_is_the_classifiers_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert phase_diagram.main(["--check"]) == 0, capsys.readouterr().err
+
+
+def test_the_drawing_is_written_between_its_markers_only() -> None:
+    text = "intro\n<!-- phases:begin -->\n```mermaid\nold\n```\n<!-- phases:end -->\nrest\n"
+    assert phase_diagram.render(text) == text.replace("old", mermaid())
+    with pytest.raises(ValueError, match="not 0"):
+        phase_diagram.render("no markers")
 
 
 # ----- the transition recorder (tests/phase_transitions.py)
@@ -335,7 +386,6 @@ def test_the_architecture_drawing_is_the_classifiers_table() -> None:
 
 def test_the_recorder_rejects_an_undeclared_edge() -> None:
     recorder = TransitionRecorder({(Phase.STARTING, Phase.NEEDS_GPUS)})
-    recorder.record(REQ, None, Phase.STARTING)
     recorder.record(REQ, Phase.STARTING, Phase.STARTING)  # no change
     recorder.record(REQ, Phase.STARTING, Phase.NEEDS_GPUS)
     with pytest.raises(UndeclaredTransition, match="needs-gpus → serving is not declared"):
@@ -349,10 +399,10 @@ def test_workers_findings_add_up_in_the_controllers_summary() -> None:
     declared = {(Phase.STARTING, Phase.NEEDS_GPUS), (Phase.NEEDS_GPUS, Phase.UNBOUND)}
     controller, worker_1, worker_2 = (TransitionRecorder(declared) for _ in range(3))
     worker_1.test = "tests/a.py::test_a"
-    worker_1.record(REQ, None, Phase.STARTING)
     worker_1.record(REQ, Phase.STARTING, Phase.NEEDS_GPUS)
+    worker_1.record(REQ, Phase.NEEDS_GPUS, Phase.NEEDS_GPUS)
     worker_2.test = "tests/b.py::test_b"
-    worker_2.record(REQ, None, Phase.STARTING)
+    worker_2.record(REQ, Phase.STARTING, Phase.STARTING)
     controller.merge(worker_1.exported())
     assert controller.unseen() == [(Phase.NEEDS_GPUS, Phase.UNBOUND)]
     controller.merge(worker_2.exported())
@@ -362,6 +412,17 @@ def test_workers_findings_add_up_in_the_controllers_summary() -> None:
         Phase.STARTING: {"tests/a.py::test_a", "tests/b.py::test_b"},
         Phase.NEEDS_GPUS: {"tests/a.py::test_a"},
     }
+
+
+async def test_a_pass_across_an_edge_the_table_does_not_declare_fails_its_test(
+    h: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A single pass is recorded as a drive's are: removing a declared edge that a test crosses fails it."""
+    setup_needs_gpus(h)
+    monkeypatch.setattr(RECORDER, "declared", RECORDER.declared - {(Phase.NEEDS_GPUS, Phase.SETTLING)})
+    with pytest.raises(UndeclaredTransition, match="needs-gpus → settling is not declared"):
+        await h.reconcile()
+    assert h.phase() is Phase.SETTLING  # the pass did change the phase: the recorder saw it after the pass
 
 
 async def test_a_drive_across_an_edge_the_table_does_not_declare_fails(

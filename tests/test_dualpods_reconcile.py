@@ -4,6 +4,10 @@ Each test fills the informer caches by hand, runs one pass (or, with `drive`, pa
 happens, as the watch events of each write would), and asserts what reached the outside world: the
 Pods written, created and deleted, the launcher and requester calls, the Events, the metrics. The fakes
 are in tests/test_dualpods_fakes.py.
+
+The tests of each phase's step are grouped under that phase, in the order of the phase table (ROWS in
+controller/dualpods/phases.py); then the whole actuations, pass after pass across phases, and the ISC's own
+pass. Direct mode's phases are in tests/test_dualpods_direct.py.
 """
 
 import json
@@ -106,7 +110,68 @@ def refused(status: int) -> HttpError:
     return HttpError("create_instance", "http://127.0.1.1:8001/v2/vllm/instances/x", Reply(status, {"detail": "no"}))
 
 
-# ----- §2.4 steps 1-5: lifecycle of the pair
+def unreachable() -> HttpError:
+    return HttpError("get_gpu_uuids", "http://127.0.0.5:8081/v1/dual-pods/accelerators", None, ConnectionRefusedError())
+
+
+async def standing_problem(h: Harness, kind: str) -> None:
+    """A problem that stays: the requester's ISC is missing, or its launcher refuses its instance."""
+    h.put(node_obj(), lc_obj())
+    if kind == "unbound":
+        h.put(requester_obj())
+        return
+    h.put(isc_obj())
+    requester = settled(requester_obj())
+    del requester["metadata"]["labels"][keys.INSTANCE_LABEL]  # its instance never ran
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher)
+    h.launchers.refusal = refused(400)
+
+
+def budget_actions(h: Harness, action: str) -> float | None:
+    return h.metric("dualpods_sleeper_budget_actions_total", exported_namespace=NS, isc_name=ISC, action=action)
+
+
+def actuations(h: Harness, path: str, deleted: int = 0) -> float | None:
+    """How many actuations fma_actuation_seconds counted on `path`."""
+    return h.metric(
+        "fma_actuation_seconds_count", exported_namespace=NS, path=path, instancesDeleted=str(deleted), isc_name=ISC
+    )
+
+
+def dra_requester(h: Harness) -> Obj:
+    """A requester whose GPU came through a ResourceClaim: NVIDIA's DRA driver publishes it as gpu-0 of NODE."""
+    requester = requester_obj(gpus=(GPU0, GPU1))
+    requester["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}]
+    h.devices.names = {GPU0: Device("gpu.nvidia.com", NODE, "gpu-0"), GPU1: Device("gpu.nvidia.com", NODE, "gpu-1")}
+    return requester
+
+
+def device_info(h: Harness, uuid: str, device: str) -> float | None:
+    """dualpods_requester_device_info of REQ's GPU `uuid`, device `device` of NVIDIA's driver on NODE."""
+    labels = {"exported_namespace": NS, "requester_name": REQ, "UUID": uuid}
+    return h.metric("dualpods_requester_device_info", **labels, driver="gpu.nvidia.com", pool=NODE, device=device)
+
+
+# A launcher that speaks only FMA's API (issue 13.1: no sleep/wake routes, no readiness in its states).
+
+
+def fma_pair(h: Harness, *, sleeping: bool | None, deleting: bool = False, serving: bool = False) -> Obj:
+    """REQ bound to LAUNCHER, whose instance WANTED is reported as an FMA launcher reports it (neither
+    readiness nor sleep); `sleeping`: what the views learned from the instance itself (None: it has not
+    answered /health yet). Returns the launcher."""
+    requester = settled(requester_obj(deleting=deleting))
+    launcher = bound(launcher_obj(), requester, serving=serving)
+    h.put(requester, launcher)
+    view = h.views.put(launcher, inst(WANTED, ready=False, sleeping=False))
+    view.extensions = False
+    if sleeping is not None:
+        view.learn(WANTED, sleeping)
+    return launcher
+
+
+# ----- GONE: no requester, no provider
 
 
 async def test_both_pods_gone_does_nothing(h: Harness) -> None:
@@ -143,6 +208,35 @@ async def test_gone_pairs_are_forgotten_at_most_once_every_sweep_interval(h: Har
     assert "gone-2" not in memory.paths
 
 
+# ----- DISCARDING: releasing a provider that is lost (node gone, Pod failed, container failing)
+
+
+async def test_unbind_deletes_a_provider_in_trouble_instead(h: Harness) -> None:
+    """Its container keeps failing: the provider is lost, deleted rather than reused."""
+    requester = requester_obj(finalizer=True, deleting=True)
+    h.put(requester, bound(crash_looping(launcher_obj(ready=False, restarts=2)), requester))
+    await h.reconcile()
+    assert h.journal.kinds() == [("delete", LAUNCHER)]
+    assert h.journal[0].detail == {"uid": f"{LAUNCHER}-uid", "rv": "1"}
+
+
+@pytest.mark.parametrize("lost", ["node gone", "node going", "pod failed"])
+async def test_unbind_deletes_a_provider_whose_node_or_pod_is_gone(h: Harness, lost: str) -> None:
+    requester = requester_obj(finalizer=True, deleting=True)
+    launcher = bound(launcher_obj(failed=lost == "pod failed"), requester)
+    launcher["spec"]["nodeName"] = "node-b"
+    h.put(requester, launcher)
+    if lost == "node going":
+        h.put(node_obj("node-b", deleting=True))
+    elif lost == "pod failed":
+        h.put(node_obj("node-b"))
+    await h.reconcile()
+    assert h.journal.kinds() == [("delete", LAUNCHER)]
+
+
+# ----- UNHOLDING: requester finalizer without a running provider
+
+
 async def test_requester_finalizer_is_removed_when_no_provider_is_bound(h: Harness) -> None:
     h.put(requester_obj(finalizer=True))
     await h.reconcile()
@@ -156,6 +250,9 @@ async def test_requester_finalizer_is_removed_when_the_providers_container_is_no
     await h.reconcile()
     assert h.journal.kinds() == [("update", REQ)]
     assert keys.REQUESTER_FINALIZER not in finalizers(h.journal.written(REQ))
+
+
+# ----- PROVIDER_DELETED: the provider is being deleted
 
 
 async def test_provider_being_deleted_deletes_the_requester_then_releases_the_provider(h: Harness) -> None:
@@ -175,6 +272,9 @@ async def test_provider_being_deleted_with_the_requester_already_going_only_rele
     await h.reconcile()
     assert h.journal.kinds() == [("update", LAUNCHER)]
     assert keys.PROVIDER_FINALIZER not in finalizers(h.journal.written(LAUNCHER))
+
+
+# ----- UNROUTING: releasing a launcher that carries routing labels
 
 
 async def test_unbind_removes_routing_labels_first_then_sleeps_then_unbinds_in_one_write(h: Harness) -> None:
@@ -210,6 +310,22 @@ async def test_unbind_removes_routing_labels_first_then_sleeps_then_unbinds_in_o
     assert h.journal == []
     assert h.views.get(LAUNCHER) is not None
     assert h.views.views[LAUNCHER].instances[WANTED].sleeping
+
+
+# ----- RELEASE_WAITING: releasing a launcher whose instances are not known, within patience
+
+
+async def test_unbind_waits_while_the_launchers_instances_are_unknown(h: Harness) -> None:
+    requester = requester_obj(finalizer=True, deleting=True)
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, synced=False)
+    assert again(await h.reconcile()) == RELEASE_POLL_S  # a wait, not a failure: looked at again soon
+    assert h.journal == []
+    assert h.metric("dualpods_passes_total", phase="release-waiting", result="wait") == 1
+
+
+# ----- RELEASING: releasing a direct provider, or an unrouted launcher whose instances are known
 
 
 @pytest.mark.parametrize(
@@ -278,29 +394,6 @@ async def test_unbind_when_the_requester_is_already_gone(h: Harness) -> None:
     assert keys.REQUESTER_ANNOTATION not in annotations(h.journal.written(LAUNCHER))
 
 
-async def test_unbind_deletes_a_provider_in_trouble_instead(h: Harness) -> None:
-    """Its container keeps failing: the provider is lost, deleted rather than reused."""
-    requester = requester_obj(finalizer=True, deleting=True)
-    h.put(requester, bound(crash_looping(launcher_obj(ready=False, restarts=2)), requester))
-    await h.reconcile()
-    assert h.journal.kinds() == [("delete", LAUNCHER)]
-    assert h.journal[0].detail == {"uid": f"{LAUNCHER}-uid", "rv": "1"}
-
-
-@pytest.mark.parametrize("lost", ["node gone", "node going", "pod failed"])
-async def test_unbind_deletes_a_provider_whose_node_or_pod_is_gone(h: Harness, lost: str) -> None:
-    requester = requester_obj(finalizer=True, deleting=True)
-    launcher = bound(launcher_obj(failed=lost == "pod failed"), requester)
-    launcher["spec"]["nodeName"] = "node-b"
-    h.put(requester, launcher)
-    if lost == "node going":
-        h.put(node_obj("node-b", deleting=True))
-    elif lost == "pod failed":
-        h.put(node_obj("node-b"))
-    await h.reconcile()
-    assert h.journal.kinds() == [("delete", LAUNCHER)]
-
-
 async def test_unbind_keeps_a_launcher_that_restarted_and_is_not_ready_and_its_sleepers(h: Harness) -> None:
     """A NotReady spell (its node's heartbeats paused) after a past restart is no loss: the launcher and
     its sleepers stay, and it is unbound once it answers again."""
@@ -314,16 +407,6 @@ async def test_unbind_keeps_a_launcher_that_restarted_and_is_not_ready_and_its_s
     assert h.views.views[LAUNCHER].instances["Isleeperi"].sleeping
 
 
-async def test_unbind_waits_while_the_launchers_instances_are_unknown(h: Harness) -> None:
-    requester = requester_obj(finalizer=True, deleting=True)
-    launcher = bound(launcher_obj(), requester)
-    h.put(requester, launcher)
-    h.views.put(launcher, synced=False)
-    assert again(await h.reconcile()) == RELEASE_POLL_S  # a wait, not a failure: looked at again soon
-    assert h.journal == []
-    assert h.metric("dualpods_passes_total", phase="release-waiting", result="wait") == 1
-
-
 async def test_a_provider_bound_to_an_earlier_requester_of_the_same_name_is_released(h: Harness) -> None:
     earlier = requester_obj(uid="earlier-uid")
     launcher = bound(launcher_obj(), earlier)
@@ -334,7 +417,68 @@ async def test_a_provider_bound_to_an_earlier_requester_of_the_same_name_is_rele
     assert keys.REQUESTER_ANNOTATION not in annotations(h.journal.written(LAUNCHER))
 
 
-# ----- §2.4 steps 6-10: before binding
+async def test_a_sleep_over_the_host_budget_first_deletes_the_least_recently_used_sleepers(h: Harness) -> None:
+    h.put(lc_obj(max_instances=4, budget={"hostMemoryBytes": 100}))
+    requester = requester_obj(finalizer=True, deleting=True)
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(
+        launcher,
+        inst(WANTED, sleeping=False, rss=30, gpu_bytes=20, revision=9),  # asleep it holds up to 50
+        inst("Ioldi", port=8006, rss=40, revision=1),
+        inst("Inewi", port=8007, rss=30, revision=5),  # 50 + 40 + 30 > 100: the oldest goes
+    )
+    await h.reconcile()
+    assert h.journal.kinds() == [
+        ("list", "127.0.1.1"),
+        ("event", LAUNCHER),
+        ("delete_instance", "Ioldi"),
+        ("sleep", WANTED),
+        ("update", LAUNCHER),
+        ("update", REQ),
+    ]
+    assert h.journal[1].detail[:2] == ("Normal", "SleeperBudget")
+    assert budget_actions(h, "deleted") == 1
+
+
+async def test_an_instance_too_big_for_the_host_budget_is_deleted_instead_of_sleeping(h: Harness) -> None:
+    h.put(lc_obj(budget={"hostMemoryBytes": 100}))
+    requester = requester_obj(finalizer=True, deleting=True)
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, sleeping=False, rss=90, gpu_bytes=20))
+    await h.reconcile()
+    assert h.journal.kinds() == [
+        ("list", "127.0.1.1"),
+        ("event", LAUNCHER),
+        ("delete_instance", WANTED),
+        ("update", LAUNCHER),
+        ("update", REQ),
+    ]
+    assert budget_actions(h, "deleted") == 1
+
+
+async def test_an_fma_launchers_instance_is_put_to_sleep_through_vllm_at_unbind(h: Harness) -> None:
+    launcher = fma_pair(h, sleeping=False, deleting=True, serving=True)
+    await h.drive()
+    assert [(c.kind, c.target) for c in h.journal.of("sleep")] == [("sleep", launcher["status"]["podIP"])]
+    assert h.views.views[LAUNCHER].instances[WANTED].sleeping
+    assert keys.REQUESTER_ANNOTATION not in annotations(h.journal.written(LAUNCHER))
+
+
+async def test_an_fma_launchers_sleeper_not_yet_probed_is_asked_at_unbind_and_kept(h: Harness) -> None:
+    """Right after a controller restart the views may not have probed a sleeper yet: it is not taken for a
+    loading instance (which the unbind deletes)."""
+    launcher = fma_pair(h, sleeping=None, deleting=True)
+    h.providers.asleep[launcher["status"]["podIP"]] = True
+    await h.drive()
+    assert h.journal.of("delete_instance") == h.journal.of("sleep") == []
+    assert [c.kind for c in h.journal.of("is_sleeping")] == ["is_sleeping"]
+    assert h.views.views[LAUNCHER].instances[WANTED].sleeping
+    assert keys.REQUESTER_ANNOTATION not in annotations(h.journal.written(LAUNCHER))
+
+
+# ----- UNSCHEDULED: staying, no Node or its Node is being deleted
 
 
 @pytest.mark.parametrize("node", ["missing", "deleting"])
@@ -348,6 +492,9 @@ async def test_nothing_happens_while_the_node_is_missing_or_going(h: Harness, no
     assert h.journal == []
 
 
+# ----- STARTING: staying, scheduled, no Pod IP yet
+
+
 async def test_a_requester_without_an_ip_yet_is_left_alone(h: Harness) -> None:
     """A normal moment of a Pod's start (a deliberate departure from FMA's `no IP assigned yet` error)."""
     h.put(requester_obj(ip=None, gpus=None))
@@ -355,19 +502,7 @@ async def test_a_requester_without_an_ip_yet_is_left_alone(h: Harness) -> None:
     assert h.journal == []
 
 
-async def test_a_problem_is_a_status_error_and_an_event_once(h: Harness) -> None:
-    h.remove(isc_obj())
-    h.put(requester_obj())
-    assert terminal(await h.reconcile())  # until the ISC changes
-    assert h.journal.kinds() == [("event", REQ), ("update", REQ)]
-    assert h.journal[0].detail == ("Warning", "ActuationProblem", "InferenceServerConfig isc does not exist")
-    assert status_errors(h.pod(REQ)) == ["InferenceServerConfig isc does not exist"]
-
-    h.journal.clear()
-    assert terminal(await h.reconcile())  # until the ISC changes
-    assert h.journal == []  # the same problem again: no second Event, no write
-
-
+# ----- NEEDS_GPUS: started and valid, its GPUs not recorded
 async def test_gpus_are_asked_once_and_recorded_in_the_accelerators_annotation(h: Harness) -> None:
     h.requesters.gpus = [GPU0, GPU1]
     h.put(requester_obj(gpus=None))
@@ -396,10 +531,6 @@ async def test_a_failed_gpu_query_is_a_status_error(h: Harness) -> None:
     assert status_errors(h.pod(REQ)) == ["the requester's GPU query failed: 500 no GPUs found"]
 
 
-def unreachable() -> HttpError:
-    return HttpError("get_gpu_uuids", "http://127.0.0.5:8081/v1/dual-pods/accelerators", None, ConnectionRefusedError())
-
-
 async def test_a_requester_still_starting_is_asked_for_its_gpus_again_soon(h: Harness) -> None:
     requester = requester_obj(gpus=None)
     requester["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": now()}}
@@ -417,6 +548,27 @@ async def test_a_requester_that_never_answers_is_a_status_error(h: Harness) -> N
     assert error.startswith("cannot query the requester's GPUs: get_gpu_uuids: ")
 
 
+async def test_the_pass_that_records_the_gpus_binds_and_writes_the_requester_once(h: Harness) -> None:
+    h.put(requester_obj(gpus=None), launcher_obj())
+    h.views.put(launcher_obj(), inst(WANTED, sleeping=True))
+    await h.reconcile()
+    assert h.journal.kinds() == [("gpu_uuids", REQ), ("update", LAUNCHER), ("update", REQ)]
+    requester = h.pod(REQ)
+    assert annotations(requester)[keys.ACCELERATORS_ANNOTATION] == GPU0
+    assert labels(requester)[keys.DUAL_LABEL] == LAUNCHER
+    assert finalizers(requester) == [keys.REQUESTER_FINALIZER]
+    calls = await h.drive()
+    assert [(c.kind, c.target) for c in calls] == [("wake", WANTED), ("update", LAUNCHER), ("relay", REQ)]
+    assert actuations(h, "hot") == 1
+    # The one launcher write that makes it an endpoint brings its instance summary up to date too.
+    summary = launcher_summary.of_pod(h.pod(LAUNCHER))
+    assert summary is not None
+    assert [(e.id, e.state) for e in summary.instances] == [(WANTED, launcher_summary.SummaryState.SERVING)]
+
+
+# ----- CORDONED: admitted, unbound on a cordoned Node
+
+
 async def test_a_cordoned_node_without_provider_deletes_the_requester(h: Harness) -> None:
     h.put(node_obj(unschedulable=True), requester_obj(rv="3"), launcher_obj())
     await h.reconcile()
@@ -429,6 +581,22 @@ async def test_a_cordoned_node_keeps_a_bound_requester(h: Harness) -> None:
     h.put(node_obj(unschedulable=True))
     await h.reconcile()
     assert h.journal.of("delete") == []
+
+
+# ----- UNBOUND: admitted, launcher mode, to bind
+
+
+async def test_a_problem_is_a_status_error_and_an_event_once(h: Harness) -> None:
+    h.remove(isc_obj())
+    h.put(requester_obj())
+    assert terminal(await h.reconcile())  # until the ISC changes
+    assert h.journal.kinds() == [("event", REQ), ("update", REQ)]
+    assert h.journal[0].detail == ("Warning", "ActuationProblem", "InferenceServerConfig isc does not exist")
+    assert status_errors(h.pod(REQ)) == ["InferenceServerConfig isc does not exist"]
+
+    h.journal.clear()
+    assert terminal(await h.reconcile())  # until the ISC changes
+    assert h.journal == []  # the same problem again: no second Event, no write
 
 
 @pytest.mark.parametrize(
@@ -460,9 +628,6 @@ async def test_a_routing_label_that_the_launcher_config_already_sets_is_refused(
     assert terminal(result)
     assert f"label '{LC_LABEL}' is already on the Pod" in str(result)
     assert h.journal.of("create") == []
-
-
-# ----- §2.7: choosing, reclaiming or creating a launcher
 
 
 async def test_p1_binds_the_launcher_that_holds_the_wanted_instance(h: Harness) -> None:
@@ -600,7 +765,130 @@ async def test_stopped_and_portless_instances_on_a_candidate_are_deleted_and_not
     ]
 
 
-# ----- §2.4 step 11: serving through the bound launcher
+async def test_a_launcher_failing_to_create_after_the_bind_leaves_the_creation_to_the_next_pass(h: Harness) -> None:
+    h.put(requester_obj(), launcher_obj())
+    h.views.put(launcher_obj())
+    h.launchers.refusal = refused(503)
+    await h.reconcile()  # the bind stands, and the requester is settled without an instance label
+    assert h.journal.kinds() == [("update", LAUNCHER), ("create_instance", WANTED), ("update", REQ)]
+    assert labels(h.pod(REQ))[keys.DUAL_LABEL] == LAUNCHER
+    assert keys.INSTANCE_LABEL not in labels(h.pod(REQ))
+    assert status_errors(h.pod(REQ)) is None
+    h.launchers.refusal = None
+    calls = await h.drive()  # CREATING, once the bind's event is in
+    assert [(c.kind, c.target) for c in calls] == [("create_instance", WANTED), ("update", REQ)]
+    assert labels(h.pod(REQ))[keys.INSTANCE_LABEL] == WANTED
+
+
+async def test_an_instance_refused_after_the_bind_is_a_status_error_of_the_bound_requester(h: Harness) -> None:
+    h.put(requester_obj(), launcher_obj())
+    h.views.put(launcher_obj())
+    h.launchers.refusal = refused(400)
+    assert backs_off(await h.reconcile())
+    assert labels(h.pod(REQ))[keys.DUAL_LABEL] == LAUNCHER
+    (error,) = status_errors(h.pod(REQ)) or []
+    assert error.startswith(f"launcher {LAUNCHER} refused the instance: ")
+
+
+@pytest.mark.parametrize("kind", ["unbound", "bound"])
+async def test_a_restarted_controller_neither_rewrites_a_standing_problem_nor_records_it_again(kind: str) -> None:
+    ends = terminal if kind == "unbound" else backs_off  # a missing ISC waits for it; a refusal is retried
+    async with harness() as before:
+        await standing_problem(before, kind)
+        assert ends(await before.reconcile())
+        assert [c.kind for c in before.journal if c.kind != "create_instance"] == ["event", "update"]
+        reported = before.pod(REQ)
+        shown = status_errors(reported)
+        assert shown
+    async with harness() as after:  # a new controller process: its memory empty, its caches listed afresh
+        await standing_problem(after, kind)
+        after.put(reported)
+        for _ in range(3):
+            assert ends(await after.reconcile())
+        assert [c.kind for c in after.journal if c.kind != "create_instance"] == []  # no write, no second Event
+        assert status_errors(after.pod(REQ)) == shown
+
+
+async def test_a_status_error_from_before_binding_is_cleared_once_bound(h: Harness) -> None:
+    h.remove(isc_obj())
+    h.put(requester_obj(), launcher_obj())
+    h.views.put(launcher_obj(), inst(WANTED))
+    assert terminal(await h.reconcile())
+    assert status_errors(h.pod(REQ)) == ["InferenceServerConfig isc does not exist"]
+    h.put(isc_obj())
+    await h.drive()
+    assert status_errors(h.pod(REQ)) is None
+    assert h.journal.of("relay")
+
+
+async def test_a_dra_requesters_bind_names_the_devices_its_instance_runs_on(h: Harness) -> None:
+    h.put(dra_requester(h), launcher_obj())
+    h.views.put(launcher_obj())
+    await h.drive()
+    (event,) = h.journal.of("event")
+    wanted = wanted_id(gpus=(GPU0, GPU1))
+    assert (event.target, event.detail) == (
+        REQ,
+        ("Normal", "Bound", f"instance {wanted} on launcher {LAUNCHER} runs on "
+         f"gpu.nvidia.com/{NODE}/gpu-0 ({GPU0}), gpu.nvidia.com/{NODE}/gpu-1 ({GPU1})"),
+    )  # fmt: skip
+    assert (device_info(h, GPU0, "gpu-0"), device_info(h, GPU1, "gpu-1")) == (1, 1)
+    h.remove(h.pod(REQ))  # the requester is deleted
+    assert device_info(h, GPU0, "gpu-0") is None, "no series left behind"
+
+
+async def test_a_cold_dra_bind_names_the_devices_and_the_launcher_made_for_it(h: Harness) -> None:
+    h.put(dra_requester(h))
+    h.devices.names.pop(GPU1)  # a GPU no driver publishes is named by its UUID alone
+    await h.drive()
+    (created,) = h.journal.of("create")
+    (event,) = h.journal.of("event")
+    assert event.detail[2].endswith(
+        f"on launcher {created.target} runs on gpu.nvidia.com/{NODE}/gpu-0 ({GPU0}), {GPU1}"
+    )
+
+
+# ----- WAKE_FAILED: its instance failed its post-wake check (and was killed)
+
+
+async def test_a_served_instance_failing_a_wake_behind_the_controllers_back_is_unrelayed_first(h: Harness) -> None:
+    requester = settled(requester_obj(ready=True))
+    h.put(requester, bound(launcher_obj(), requester, serving=True))
+    h.views.put(launcher_obj(), inst(WANTED, wake_check_failed=True))
+    await h.reconcile()
+    assert h.journal.kinds() == [("relay", REQ), ("update", REQ), ("event", REQ), ("delete_instance", WANTED)]
+    assert h.journal.of("relay")[0].detail is False
+    assert status_errors(h.pod(REQ)) == [h.journal.of("event")[0].detail[2]]
+    assert keys.INSTANCE_LABEL not in labels(h.pod(REQ))
+    await h.reconcile()  # the fresh instance is made; the requester is not deleted as one that lost it
+    assert h.journal.kinds()[4:] == [("create_instance", WANTED), ("update", REQ)]
+
+
+# ----- LOST: the instance that served it vanished or stopped
+
+
+async def test_an_instance_that_vanished_after_being_seen_deletes_the_requester(h: Harness) -> None:
+    requester = requester_obj(rv="4", labels={keys.INSTANCE_LABEL: WANTED})
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher)
+    await h.reconcile()
+    assert h.journal.kinds() == [("event", REQ), ("delete", REQ)]
+    assert h.journal[0].detail[:2] == ("Warning", "InstanceLost")
+    assert h.journal[1].detail == {"uid": REQ_UID, "rv": "4"}
+
+
+async def test_a_stopped_instance_deletes_the_requester(h: Harness) -> None:
+    requester = settled(requester_obj())
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, stopped=True))
+    await h.reconcile()
+    assert h.journal.kinds() == [("event", REQ), ("delete", REQ)]
+    assert "stopped" in h.journal[0].detail[2]
+
+
+# ----- SETTLING: bound, its metadata not in line with the binding
 
 
 async def test_the_requester_is_settled_first(h: Harness) -> None:
@@ -618,6 +906,9 @@ async def test_the_requester_is_settled_first(h: Harness) -> None:
     assert status_errors(settled) is None
 
 
+# ----- LAUNCHER_STARTING: bound to a launcher that is not reachable
+
+
 async def test_while_the_launcher_is_not_ready_only_the_requester_is_settled(h: Harness) -> None:
     requester = requester_obj()
     launcher = bound(launcher_obj(ready=False), requester)
@@ -626,6 +917,41 @@ async def test_while_the_launcher_is_not_ready_only_the_requester_is_settled(h: 
     calls = await h.drive()
     assert [c.kind for c in calls] == ["update"]
     assert keys.INSTANCE_LABEL not in labels(h.pod(REQ))  # not seen yet
+
+
+async def test_a_pass_before_the_watch_shows_the_created_launcher_does_not_create_another(h: Harness) -> None:
+    """Bound to two launchers, a requester would be stuck (conflicted) for good: the next passes wait instead."""
+    h.writer.watch_lags = True
+    h.put(requester_obj())
+    await h.reconcile()
+    (created,) = h.journal.of("create")
+    for _ in range(3):
+        assert again(await h.reconcile()) == LAUNCHER_SEEN_RECHECK_S
+    assert len(h.journal.of("create")) == 1, "no second launcher"
+    h.writer.deliver_created()
+    await h.drive()
+    assert len(h.journal.of("create")) == 1
+    assert h.phase() not in (Phase.UNBOUND, Phase.CONFLICTED)
+    bound = binding(h.pod(created.target))
+    assert bound is not None
+    assert bound.requester_name == REQ
+
+
+# ----- RECREATING: the instance stopped before it served
+
+
+async def test_a_stopped_instance_that_never_served_is_started_afresh(h: Harness) -> None:
+    # E.g. it stopped on a spare launcher before this requester bound it: nothing was lost.
+    requester = requester_obj()
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, stopped=True))
+    calls = [(c.kind, c.target) for c in await h.drive()]
+    assert calls.index(("delete_instance", WANTED)) < calls.index(("create_instance", WANTED))
+    assert h.journal.of("delete") == []
+
+
+# ----- CREATING: the instance is absent
 
 
 async def test_an_absent_instance_never_known_is_created_from_the_committed_config(h: Harness) -> None:
@@ -682,31 +1008,6 @@ async def test_a_launcher_failing_to_create_is_retried_without_status_error(h: H
     assert status_errors(h.pod(REQ)) is None
 
 
-async def test_a_launcher_failing_to_create_after_the_bind_leaves_the_creation_to_the_next_pass(h: Harness) -> None:
-    h.put(requester_obj(), launcher_obj())
-    h.views.put(launcher_obj())
-    h.launchers.refusal = refused(503)
-    await h.reconcile()  # the bind stands, and the requester is settled without an instance label
-    assert h.journal.kinds() == [("update", LAUNCHER), ("create_instance", WANTED), ("update", REQ)]
-    assert labels(h.pod(REQ))[keys.DUAL_LABEL] == LAUNCHER
-    assert keys.INSTANCE_LABEL not in labels(h.pod(REQ))
-    assert status_errors(h.pod(REQ)) is None
-    h.launchers.refusal = None
-    calls = await h.drive()  # CREATING, once the bind's event is in
-    assert [(c.kind, c.target) for c in calls] == [("create_instance", WANTED), ("update", REQ)]
-    assert labels(h.pod(REQ))[keys.INSTANCE_LABEL] == WANTED
-
-
-async def test_an_instance_refused_after_the_bind_is_a_status_error_of_the_bound_requester(h: Harness) -> None:
-    h.put(requester_obj(), launcher_obj())
-    h.views.put(launcher_obj())
-    h.launchers.refusal = refused(400)
-    assert backs_off(await h.reconcile())
-    assert labels(h.pod(REQ))[keys.DUAL_LABEL] == LAUNCHER
-    (error,) = status_errors(h.pod(REQ)) or []
-    assert error.startswith(f"launcher {LAUNCHER} refused the instance: ")
-
-
 async def test_a_persistent_problem_does_not_make_the_status_flap(h: Harness) -> None:
     """A refused instance must not loop: clear the status, fail again, set it, clear it... Each write
     would bring the next pass at once and reset the back-off."""
@@ -722,62 +1023,6 @@ async def test_a_persistent_problem_does_not_make_the_status_flap(h: Harness) ->
         assert backs_off(await h.reconcile())
     assert [c.kind for c in h.journal] == ["create_instance"] * 3  # no write, no Event
     assert status_errors(h.pod(REQ))
-
-
-async def standing_problem(h: Harness, kind: str) -> None:
-    """A problem that stays: the requester's ISC is missing, or its launcher refuses its instance."""
-    h.put(node_obj(), lc_obj())
-    if kind == "unbound":
-        h.put(requester_obj())
-        return
-    h.put(isc_obj())
-    requester = settled(requester_obj())
-    del requester["metadata"]["labels"][keys.INSTANCE_LABEL]  # its instance never ran
-    launcher = bound(launcher_obj(), requester)
-    h.put(requester, launcher)
-    h.views.put(launcher)
-    h.launchers.refusal = refused(400)
-
-
-@pytest.mark.parametrize("kind", ["unbound", "bound"])
-async def test_a_restarted_controller_neither_rewrites_a_standing_problem_nor_records_it_again(kind: str) -> None:
-    ends = terminal if kind == "unbound" else backs_off  # a missing ISC waits for it; a refusal is retried
-    async with harness() as before:
-        await standing_problem(before, kind)
-        assert ends(await before.reconcile())
-        assert [c.kind for c in before.journal if c.kind != "create_instance"] == ["event", "update"]
-        reported = before.pod(REQ)
-        shown = status_errors(reported)
-        assert shown
-    async with harness() as after:  # a new controller process: its memory empty, its caches listed afresh
-        await standing_problem(after, kind)
-        after.put(reported)
-        for _ in range(3):
-            assert ends(await after.reconcile())
-        assert [c.kind for c in after.journal if c.kind != "create_instance"] == []  # no write, no second Event
-        assert status_errors(after.pod(REQ)) == shown
-
-
-async def test_a_cleared_problem_clears_the_status(h: Harness) -> None:
-    serving_pair(h)
-    h.requesters.relay_error = RequesterError("relaying readiness to the requester failed: refused")
-    assert backs_off(await h.reconcile())
-    assert status_errors(h.pod(REQ)) == ["relaying readiness to the requester failed: refused"]
-    h.requesters.relay_error = None
-    await h.drive()
-    assert status_errors(h.pod(REQ)) is None
-
-
-async def test_a_status_error_from_before_binding_is_cleared_once_bound(h: Harness) -> None:
-    h.remove(isc_obj())
-    h.put(requester_obj(), launcher_obj())
-    h.views.put(launcher_obj(), inst(WANTED))
-    assert terminal(await h.reconcile())
-    assert status_errors(h.pod(REQ)) == ["InferenceServerConfig isc does not exist"]
-    h.put(isc_obj())
-    await h.drive()
-    assert status_errors(h.pod(REQ)) is None
-    assert h.journal.of("relay")
 
 
 async def test_a_missing_isc_is_terminal_until_it_is_created_and_its_creation_queues_the_requester(
@@ -799,38 +1044,6 @@ async def test_a_missing_isc_is_terminal_until_it_is_created_and_its_creation_qu
     assert status_errors(h.pod(REQ)) is None
 
 
-async def test_an_instance_that_vanished_after_being_seen_deletes_the_requester(h: Harness) -> None:
-    requester = requester_obj(rv="4", labels={keys.INSTANCE_LABEL: WANTED})
-    launcher = bound(launcher_obj(), requester)
-    h.put(requester, launcher)
-    h.views.put(launcher)
-    await h.reconcile()
-    assert h.journal.kinds() == [("event", REQ), ("delete", REQ)]
-    assert h.journal[0].detail[:2] == ("Warning", "InstanceLost")
-    assert h.journal[1].detail == {"uid": REQ_UID, "rv": "4"}
-
-
-async def test_a_stopped_instance_deletes_the_requester(h: Harness) -> None:
-    requester = settled(requester_obj())
-    launcher = bound(launcher_obj(), requester)
-    h.put(requester, launcher)
-    h.views.put(launcher, inst(WANTED, stopped=True))
-    await h.reconcile()
-    assert h.journal.kinds() == [("event", REQ), ("delete", REQ)]
-    assert "stopped" in h.journal[0].detail[2]
-
-
-async def test_a_stopped_instance_that_never_served_is_started_afresh(h: Harness) -> None:
-    # E.g. it stopped on a spare launcher before this requester bound it: nothing was lost.
-    requester = requester_obj()
-    launcher = bound(launcher_obj(), requester)
-    h.put(requester, launcher)
-    h.views.put(launcher, inst(WANTED, stopped=True))
-    calls = [(c.kind, c.target) for c in await h.drive()]
-    assert calls.index(("delete_instance", WANTED)) < calls.index(("create_instance", WANTED))
-    assert h.journal.of("delete") == []
-
-
 async def test_a_create_that_an_earlier_pass_already_made_is_not_an_error(h: Harness) -> None:
     requester = requester_obj()
     launcher = bound(launcher_obj(), requester)
@@ -847,6 +1060,20 @@ async def test_a_create_that_an_earlier_pass_already_made_is_not_an_error(h: Har
     assert status_errors(h.pod(REQ)) is None
 
 
+async def test_the_launcher_configs_verify_wakes_goes_into_the_create_body(h: Harness) -> None:
+    unchecked = lc_obj()
+    unchecked["spec"]["verifyWakes"] = False
+    h.put(unchecked, requester_obj(), launcher_obj())
+    h.views.put(launcher_obj())
+    await h.drive()
+    [create] = h.journal.of("create_instance")
+    assert create.detail[1].verify_wakes is False
+    assert json.loads(annotations(h.pod(LAUNCHER))[keys.VLLM_CONFIG_ANNOTATION])["verify_wakes"] is False
+
+
+# ----- LOADING: the instance runs, not ready
+
+
 async def test_a_starting_instance_is_waited_for(h: Harness) -> None:
     requester = requester_obj()
     launcher = bound(launcher_obj(), requester)
@@ -854,6 +1081,15 @@ async def test_a_starting_instance_is_waited_for(h: Harness) -> None:
     h.views.put(launcher, inst(WANTED, ready=False, sleeping=False))
     calls = await h.drive()
     assert [c.kind for c in calls] == ["update"]  # the requester settled; no launcher call
+
+
+async def test_an_fma_launchers_instance_not_yet_serving_is_waited_for(h: Harness) -> None:
+    fma_pair(h, sleeping=None)
+    await h.reconcile()
+    assert h.journal.of("wake") == h.journal.of("sleep") == h.journal.of("create_instance") == []
+
+
+# ----- ASLEEP: the instance is ready and sleeps
 
 
 async def test_a_sleeping_instance_is_woken_and_nothing_is_written_yet(h: Harness) -> None:
@@ -865,96 +1101,6 @@ async def test_a_sleeping_instance_is_woken_and_nothing_is_written_yet(h: Harnes
     h.journal.clear()
     await h.reconcile()
     assert h.journal.kinds() == [("wake", WANTED)]
-
-
-async def test_an_awake_instance_makes_the_launcher_an_endpoint_in_one_write_and_relays_once(h: Harness) -> None:
-    requester = settled(requester_obj())
-    launcher = bound(launcher_obj(), requester)
-    h.put(requester, launcher)
-    h.views.put(launcher, inst(WANTED, sleeping=False))
-    assert again(await h.reconcile()) == RELAY_RECHECK_S
-    assert h.journal.kinds() == [("update", LAUNCHER), ("relay", REQ)]
-    serving = h.journal.written(LAUNCHER)
-    assert labels(serving)[keys.SLEEPING_LABEL] == "false"
-    assert labels(serving)[ROUTING_LABEL] == "a"
-    assert annotations(serving)[ROUTING_ANNOTATION] == "x"
-    assert h.journal[1].detail is True
-    assert actuations(h, "hot") == 1  # no path remembered (as after a restart): hot
-    assert duality(h) == 1
-
-    h.journal.clear()
-    after_s = again(await h.reconcile())  # within the recheck window: not re-sent, and measured once only
-    assert h.journal == []
-    assert after_s is not None
-    assert 0 < after_s <= RELAY_RECHECK_S
-    assert actuations(h, "hot") == 1
-
-
-async def test_readiness_is_not_relayed_to_a_requester_already_ready(h: Harness) -> None:
-    serving_pair(h, ready=True)
-    calls = await h.drive()
-    assert [c.kind for c in calls] == []
-
-
-async def test_outdated_committed_routing_metadata_deletes_the_requester(h: Harness) -> None:
-    requester = settled(requester_obj())
-    launcher = bound(launcher_obj(), requester, routing_json='{"labels": {"kubernetes.io/pool": "a"}}')
-    h.put(requester, launcher)
-    h.views.put(launcher, inst(WANTED, sleeping=False))
-    await h.reconcile()
-    assert h.journal.kinds() == [("event", REQ), ("delete", REQ)]
-    type_, reason, message = h.journal[0].detail
-    assert (type_, reason) == ("Warning", "OutdatedRoutingMetadata")
-    assert "kubernetes.io/pool" in message
-    assert h.journal.of("relay") == []
-
-
-# ----- E3: memory budgets of sleeping instances
-
-
-def budget_actions(h: Harness, action: str) -> float | None:
-    return h.metric("dualpods_sleeper_budget_actions_total", exported_namespace=NS, isc_name=ISC, action=action)
-
-
-async def test_a_sleep_over_the_host_budget_first_deletes_the_least_recently_used_sleepers(h: Harness) -> None:
-    h.put(lc_obj(max_instances=4, budget={"hostMemoryBytes": 100}))
-    requester = requester_obj(finalizer=True, deleting=True)
-    launcher = bound(launcher_obj(), requester)
-    h.put(requester, launcher)
-    h.views.put(
-        launcher,
-        inst(WANTED, sleeping=False, rss=30, gpu_bytes=20, revision=9),  # asleep it holds up to 50
-        inst("Ioldi", port=8006, rss=40, revision=1),
-        inst("Inewi", port=8007, rss=30, revision=5),  # 50 + 40 + 30 > 100: the oldest goes
-    )
-    await h.reconcile()
-    assert h.journal.kinds() == [
-        ("list", "127.0.1.1"),
-        ("event", LAUNCHER),
-        ("delete_instance", "Ioldi"),
-        ("sleep", WANTED),
-        ("update", LAUNCHER),
-        ("update", REQ),
-    ]
-    assert h.journal[1].detail[:2] == ("Normal", "SleeperBudget")
-    assert budget_actions(h, "deleted") == 1
-
-
-async def test_an_instance_too_big_for_the_host_budget_is_deleted_instead_of_sleeping(h: Harness) -> None:
-    h.put(lc_obj(budget={"hostMemoryBytes": 100}))
-    requester = requester_obj(finalizer=True, deleting=True)
-    launcher = bound(launcher_obj(), requester)
-    h.put(requester, launcher)
-    h.views.put(launcher, inst(WANTED, sleeping=False, rss=90, gpu_bytes=20))
-    await h.reconcile()
-    assert h.journal.kinds() == [
-        ("list", "127.0.1.1"),
-        ("event", LAUNCHER),
-        ("delete_instance", WANTED),
-        ("update", LAUNCHER),
-        ("update", REQ),
-    ]
-    assert budget_actions(h, "deleted") == 1
 
 
 async def test_a_wake_over_the_gpu_budget_first_deletes_the_gpus_least_recently_used_sleeper(h: Harness) -> None:
@@ -994,14 +1140,78 @@ async def test_a_wake_that_cannot_fit_the_gpu_budget_is_refused_with_a_status_er
     assert budget_actions(h, "wake_refused") == 1
 
 
-# ----- whole actuations, pass after pass: the fma_actuation_seconds path label
+async def test_an_fma_launchers_sleeper_is_woken_through_vllm_and_then_served(h: Harness) -> None:
+    launcher = fma_pair(h, sleeping=True)
+    await h.reconcile()
+    assert h.journal.kinds() == [("wake", launcher["status"]["podIP"])]  # vLLM's /wake_up, not the launcher's
+    assert h.journal[0].detail == PORT
+    assert not h.views.views[LAUNCHER].instances[WANTED].sleeping  # recorded: no event will say so
+
+    h.journal.clear()
+    await h.reconcile()
+    assert h.journal.kinds() == [("update", LAUNCHER), ("relay", REQ)]
+    assert labels(h.journal.written(LAUNCHER))[keys.SLEEPING_LABEL] == "false"
 
 
-def actuations(h: Harness, path: str, deleted: int = 0) -> float | None:
-    """How many actuations fma_actuation_seconds counted on `path`."""
-    return h.metric(
-        "fma_actuation_seconds_count", exported_namespace=NS, path=path, instancesDeleted=str(deleted), isc_name=ISC
-    )
+# ----- MISROUTED: awake and ready, its routing metadata no longer fits the launcher
+
+
+async def test_outdated_committed_routing_metadata_deletes_the_requester(h: Harness) -> None:
+    requester = settled(requester_obj())
+    launcher = bound(launcher_obj(), requester, routing_json='{"labels": {"kubernetes.io/pool": "a"}}')
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, sleeping=False))
+    await h.reconcile()
+    assert h.journal.kinds() == [("event", REQ), ("delete", REQ)]
+    type_, reason, message = h.journal[0].detail
+    assert (type_, reason) == ("Warning", "OutdatedRoutingMetadata")
+    assert "kubernetes.io/pool" in message
+    assert h.journal.of("relay") == []
+
+
+# ----- SERVING: awake and ready, its routing metadata fits
+
+
+async def test_a_cleared_problem_clears_the_status(h: Harness) -> None:
+    serving_pair(h)
+    h.requesters.relay_error = RequesterError("relaying readiness to the requester failed: refused")
+    assert backs_off(await h.reconcile())
+    assert status_errors(h.pod(REQ)) == ["relaying readiness to the requester failed: refused"]
+    h.requesters.relay_error = None
+    await h.drive()
+    assert status_errors(h.pod(REQ)) is None
+
+
+async def test_an_awake_instance_makes_the_launcher_an_endpoint_in_one_write_and_relays_once(h: Harness) -> None:
+    requester = settled(requester_obj())
+    launcher = bound(launcher_obj(), requester)
+    h.put(requester, launcher)
+    h.views.put(launcher, inst(WANTED, sleeping=False))
+    assert again(await h.reconcile()) == RELAY_RECHECK_S
+    assert h.journal.kinds() == [("update", LAUNCHER), ("relay", REQ)]
+    serving = h.journal.written(LAUNCHER)
+    assert labels(serving)[keys.SLEEPING_LABEL] == "false"
+    assert labels(serving)[ROUTING_LABEL] == "a"
+    assert annotations(serving)[ROUTING_ANNOTATION] == "x"
+    assert h.journal[1].detail is True
+    assert actuations(h, "hot") == 1  # no path remembered (as after a restart): hot
+    assert duality(h) == 1
+
+    h.journal.clear()
+    after_s = again(await h.reconcile())  # within the recheck window: not re-sent, and measured once only
+    assert h.journal == []
+    assert after_s is not None
+    assert 0 < after_s <= RELAY_RECHECK_S
+    assert actuations(h, "hot") == 1
+
+
+async def test_readiness_is_not_relayed_to_a_requester_already_ready(h: Harness) -> None:
+    serving_pair(h, ready=True)
+    calls = await h.drive()
+    assert [c.kind for c in calls] == []
+
+
+# ----- whole actuations, pass after pass, across the phases (the fma_actuation_seconds path label)
 
 
 async def test_a_hot_actuation_binds_wakes_serves_and_relays(h: Harness) -> None:
@@ -1017,24 +1227,6 @@ async def test_a_hot_actuation_binds_wakes_serves_and_relays(h: Harness) -> None
     ]
     assert actuations(h, "hot") == 1
     assert actuations(h, "warm") is None
-
-
-async def test_the_pass_that_records_the_gpus_binds_and_writes_the_requester_once(h: Harness) -> None:
-    h.put(requester_obj(gpus=None), launcher_obj())
-    h.views.put(launcher_obj(), inst(WANTED, sleeping=True))
-    await h.reconcile()
-    assert h.journal.kinds() == [("gpu_uuids", REQ), ("update", LAUNCHER), ("update", REQ)]
-    requester = h.pod(REQ)
-    assert annotations(requester)[keys.ACCELERATORS_ANNOTATION] == GPU0
-    assert labels(requester)[keys.DUAL_LABEL] == LAUNCHER
-    assert finalizers(requester) == [keys.REQUESTER_FINALIZER]
-    calls = await h.drive()
-    assert [(c.kind, c.target) for c in calls] == [("wake", WANTED), ("update", LAUNCHER), ("relay", REQ)]
-    assert actuations(h, "hot") == 1
-    # The one launcher write that makes it an endpoint brings its instance summary up to date too.
-    summary = launcher_summary.of_pod(h.pod(LAUNCHER))
-    assert summary is not None
-    assert [(e.id, e.state) for e in summary.instances] == [(WANTED, launcher_summary.SummaryState.SERVING)]
 
 
 async def test_a_wake_that_fails_its_check_is_never_served_and_a_fresh_instance_is_made(h: Harness) -> None:
@@ -1064,30 +1256,6 @@ async def test_a_wake_that_fails_its_check_is_never_served_and_a_fresh_instance_
     calls = await h.drive()
     assert [(c.kind, c.detail) for c in calls if c.kind == "relay"] == [("relay", True)]
     assert actuations(h, "hot") == 1
-
-
-async def test_a_served_instance_failing_a_wake_behind_the_controllers_back_is_unrelayed_first(h: Harness) -> None:
-    requester = settled(requester_obj(ready=True))
-    h.put(requester, bound(launcher_obj(), requester, serving=True))
-    h.views.put(launcher_obj(), inst(WANTED, wake_check_failed=True))
-    await h.reconcile()
-    assert h.journal.kinds() == [("relay", REQ), ("update", REQ), ("event", REQ), ("delete_instance", WANTED)]
-    assert h.journal.of("relay")[0].detail is False
-    assert status_errors(h.pod(REQ)) == [h.journal.of("event")[0].detail[2]]
-    assert keys.INSTANCE_LABEL not in labels(h.pod(REQ))
-    await h.reconcile()  # the fresh instance is made; the requester is not deleted as one that lost it
-    assert h.journal.kinds()[4:] == [("create_instance", WANTED), ("update", REQ)]
-
-
-async def test_the_launcher_configs_verify_wakes_goes_into_the_create_body(h: Harness) -> None:
-    unchecked = lc_obj()
-    unchecked["spec"]["verifyWakes"] = False
-    h.put(unchecked, requester_obj(), launcher_obj())
-    h.views.put(launcher_obj())
-    await h.drive()
-    [create] = h.journal.of("create_instance")
-    assert create.detail[1].verify_wakes is False
-    assert json.loads(annotations(h.pod(LAUNCHER))[keys.VLLM_CONFIG_ANNOTATION])["verify_wakes"] is False
 
 
 async def test_a_warm_actuation_reclaims_creates_and_serves(h: Harness) -> None:
@@ -1130,66 +1298,7 @@ async def test_a_cold_actuation_creates_a_launcher_then_the_instance(h: Harness)
     assert actuations(h, "warm") is None
 
 
-async def test_a_pass_before_the_watch_shows_the_created_launcher_does_not_create_another(h: Harness) -> None:
-    """Bound to two launchers, a requester would be stuck (conflicted) for good: the next passes wait instead."""
-    h.writer.watch_lags = True
-    h.put(requester_obj())
-    await h.reconcile()
-    (created,) = h.journal.of("create")
-    for _ in range(3):
-        assert again(await h.reconcile()) == LAUNCHER_SEEN_RECHECK_S
-    assert len(h.journal.of("create")) == 1, "no second launcher"
-    h.writer.deliver_created()
-    await h.drive()
-    assert len(h.journal.of("create")) == 1
-    assert h.phase() not in (Phase.UNBOUND, Phase.CONFLICTED)
-    bound = binding(h.pod(created.target))
-    assert bound is not None
-    assert bound.requester_name == REQ
-
-
-def dra_requester(h: Harness) -> Obj:
-    """A requester whose GPU came through a ResourceClaim: NVIDIA's DRA driver publishes it as gpu-0 of NODE."""
-    requester = requester_obj(gpus=(GPU0, GPU1))
-    requester["spec"]["resourceClaims"] = [{"name": "gpus", "resourceClaimTemplateName": "two-gpus"}]
-    h.devices.names = {GPU0: Device("gpu.nvidia.com", NODE, "gpu-0"), GPU1: Device("gpu.nvidia.com", NODE, "gpu-1")}
-    return requester
-
-
-def device_info(h: Harness, uuid: str, device: str) -> float | None:
-    """dualpods_requester_device_info of REQ's GPU `uuid`, device `device` of NVIDIA's driver on NODE."""
-    labels = {"exported_namespace": NS, "requester_name": REQ, "UUID": uuid}
-    return h.metric("dualpods_requester_device_info", **labels, driver="gpu.nvidia.com", pool=NODE, device=device)
-
-
-async def test_a_dra_requesters_bind_names_the_devices_its_instance_runs_on(h: Harness) -> None:
-    h.put(dra_requester(h), launcher_obj())
-    h.views.put(launcher_obj())
-    await h.drive()
-    (event,) = h.journal.of("event")
-    wanted = wanted_id(gpus=(GPU0, GPU1))
-    assert (event.target, event.detail) == (
-        REQ,
-        ("Normal", "Bound", f"instance {wanted} on launcher {LAUNCHER} runs on "
-         f"gpu.nvidia.com/{NODE}/gpu-0 ({GPU0}), gpu.nvidia.com/{NODE}/gpu-1 ({GPU1})"),
-    )  # fmt: skip
-    assert (device_info(h, GPU0, "gpu-0"), device_info(h, GPU1, "gpu-1")) == (1, 1)
-    h.remove(h.pod(REQ))  # the requester is deleted
-    assert device_info(h, GPU0, "gpu-0") is None, "no series left behind"
-
-
-async def test_a_cold_dra_bind_names_the_devices_and_the_launcher_made_for_it(h: Harness) -> None:
-    h.put(dra_requester(h))
-    h.devices.names.pop(GPU1)  # a GPU no driver publishes is named by its UUID alone
-    await h.drive()
-    (created,) = h.journal.of("create")
-    (event,) = h.journal.of("event")
-    assert event.detail[2].endswith(
-        f"on launcher {created.target} runs on gpu.nvidia.com/{NODE}/gpu-0 ({GPU0}), {GPU1}"
-    )
-
-
-# ----- §2.8: instances of a changed ISC
+# ----- not a requester's phase: instances of a changed ISC (§2.8), the ISC's own pass
 
 
 async def test_isc_change_deletes_only_idle_obsolete_unbound_instances_of_that_isc(h: Harness) -> None:
@@ -1228,59 +1337,3 @@ async def test_isc_change_skips_launchers_whose_instances_are_unknown(h: Harness
     h.views.put(launcher_obj(), inst(WANTED), synced=False)
     await h.reconciler.reconcile_isc(ISC)
     assert h.journal == []
-
-
-# ----- issue 13.1: a launcher that speaks only FMA's API (no sleep/wake routes, no readiness in its states)
-
-
-def fma_pair(h: Harness, *, sleeping: bool | None, deleting: bool = False, serving: bool = False) -> Obj:
-    """REQ bound to LAUNCHER, whose instance WANTED is reported as an FMA launcher reports it (neither
-    readiness nor sleep); `sleeping`: what the views learned from the instance itself (None: it has not
-    answered /health yet). Returns the launcher."""
-    requester = settled(requester_obj(deleting=deleting))
-    launcher = bound(launcher_obj(), requester, serving=serving)
-    h.put(requester, launcher)
-    view = h.views.put(launcher, inst(WANTED, ready=False, sleeping=False))
-    view.extensions = False
-    if sleeping is not None:
-        view.learn(WANTED, sleeping)
-    return launcher
-
-
-async def test_an_fma_launchers_sleeper_is_woken_through_vllm_and_then_served(h: Harness) -> None:
-    launcher = fma_pair(h, sleeping=True)
-    await h.reconcile()
-    assert h.journal.kinds() == [("wake", launcher["status"]["podIP"])]  # vLLM's /wake_up, not the launcher's
-    assert h.journal[0].detail == PORT
-    assert not h.views.views[LAUNCHER].instances[WANTED].sleeping  # recorded: no event will say so
-
-    h.journal.clear()
-    await h.reconcile()
-    assert h.journal.kinds() == [("update", LAUNCHER), ("relay", REQ)]
-    assert labels(h.journal.written(LAUNCHER))[keys.SLEEPING_LABEL] == "false"
-
-
-async def test_an_fma_launchers_instance_not_yet_serving_is_waited_for(h: Harness) -> None:
-    fma_pair(h, sleeping=None)
-    await h.reconcile()
-    assert h.journal.of("wake") == h.journal.of("sleep") == h.journal.of("create_instance") == []
-
-
-async def test_an_fma_launchers_instance_is_put_to_sleep_through_vllm_at_unbind(h: Harness) -> None:
-    launcher = fma_pair(h, sleeping=False, deleting=True, serving=True)
-    await h.drive()
-    assert [(c.kind, c.target) for c in h.journal.of("sleep")] == [("sleep", launcher["status"]["podIP"])]
-    assert h.views.views[LAUNCHER].instances[WANTED].sleeping
-    assert keys.REQUESTER_ANNOTATION not in annotations(h.journal.written(LAUNCHER))
-
-
-async def test_an_fma_launchers_sleeper_not_yet_probed_is_asked_at_unbind_and_kept(h: Harness) -> None:
-    """Right after a controller restart the views may not have probed a sleeper yet: it is not taken for a
-    loading instance (which the unbind deletes)."""
-    launcher = fma_pair(h, sleeping=None, deleting=True)
-    h.providers.asleep[launcher["status"]["podIP"]] = True
-    await h.drive()
-    assert h.journal.of("delete_instance") == h.journal.of("sleep") == []
-    assert [c.kind for c in h.journal.of("is_sleeping")] == ["is_sleeping"]
-    assert h.views.views[LAUNCHER].instances[WANTED].sleeping
-    assert keys.REQUESTER_ANNOTATION not in annotations(h.journal.written(LAUNCHER))

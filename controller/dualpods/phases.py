@@ -1,16 +1,19 @@
 """The inference server's phases: one table, one row per phase, the only place a phase is defined.
 
 Each row holds the phase's rule (its condition, in words for the drawing and as code), its one step, whether
-its bound instance serves, and the phases its step's change can lead to. `classify` is pure: it reads only
-the snapshot and returns the first row whose condition holds. The rows are tried in order, and the order is
-part of the rule: a row's condition is read as "this holds, and no earlier row's does" (the drawing numbers
-the rows so). Conditions still say what they mean on their own where that is cheap (UNBOUND is "launcher
-mode, unbound", SERVING "the instance is awake and ready"), so no snapshot falls through to a catch-all.
+its bound instance serves, and the phases its step's change can lead to. Every rule reads alone: it holds in
+its own situation and in no other row's, so the order of the rows says nothing (it is the Phase enum's order,
+and the drawing's). `classify` is pure: it reads only the snapshot, evaluates every rule and returns the one
+that holds; tests/test_dualpods_phases.py checks, on generated snapshots, that exactly one does.
+
+The rules are made of a few situations (below), each written once: a stale or departing binding is released,
+a requester held by its finalizer is let go, a requester that stays is admitted (scheduled, started, valid,
+its GPUs recorded) and then either bound or served through its binding.
 
 Adding a phase is one row here, one step function, and one row in tests/test_dualpods_phases.py's table.
-docs/architecture.md draws the machine from this table (`mermaid()`), and a test fails when the drawing is
-stale; the transition recorder (tests/phase_transitions.py) fails the unit tests when a pass leads from one
-phase to another that its row does not declare.
+docs/architecture.md draws the machine from this table (`python -m scripts.phase_diagram` writes it, and a
+test fails when it is stale); the transition recorder (tests/phase_transitions.py) fails the unit tests when
+a pass leads from one phase to another that its row does not declare.
 """
 
 from collections.abc import Awaitable, Callable
@@ -28,33 +31,35 @@ from controller.launcher_template import LAUNCHER_START_S
 
 
 class Phase(StrEnum):
-    GONE = "gone"  # requester and provider are gone: forget the pair
-    PROVIDER_DELETED = "provider-deleted"  # the provider is being deleted: relay it to the requester
-    DISCARDING = "discarding"  # a provider to release is really lost: delete it
-    UNROUTING = "unrouting"  # a provider to release still carries routing labels: remove them first
-    RELEASE_WAITING = "release-waiting"  # a launcher to release is not reachable yet: wait, within patience
-    RELEASING = "releasing"  # put the instance away (sleep, or delete) and unbind
-    CONFLICTED = "conflicted"  # several providers are bound to the requester
-    UNHOLDING = "unholding"  # the requester's finalizer is held without a running provider
-    DEPARTING = "departing"  # the requester is being deleted and nothing is bound
-    UNSCHEDULED = "unscheduled"  # no Node (not scheduled yet, or its Node is going): Kubernetes acts
-    STARTING = "starting"  # no Pod IP yet
-    INVALID = "invalid"  # the requester asks for a launcher instance and a direct provider at once
-    NEEDS_GPUS = "needs-gpus"  # ask the requester for its GPUs
-    CORDONED = "cordoned"  # unbound on a cordoned Node: delete the requester
-    ACQUIRING = "acquiring"  # direct mode, unbound: bind a sleeping copy or create a provider
-    UNBOUND = "unbound"  # launcher mode, unbound: bind a launcher or create one
-    WAKE_FAILED = "wake-failed"  # its instance failed its post-wake check: report it, replace the instance
-    LOST = "lost"  # the instance the requester was served by is gone: delete the requester
-    SETTLING = "settling"  # bring the requester's metadata in line with its binding
-    DIRECT_SERVING = "direct-serving"  # wake the direct provider and relay its readiness
-    LAUNCHER_STARTING = "launcher-starting"  # the bound launcher is not reachable (yet)
-    RECREATING = "recreating"  # the instance stopped before it served: delete it to start afresh
-    CREATING = "creating"  # the instance is absent: make room and create it
-    LOADING = "loading"  # the instance is starting
-    ASLEEP = "asleep"  # wake the instance (first evicting a sleeper over the GPU budget)
-    MISROUTED = "misrouted"  # the binding's routing metadata no longer fits the Pod: delete the requester
-    SERVING = "serving"  # the instance serves: endpoint metadata, LoRA adapters, readiness
+    """A phase of an inference server, in the order of ROWS; what each means is its row's `when`."""
+
+    GONE = "gone"
+    CONFLICTED = "conflicted"
+    DISCARDING = "discarding"
+    UNHOLDING = "unholding"
+    PROVIDER_DELETED = "provider-deleted"
+    UNROUTING = "unrouting"
+    RELEASE_WAITING = "release-waiting"
+    RELEASING = "releasing"
+    DEPARTING = "departing"
+    UNSCHEDULED = "unscheduled"
+    STARTING = "starting"
+    INVALID = "invalid"
+    NEEDS_GPUS = "needs-gpus"
+    CORDONED = "cordoned"
+    ACQUIRING = "acquiring"
+    UNBOUND = "unbound"
+    WAKE_FAILED = "wake-failed"
+    LOST = "lost"
+    SETTLING = "settling"
+    DIRECT_SERVING = "direct-serving"
+    LAUNCHER_STARTING = "launcher-starting"
+    RECREATING = "recreating"
+    CREATING = "creating"
+    LOADING = "loading"
+    ASLEEP = "asleep"
+    MISROUTED = "misrouted"
+    SERVING = "serving"
 
 
 # A launcher answers once its image is pulled and it has imported vLLM (launcher_template.LAUNCHER_START_S, which
@@ -80,17 +85,39 @@ class Row:
     budget: Budget = DEFAULT_BUDGET  # how long a wait or a transient failure stands before the user is told
 
 
-def _releasing(s: Snapshot) -> bool:
-    """The pass is about unbinding its provider: a stale binding, or a requester that is going."""
-    return s.provider is not None and (s.stale or s.requester_deleting)
-
-
-def _releasing_launcher(s: Snapshot) -> bool:
-    return _releasing(s) and not s.direct_provider
+# ----- the situations: a binding to release, a finalizer to let go, a requester that stays
 
 
 def _provider_deleting(s: Snapshot) -> bool:
     return s.provider is not None and pods.is_deleting(s.provider)
+
+
+def _holding(s: Snapshot) -> bool:
+    """The requester's finalizer holds it, though no running provider is bound."""
+    if s.requester is None:
+        return False
+    serving = s.provider is not None and pods.container_running(s.provider) and not pods.is_deleting(s.provider)
+    return keys.REQUESTER_FINALIZER in pods.finalizers(s.requester) and not serving
+
+
+def _releasing(s: Snapshot) -> bool:
+    """The pass is about unbinding its provider: a stale binding, or a requester that is going (a requester
+    bound to several providers is a conflict instead)."""
+    return s.provider is not None and not s.others and (s.stale or s.requester_deleting)
+
+
+def _discarding(s: Snapshot) -> bool:
+    return _releasing(s) and s.provider_lost and not _provider_deleting(s)
+
+
+def _unholding(s: Snapshot) -> bool:
+    """The requester's own finalizer is to go (a lost provider to release is discarded first)."""
+    return not s.stale and not s.others and _holding(s) and not _discarding(s)
+
+
+def _unbinding(s: Snapshot) -> bool:
+    """A release that goes ahead: its provider is neither lost nor being deleted, and no finalizer is to go."""
+    return _releasing(s) and not s.provider_lost and not _provider_deleting(s) and not _unholding(s)
 
 
 def _waiting_to_release(s: Snapshot) -> bool:
@@ -102,20 +129,41 @@ def _waiting_to_release(s: Snapshot) -> bool:
     return running and (s.view is None or not s.view.synced) and not s.patience_over
 
 
-def _holding(s: Snapshot) -> bool:
-    """The requester's finalizer holds it, though no running provider is bound."""
-    if s.requester is None:
-        return False
-    serving = s.provider is not None and pods.container_running(s.provider) and not pods.is_deleting(s.provider)
-    return keys.REQUESTER_FINALIZER in pods.finalizers(s.requester) and not serving
+def _staying(s: Snapshot) -> bool:
+    """The requester stays, and its binding, if any, is its own and stands: nothing to release or let go."""
+    return (
+        s.requester is not None
+        and not s.requester_deleting
+        and not s.stale
+        and not s.others
+        and not _holding(s)
+        and not _provider_deleting(s)
+    )
 
 
 def _node_gone(s: Snapshot) -> bool:
     return s.node is None or pods.is_deleting(s.node)
 
 
-def _cordoned(s: Snapshot) -> bool:
-    return s.provider is None and bool(((s.node or {}).get("spec") or {}).get("unschedulable"))
+def _scheduled(s: Snapshot) -> bool:
+    return _staying(s) and not _node_gone(s)
+
+
+def _started(s: Snapshot) -> bool:
+    return _scheduled(s) and s.requester is not None and pods.pod_ip(s.requester) is not None
+
+
+def _valid(s: Snapshot) -> bool:
+    return _started(s) and s.mode is not Mode.BOTH
+
+
+def _admitted(s: Snapshot) -> bool:
+    """A staying requester ready to be bound or served: scheduled, started, valid, its GPUs recorded."""
+    return _valid(s) and s.gpus is not None
+
+
+def _bound(s: Snapshot) -> bool:
+    return _admitted(s) and s.provider is not None
 
 
 def _lost(s: Snapshot) -> bool:
@@ -123,17 +171,30 @@ def _lost(s: Snapshot) -> bool:
     return s.served and (vanished or s.stopped)
 
 
+def _broken(s: Snapshot) -> bool:
+    """The bound launcher's instance failed its post-wake check, or the instance that served is gone."""
+    return not s.direct_provider and (s.wake_check_failed or _lost(s))
+
+
+def _in_line(s: Snapshot) -> bool:
+    """Bound, whole, and the requester's metadata in line with the binding: the binding is to serve."""
+    return _bound(s) and not _broken(s) and not s.unsettled
+
+
+def _launcher_up(s: Snapshot) -> bool:
+    return _in_line(s) and not s.direct_provider and s.reachable
+
+
+def _instance_runs(s: Snapshot) -> bool:
+    return _launcher_up(s) and s.instance is not None and not s.stopped
+
+
 def _awake_and_ready(s: Snapshot) -> bool:
-    return s.instance is not None and s.instance.ready and not s.instance.sleeping
+    return _instance_runs(s) and s.instance is not None and s.instance.ready and not s.instance.sleeping
 
 
-async def _record_gpus_and_bind(p: Pass) -> StepResult:
-    """NEEDS_GPUS: ask the requester for its GPUs and, where UNBOUND's row would come next (the rows between
-    do not read the GPUs), bind it in the same pass: its GPUs and its binding go in one requester write."""
-    result = await requester_steps.record_gpus(p)
-    if p.wants.gpus is None or _cordoned(p.s) or not ROW[Phase.UNBOUND].holds(p.s):
-        return result
-    return await binding.bind(p, p.wants.gpus)
+def _misrouted(s: Snapshot) -> bool:
+    return s.provider is not None and bool(outdated_routing(s.provider))
 
 
 ROWS: tuple[Row, ...] = (
@@ -141,69 +202,95 @@ ROWS: tuple[Row, ...] = (
         requester_steps.forget, ()),
     Row(Phase.CONFLICTED, "several providers are bound", lambda s: bool(s.others), requester_steps.conflicted, ()),
     Row(Phase.DISCARDING, "releasing a provider that is lost (node gone, Pod failed, container failing)",
-        lambda s: _releasing(s) and s.provider_lost and not _provider_deleting(s), release.discard,
-        (Phase.PROVIDER_DELETED,)),
-    Row(Phase.UNHOLDING, "requester finalizer without a running provider", lambda s: not s.stale and _holding(s),
-        requester_steps.unhold, (Phase.PROVIDER_DELETED, Phase.RELEASING, Phase.SETTLING, Phase.LOST)),
-    Row(Phase.PROVIDER_DELETED, "the provider is being deleted", _provider_deleting, release.relay_deletion,
+        _discarding, release.discard, (Phase.PROVIDER_DELETED, Phase.UNHOLDING)),
+    Row(Phase.UNHOLDING, "requester finalizer without a running provider", _unholding, requester_steps.unhold,
+        (Phase.PROVIDER_DELETED, Phase.RELEASING, Phase.SETTLING, Phase.LOST, Phase.UNBOUND)),
+    Row(Phase.PROVIDER_DELETED, "the provider is being deleted",
+        lambda s: _provider_deleting(s) and not s.others and not _unholding(s), release.relay_deletion,
         (Phase.DEPARTING, Phase.GONE)),
     Row(Phase.UNROUTING, "releasing a launcher that carries routing labels",
-        lambda s: _releasing_launcher(s) and s.routing_on, release.unroute,
+        lambda s: _unbinding(s) and not s.direct_provider and s.routing_on, release.unroute,
         (Phase.RELEASING, Phase.RELEASE_WAITING)),
     Row(Phase.RELEASE_WAITING, "releasing a launcher whose instances are not known, within patience",
-        lambda s: _releasing_launcher(s) and _waiting_to_release(s), release.wait_for_launcher, (Phase.RELEASING,)),
-    Row(Phase.RELEASING, "releasing a provider", _releasing, release.release,
-        (Phase.GONE, Phase.DEPARTING, Phase.UNBOUND)),
-    Row(Phase.DEPARTING, "the requester is being deleted, nothing bound",
-        lambda s: s.requester_deleting and s.provider is None, requester_steps.nothing, (Phase.GONE,)),
-    Row(Phase.UNSCHEDULED, "no Node, or its Node is being deleted", _node_gone, requester_steps.nothing,
-        (Phase.STARTING,)),
-    Row(Phase.STARTING, "no Pod IP yet", lambda s: s.requester is not None and pods.pod_ip(s.requester) is None,
+        lambda s: _unbinding(s) and not s.direct_provider and not s.routing_on and _waiting_to_release(s),
+        release.wait_for_launcher, (Phase.RELEASING,)),
+    Row(Phase.RELEASING, "releasing a direct provider, or an unrouted launcher whose instances are known (or "
+        "patience ran out)",
+        lambda s: _unbinding(s) and (s.direct_provider or not (s.routing_on or _waiting_to_release(s))),
+        release.release, (Phase.GONE, Phase.DEPARTING, Phase.UNBOUND, Phase.PROVIDER_DELETED)),
+    Row(Phase.DEPARTING, "the requester is being deleted, nothing bound, no finalizer",
+        lambda s: s.requester_deleting and s.provider is None and not _holding(s), requester_steps.nothing,
+        (Phase.GONE,)),
+    Row(Phase.UNSCHEDULED, "staying, no Node or its Node is being deleted", lambda s: _staying(s) and _node_gone(s),
+        requester_steps.nothing, (Phase.STARTING,)),
+    Row(Phase.STARTING, "staying, scheduled, no Pod IP yet", lambda s: _scheduled(s) and not _started(s),
         requester_steps.nothing, (Phase.NEEDS_GPUS,)),
-    Row(Phase.INVALID, "both a server patch and an ISC", lambda s: s.mode is Mode.BOTH, requester_steps.invalid, ()),
-    Row(Phase.NEEDS_GPUS, "its GPUs are not recorded", lambda s: s.gpus is None, _record_gpus_and_bind,
+    Row(Phase.INVALID, "started, both a server patch and an ISC", lambda s: _started(s) and s.mode is Mode.BOTH,
+        requester_steps.invalid, ()),
+    Row(Phase.NEEDS_GPUS, "started and valid, its GPUs not recorded", lambda s: _valid(s) and s.gpus is None,
+        requester_steps.record_gpus_and_bind,
         (Phase.UNBOUND, Phase.ACQUIRING, Phase.SETTLING, Phase.LAUNCHER_STARTING, Phase.CREATING,
          Phase.LOADING, Phase.ASLEEP, Phase.SERVING)),
-    Row(Phase.CORDONED, "unbound on a cordoned Node", _cordoned, requester_steps.cordoned, (Phase.DEPARTING,)),
-    Row(Phase.ACQUIRING, "direct mode, unbound", lambda s: s.provider is None and s.mode is Mode.DIRECT,
-        direct.acquire, (Phase.SETTLING,)),
-    Row(Phase.UNBOUND, "launcher mode, unbound", lambda s: s.provider is None and s.mode is Mode.LAUNCHER,
-        binding.bind,
+    Row(Phase.CORDONED, "admitted, unbound on a cordoned Node",
+        lambda s: _admitted(s) and s.provider is None and s.cordoned, requester_steps.cordoned,
+        (Phase.DEPARTING, Phase.GONE)),
+    Row(Phase.ACQUIRING, "admitted, direct mode, to bind",
+        lambda s: _admitted(s) and s.bindable and s.mode is Mode.DIRECT, direct.acquire, (Phase.SETTLING,)),
+    Row(Phase.UNBOUND, "admitted, launcher mode, to bind",
+        lambda s: _admitted(s) and s.bindable and s.mode is Mode.LAUNCHER, binding.bind,
         (Phase.SETTLING, Phase.LAUNCHER_STARTING, Phase.CREATING, Phase.LOADING, Phase.ASLEEP, Phase.SERVING)),
     Row(Phase.WAKE_FAILED, "its instance failed its post-wake check (and was killed)",
-        lambda s: not s.direct_provider and s.wake_check_failed, serving.replace_failed_wake, (Phase.CREATING,),
-        serves=False),
+        lambda s: _bound(s) and not s.direct_provider and s.wake_check_failed, serving.replace_failed_wake,
+        (Phase.CREATING,), serves=False),
     Row(Phase.LOST, "the instance that served it vanished or stopped",
-        lambda s: not s.direct_provider and _lost(s), requester_steps.lost, (Phase.DEPARTING,)),
-    Row(Phase.SETTLING, "its metadata is not in line with the binding", lambda s: s.unsettled, requester_steps.settle,
+        lambda s: _bound(s) and _broken(s) and not s.wake_check_failed, requester_steps.lost,
+        (Phase.DEPARTING, Phase.UNROUTING, Phase.RELEASING)),
+    Row(Phase.SETTLING, "bound, its metadata not in line with the binding",
+        lambda s: _bound(s) and not _broken(s) and s.unsettled, requester_steps.settle,
         (Phase.DIRECT_SERVING, Phase.LAUNCHER_STARTING, Phase.RECREATING, Phase.CREATING, Phase.LOADING, Phase.ASLEEP,
          Phase.SERVING)),
-    Row(Phase.DIRECT_SERVING, "bound to a direct provider", lambda s: s.direct_provider, direct.actuate,
-        (Phase.RELEASING,), serves=True),
-    Row(Phase.LAUNCHER_STARTING, "the launcher is not reachable", lambda s: not s.reachable, serving.await_launcher,
+    Row(Phase.DIRECT_SERVING, "bound to a direct provider, in line", lambda s: _in_line(s) and s.direct_provider,
+        direct.actuate, (Phase.RELEASING,), serves=True),
+    Row(Phase.LAUNCHER_STARTING, "bound to a launcher that is not reachable",
+        lambda s: _in_line(s) and not s.direct_provider and not s.reachable, serving.await_launcher,
         (Phase.SETTLING, Phase.CREATING, Phase.LOADING, Phase.ASLEEP, Phase.SERVING, Phase.LOST), serves=False,
         budget=LAUNCHER_START_BUDGET),
-    Row(Phase.RECREATING, "the instance stopped before it served", lambda s: s.stopped and not s.served,
-        serving.recreate, (Phase.CREATING,), serves=False),
-    Row(Phase.CREATING, "the instance is absent", lambda s: s.reachable and s.instance is None, serving.create,
+    Row(Phase.RECREATING, "the instance stopped before it served",
+        lambda s: _launcher_up(s) and s.stopped and not s.served, serving.recreate, (Phase.CREATING,), serves=False),
+    Row(Phase.CREATING, "the instance is absent", lambda s: _launcher_up(s) and s.instance is None, serving.create,
         (Phase.SETTLING, Phase.LOADING), serves=False),
-    Row(Phase.LOADING, "the instance is not ready", lambda s: s.instance is not None and not s.instance.ready,
-        requester_steps.nothing, (Phase.SETTLING, Phase.ASLEEP, Phase.SERVING, Phase.RECREATING), serves=False),
-    Row(Phase.ASLEEP, "the instance sleeps", lambda s: s.instance is not None and s.instance.sleeping, serving.wake,
-        (Phase.WAKE_FAILED, Phase.SERVING), serves=False),
-    Row(Phase.MISROUTED, "its routing metadata no longer fits the launcher",
-        lambda s: s.provider is not None and bool(outdated_routing(s.provider)), serving.misrouted,
-        (Phase.DEPARTING,)),
-    Row(Phase.SERVING, "the instance is awake and ready", _awake_and_ready, serving.serve,
-        (Phase.LOST, Phase.RELEASING), serves=True),
+    Row(Phase.LOADING, "the instance runs, not ready",
+        lambda s: _instance_runs(s) and s.instance is not None and not s.instance.ready, requester_steps.nothing,
+        (Phase.SETTLING, Phase.ASLEEP, Phase.SERVING, Phase.RECREATING), serves=False),
+    Row(Phase.ASLEEP, "the instance is ready and sleeps",
+        lambda s: _instance_runs(s) and s.instance is not None and s.instance.ready and s.instance.sleeping,
+        serving.wake, (Phase.WAKE_FAILED, Phase.SERVING), serves=False),
+    Row(Phase.MISROUTED, "awake and ready, its routing metadata no longer fits the launcher",
+        lambda s: _awake_and_ready(s) and _misrouted(s), serving.misrouted, (Phase.DEPARTING, Phase.RELEASING)),
+    Row(Phase.SERVING, "awake and ready, its routing metadata fits",
+        lambda s: _awake_and_ready(s) and not _misrouted(s), serving.serve, (Phase.LOST, Phase.RELEASING),
+        serves=True),
 )  # fmt: skip
 
 ROW = {row.phase: row for row in ROWS}
 
 
+class Unclassified(RuntimeError):
+    """No rule, or more than one, holds for a snapshot: a defect of the table (a bug, not a problem to report)."""
+
+
+def holding(snapshot: Snapshot) -> list[Phase]:
+    """The phases whose rule holds for `snapshot`: every rule is evaluated, and exactly one should."""
+    return [row.phase for row in ROWS if row.holds(snapshot)]
+
+
 def classify(snapshot: Snapshot) -> Phase:
-    """The phase of the inference server: the first row whose condition holds."""
-    return next(row.phase for row in ROWS if row.holds(snapshot))
+    """The phase of the inference server: the one row whose condition holds."""
+    found = holding(snapshot)
+    if len(found) != 1:
+        named = ", ".join(phase.value for phase in found) or "no phase"
+        raise Unclassified(f"{snapshot.namespace}/{snapshot.name}: the rules of {named} hold")
+    return found[0]
 
 
 def edges() -> set[tuple[Phase, Phase]]:
@@ -212,14 +299,10 @@ def edges() -> set[tuple[Phase, Phase]]:
 
 
 def mermaid() -> str:
-    """The state machine as a Mermaid diagram, from ROWS: each phase with its row number (the rows are
-    tried in that order) and its condition."""
+    """The state machine as a Mermaid diagram, from ROWS: each phase with its condition, and its arrows."""
     lines = ["stateDiagram-v2"]
-    for number, row in enumerate(ROWS, start=1):
-        lines.append(f"    {_node(row.phase)}: {number}. {row.phase.value} — {row.when}")
-    for row in ROWS:
-        for target in row.leads_to:
-            lines.append(f"    {_node(row.phase)} --> {_node(target)}")
+    lines += [f"    {_node(row.phase)}: {row.phase.value} — {row.when}" for row in ROWS]
+    lines += [f"    {_node(row.phase)} --> {_node(target)}" for row in ROWS for target in row.leads_to]
     lines.append(f"    [*] --> {_node(Phase.STARTING)}")
     lines.append(f"    {_node(Phase.GONE)} --> [*]")
     return "\n".join(lines)

@@ -1,5 +1,5 @@
 """The steps that act on the requester itself (or on nothing): report an inconsistency, drop or delete it,
-record its GPUs, settle its metadata, forget a pair that is gone.
+record its GPUs (and bind it in the same pass where it can), settle its metadata, forget a pair that is gone.
 
 The steps of a bound launcher are in serving.py, of a release in release.py, of direct mode in direct.py,
 of the bind in binding.py; the phase table (phases.py) names each phase's one step.
@@ -8,8 +8,10 @@ of the bind in binding.py; the phase table (phases.py) names each phase's one st
 from api import keys
 from api.launcher import InstanceStatus
 from controller import pods
+from controller.dualpods import binding
 from controller.dualpods.outcomes import DONE, Problem, StepResult, Wait
 from controller.dualpods.passes import Pass
+from controller.dualpods.snapshot import Mode
 from controller.http import HttpError
 
 SPI_STARTUP_RETRY_S = 0.05
@@ -86,3 +88,12 @@ async def record_gpus(p: Pass) -> StepResult:
         return Problem.of("the assigned set of GPUs is empty")
     p.want("record GPUs", gpus=gpus)
     return DONE
+
+
+async def record_gpus_and_bind(p: Pass) -> StepResult:
+    """NEEDS_GPUS: ask the requester for its GPUs and, where the recorded GPUs make it UNBOUND (launcher mode,
+    bindable), bind it in the same pass: its GPUs and its binding go in one requester write."""
+    result = await record_gpus(p)
+    if p.wants.gpus is None or not p.s.bindable or p.s.mode is not Mode.LAUNCHER:
+        return result
+    return await binding.bind(p, p.wants.gpus)

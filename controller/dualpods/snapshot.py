@@ -138,6 +138,16 @@ class Snapshot:
     def requester_deleting(self) -> bool:
         return self.requester is not None and pods.is_deleting(self.requester)
 
+    @property
+    def cordoned(self) -> bool:
+        """The requester's Node takes no new work (it is unschedulable)."""
+        return bool(((self.node or {}).get("spec") or {}).get("unschedulable"))
+
+    @property
+    def bindable(self) -> bool:
+        """Nothing is bound yet, and the requester's Node takes new work: a provider may be bound."""
+        return self.provider is None and not self.cordoned
+
     # ----- the provider
 
     @property
