@@ -34,8 +34,8 @@ async def h() -> AsyncIterator[Harness]:
 def age_trouble(h: Harness, seconds: float) -> None:
     """Make the requester's standing trouble `seconds` older (as if that long had passed)."""
     uid = pods.uid(h.pod(REQ))
-    phase, since, failures = h.reconciler.memory.troubles[uid]
-    h.reconciler.memory.troubles[uid] = (phase, since - seconds, failures)
+    trouble = h.reconciler.memory.troubles[uid]
+    h.reconciler.memory.troubles[uid] = trouble._replace(since=trouble.since - seconds)
 
 
 def problems(h: Harness) -> list[str]:

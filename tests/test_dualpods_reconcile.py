@@ -22,7 +22,7 @@ from controller import pods
 from controller.dualpods.binding import LAUNCHER_SEEN_RECHECK_S
 from controller.dualpods.controller import REQUESTER
 from controller.dualpods.devices import Device
-from controller.dualpods.memory import SWEEP_S
+from controller.dualpods.memory import SWEEP_S, Relayed
 from controller.dualpods.passes import RELAY_RECHECK_S
 from controller.dualpods.phases import Phase
 from controller.dualpods.release import RELEASE_POLL_S
@@ -186,7 +186,7 @@ async def test_the_memory_of_a_requester_is_dropped_once_both_pods_are_gone(h: H
     for uid in (REQ_UID, "other-uid"):
         memory.paths[uid] = "warm"
         memory.victims[uid] = 1
-        memory.relayed[uid] = (True, 0, 0.0)
+        memory.relayed[uid] = Relayed(True, 0, 0.0)
         memory.actuated.add(uid)
     await h.reconcile()
     assert h.journal == []

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from api import keys
 from api.crds import InferenceServerConfig, LauncherConfig
 from api.launcher import InstanceState
-from controller.dualpods.budget import Sleeper, gpu_victim, host_victims
 from controller.dualpods.copies import LauncherFacts
 from controller.dualpods.identity import VLLM
+from controller.dualpods.memory_budget import Sleeper, gpu_victim, host_victims
 from controller.dualpods.pools.filling import Filling, Verdict
 from controller.dualpods.pools.plan import NodeFacts, PoolPlan, plan_pool
 from controller.dualpods.selection import Candidate, plan_for

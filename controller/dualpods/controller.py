@@ -29,7 +29,7 @@ from controller.dualpods.isc_status import LAUNCHERS_BY_SUMMARY_ISC, REQUESTERS_
 from controller.dualpods.memory import Memory
 from controller.dualpods.metrics import DualPodsMetrics
 from controller.dualpods.nominal import gpu_keys
-from controller.dualpods.outcomes import Budget
+from controller.dualpods.outcomes import TimeBudget
 from controller.dualpods.passes import Options, World
 from controller.dualpods.phases import LAUNCHER_START_BUDGET, Phase
 from controller.dualpods.placement.admission import Placement, PlacementOptions
@@ -145,14 +145,11 @@ class DualPodsController:
         for name, function in INDEXES.items():
             index(name, function)
         caches.iscs.add_index(ISCS_BY_LAUNCHER_CONFIG, lambda isc: [_launcher_config_name(isc)])
-        start = Budget(seconds=options.launcher_start_budget_s)
-        options_ = Options(
-            options.launcher_token_secret,
-            options.launcher_runtime_class,
-            options.sleeper_limit,
-            {Phase.LAUNCHER_STARTING.value: start},
+        options_ = Options(options.launcher_token_secret, options.launcher_runtime_class, options.sleeper_limit)
+        self.reconciler = Reconciler(
+            World(namespace, caches, views, clients, Memory(), metrics, options_),
+            {Phase.LAUNCHER_STARTING: TimeBudget(seconds=options.launcher_start_budget_s)},
         )
-        self.reconciler = Reconciler(World(namespace, caches, views, clients, Memory(), metrics, options_))
         self.drains = DrainRewarmer(namespace, caches, views, clients, options.drain_rewarm_timeout_s)
         placement = PlacementOptions(
             options.placement_default_on, options.launcher_token_secret, options.launcher_runtime_class

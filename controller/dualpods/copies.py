@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from api.crds import LauncherConfig
 from api.launcher import ErrorReason, InstanceState, InstanceStatus, VllmConfig
 from controller import pods
-from controller.dualpods.budget import host_victims
 from controller.dualpods.collaborators import Clients
+from controller.dualpods.memory_budget import host_victims
 from controller.dualpods.sleepers import sleepers
 from controller.dualpods.snapshot import Caches
 from controller.http import HttpError

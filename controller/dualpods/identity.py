@@ -23,7 +23,7 @@ from api import keys
 from api.crds import InferenceServerConfig, LauncherConfig
 from api.launcher import VllmConfig
 from controller import goyaml
-from controller.dualpods.budget import gpu_sleeper_reserve
+from controller.dualpods.memory_budget import gpu_sleeper_reserve
 
 VLLM = "vllm"
 TRANSFORMERS = "transformers"

@@ -14,7 +14,8 @@ not one is never taken as older.
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import Any, NamedTuple
 
 from controller import pods
 from controller.dualpods.pools.filling import Filling
@@ -22,12 +23,28 @@ from controller.dualpods.pools.filling import Filling
 SWEEP_S = 10.0  # the least time between two sweeps of gone Pods' memory
 
 
+class Relayed(NamedTuple):
+    """A readiness relayed to a requester: what, to which run of its container, and when (monotonic)."""
+
+    ready: bool
+    restart_count: int
+    at: float
+
+
+class Trouble(NamedTuple):
+    """A wait or transient failure standing in a requester's phase: since when (monotonic), after how many
+    failed passes; its phase's time budget says when the user is told."""
+
+    phase: StrEnum
+    since: float
+    failures: int
+
+
 @dataclass
 class Memory:
     paths: dict[str, str] = field(default_factory=dict)  # requester UID -> cold / warm / hot
     victims: dict[str, int] = field(default_factory=dict)  # requester UID -> instances deleted for it
-    # requester UID -> (readiness relayed, the requester container's restart count then, when)
-    relayed: dict[str, tuple[bool, int, float]] = field(default_factory=dict)
+    relayed: dict[str, Relayed] = field(default_factory=dict)  # requester UID -> its readiness last relayed
     actuated: set[str] = field(default_factory=set)  # requester UIDs whose actuation was measured
     # requester UID -> (its container's restart count, the server its proxy was pointed at)
     proxied: dict[str, tuple[int, tuple[str, int]]] = field(default_factory=dict)
@@ -35,9 +52,8 @@ class Memory:
     # container starts awake, so the knowledge holds only for the same count.
     asleep: dict[str, tuple[int, bool]] = field(default_factory=dict)
     phases: dict[str, str] = field(default_factory=dict)  # requester name -> the phase its last pass ran
-    # requester UID -> (phase, since when (monotonic) its passes wait or fail in it, failed passes): a
-    # restart starts a phase's budget afresh (reconcile.py)
-    troubles: dict[str, tuple[str, float, int]] = field(default_factory=dict)
+    # requester UID -> what stands in its phase: a restart starts a phase's budget afresh (reconcile.py)
+    troubles: dict[str, Trouble] = field(default_factory=dict)
     # requester UID -> (the launcher created for it, when (monotonic)): until the Pod cache shows that launcher,
     # a pass that still finds the requester unbound must not create another (binding.py)
     launching: dict[str, tuple[str, float]] = field(default_factory=dict)

@@ -10,7 +10,7 @@ not answer, a conflict) as transient: a back-off.
   trying again (with the queue's back-off) can help, or only a change to some watched object can (terminal:
   the requester is looked at again when that object changes).
 
-A phase's `Budget` bounds how long a standing trouble stays out of the requester's status: a wait, or a
+A phase's `TimeBudget` bounds how long a standing trouble stays out of the requester's status: a wait, or a
 transient failure retried again and again (say, a launcher that does not answer), becomes a status error and
 an Event once it has stood `seconds` (and, for failures, `retries` failed passes).
 """
@@ -19,13 +19,13 @@ from dataclasses import dataclass
 
 from controller.workqueue import DONE, Done, Problem, Result, Wait, sooner
 
-__all__ = ["DONE", "Budget", "Done", "Problem", "StepResult", "Wait", "sooner"]
+__all__ = ["DONE", "Done", "Problem", "StepResult", "TimeBudget", "Wait", "sooner"]
 
 StepResult = Result
 
 
 @dataclass(frozen=True)
-class Budget:
+class TimeBudget:
     """How long a phase's trouble may stand before the user is told: a wait after `seconds`, a transient
     failure after `seconds` and `retries` failed passes (so one hiccup retried at once is never reported)."""
 

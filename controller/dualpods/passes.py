@@ -12,9 +12,9 @@ from typing import Any
 from api import keys
 from controller import events, pods
 from controller.dualpods.collaborators import Clients
-from controller.dualpods.memory import Memory
+from controller.dualpods.memory import Memory, Relayed
 from controller.dualpods.metrics import DualPodsMetrics
-from controller.dualpods.outcomes import DONE, Budget, Done, Wait
+from controller.dualpods.outcomes import DONE, Done, Wait
 from controller.dualpods.snapshot import BoundNow, Caches, Snapshot
 from controller.dualpods.status import RequesterWants, desired_requester
 from controller.events import EventType
@@ -30,7 +30,6 @@ class Options:
     launcher_token_secret: str | None = None
     launcher_runtime_class: str | None = None  # for launcher templates that name no RuntimeClass
     sleeper_limit: int = 1  # direct providers that may sleep on one GPU (FMA's --sleeper-limit)
-    budgets: dict[str, Budget] = field(default_factory=dict)  # phase value -> its budget, where a flag sets it
 
 
 @dataclass(frozen=True)
@@ -155,14 +154,18 @@ class Pass:
             await self.clients.requesters.configure_proxy(requester, *target, self.s.isc_name)
             self.memory.proxied[uid] = (incarnation, target)
         if pods.container_ready(requester) == ready:
-            self.memory.relayed[uid] = (ready, incarnation, time.monotonic())
+            self.memory.relayed[uid] = Relayed(ready, incarnation, time.monotonic())
             return DONE
         why = f"requester {pods.name(requester)} does not show it is {'' if ready else 'not '}ready yet"
         last = self.memory.relayed.get(uid)
-        if last is not None and last[:2] == (ready, incarnation) and time.monotonic() - last[2] < RELAY_RECHECK_S:
-            return Wait(RELAY_RECHECK_S - (time.monotonic() - last[2]), why)
+        if (
+            last is not None
+            and last[:2] == (ready, incarnation)
+            and (since := time.monotonic() - last.at) < RELAY_RECHECK_S
+        ):
+            return Wait(RELAY_RECHECK_S - since, why)
         await self.clients.requesters.relay_readiness(requester, ready, self.s.isc_name)
-        self.memory.relayed[uid] = (ready, incarnation, time.monotonic())
+        self.memory.relayed[uid] = Relayed(ready, incarnation, time.monotonic())
         log.info("Successfully relayed the readiness requesterName=%s ready=%s", pods.name(requester), ready)
         if ready and uid not in self.memory.actuated:
             self.memory.actuated.add(uid)

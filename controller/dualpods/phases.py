@@ -23,7 +23,7 @@ from enum import StrEnum
 from api import keys
 from controller import pods
 from controller.dualpods import binding, direct, release, requester_steps, serving
-from controller.dualpods.outcomes import Budget, StepResult
+from controller.dualpods.outcomes import StepResult, TimeBudget
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import outdated_routing
 from controller.dualpods.snapshot import Mode, Snapshot
@@ -64,8 +64,8 @@ class Phase(StrEnum):
 
 # A launcher answers once its image is pulled and it has imported vLLM (launcher_template.LAUNCHER_START_S, which
 # its startup probe allows too). The controller's --launcher-start-budget (Options.budgets) sets it.
-LAUNCHER_START_BUDGET = Budget(seconds=float(LAUNCHER_START_S))
-DEFAULT_BUDGET = Budget()
+LAUNCHER_START_BUDGET = TimeBudget(seconds=float(LAUNCHER_START_S))
+DEFAULT_BUDGET = TimeBudget()
 
 Step = Callable[[Pass], Awaitable[StepResult]]
 
@@ -82,7 +82,7 @@ class Row:
     # Whether a bound instance serves in this phase: False, it does not (yet), so the requester is told it is
     # not Ready after the step; True, the step relays readiness itself; None, no bound instance to speak of.
     serves: bool | None = None
-    budget: Budget = DEFAULT_BUDGET  # how long a wait or a transient failure stands before the user is told
+    budget: TimeBudget = DEFAULT_BUDGET  # how long a wait or a transient failure stands before the user is told
 
 
 # ----- the situations: a binding to release, a finalizer to let go, a requester that stays

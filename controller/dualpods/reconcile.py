@@ -19,6 +19,7 @@ metadata the steps asked for goes in the same write (status.desired_requester).
 
 import logging
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from kubernetes_asyncio.client.exceptions import ApiException
@@ -30,10 +31,10 @@ from api.log_format import ISC_FIELD, PHASE_FIELD, REQUESTER_FIELD, log_context
 from controller import pods
 from controller.dualpods.identity import VLLM, instance_id
 from controller.dualpods.isc_status import isc_status, observe_isc
-from controller.dualpods.memory import Memory
-from controller.dualpods.outcomes import DONE, Problem, Wait, sooner
+from controller.dualpods.memory import Memory, Trouble
+from controller.dualpods.outcomes import DONE, Problem, TimeBudget, Wait, sooner
 from controller.dualpods.passes import Pass, World
-from controller.dualpods.phases import ROW, Phase, Row, classify
+from controller.dualpods.phases import ROW, ROWS, Phase, Row, classify
 from controller.dualpods.requester_client import RequesterError
 from controller.dualpods.snapshot import observe, parse
 from controller.dualpods.status import Ending, Outcome, new_errors
@@ -54,8 +55,10 @@ TRANSIENT = (HttpError, *API_FAILURES)
 
 
 class Reconciler:
-    def __init__(self, world: World) -> None:
+    def __init__(self, world: World, budgets: Mapping[Phase, TimeBudget] | None = None) -> None:
+        """`budgets`: the phases whose time budget a flag sets (else their row's)."""
         self.world = world
+        self.budgets = {row.phase: row.budget for row in ROWS} | dict(budgets or {})
 
     @property
     def memory(self) -> Memory:
@@ -129,13 +132,13 @@ class Reconciler:
         if outcome.ending not in (Ending.WAIT, Ending.ERROR):
             self.memory.troubles.pop(uid, None)
             return outcome
-        now, phase = time.monotonic(), row.phase.value
+        now, phase = time.monotonic(), row.phase
         known = self.memory.troubles.get(uid)
-        _, since, failures = known if known is not None and known[0] == phase else (phase, now, 0)
+        trouble = known if known is not None and known.phase == phase else Trouble(phase, now, 0)
         failed = outcome.ending is Ending.ERROR
-        failures += failed
-        self.memory.troubles[uid] = (phase, since, failures)
-        budget = self.world.options.budgets.get(phase, row.budget)
+        trouble = trouble._replace(failures=trouble.failures + failed)
+        self.memory.troubles[uid] = trouble
+        since, failures, budget = trouble.since, trouble.failures, self.budgets[phase]
         left = budget.seconds - (now - since)  # not since + budget - now: its rounding can exceed the budget
         wait = outcome.next if isinstance(outcome.next, Wait) else None
         if left > 0 or (failed and failures < budget.retries):

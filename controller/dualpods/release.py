@@ -14,8 +14,8 @@ from api import keys
 from api.launcher import InstanceState, InstanceStatus
 from controller import pods
 from controller.dualpods import direct, instance_sleep
-from controller.dualpods.budget import host_victims
 from controller.dualpods.identity import VLLM, instance_id
+from controller.dualpods.memory_budget import host_victims
 from controller.dualpods.outcomes import DONE, Problem, StepResult, Wait
 from controller.dualpods.passes import Pass
 from controller.dualpods.routing import RoutingMetadata, committed_routing

@@ -19,8 +19,8 @@ from api.crds import InferenceServerConfig
 from api.launcher import ErrorReason, InstanceState, VllmConfig
 from controller import pods
 from controller.dualpods import instance_sleep
-from controller.dualpods.budget import gpu_victim, gpus_over_budget
 from controller.dualpods.launcher_summaries import summary_text
+from controller.dualpods.memory_budget import gpu_victim, gpus_over_budget
 from controller.dualpods.metrics import BudgetAction
 from controller.dualpods.outcomes import DONE, Problem, StepResult, Wait
 from controller.dualpods.passes import Pass

@@ -1,4 +1,4 @@
-"""The sleeping instances of a launcher as the memory budgets (E3, budget.py) count them, and the Event
+"""The sleeping instances of a launcher as the memory budgets (E3, memory_budget.py) count them, and the Event
 that says which one a budget made go (counted in dualpods_sleeper_budget_actions_total)."""
 
 from collections.abc import Iterable, Mapping
@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from api import keys
 from api.launcher import InstanceState, InstanceStatus
 from controller import pods
-from controller.dualpods.budget import Sleeper
+from controller.dualpods.memory_budget import Sleeper
 from controller.dualpods.metrics import BudgetAction
 from controller.dualpods.passes import Pass
 from controller.dualpods.pools.filling import Filling

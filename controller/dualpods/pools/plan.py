@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from api import keys
 from api.crds import InferenceServerConfig, WarmPool
 from api.launcher import InstanceState, InstanceStatus
-from controller.dualpods.budget import SLEEPER_GPU_BYTES, host_victims
 from controller.dualpods.copies import Create, LauncherFacts, Sleep, as_created, no_room
 from controller.dualpods.drain_plan import INSTANCE_REWARMED_FROM
 from controller.dualpods.identity import instance_id, launcher_instance_config
+from controller.dualpods.memory_budget import SLEEPER_GPU_BYTES, host_victims
 from controller.dualpods.pools.filling import Verdict
 from controller.dualpods.sleepers import sleepers
 
