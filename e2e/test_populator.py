@@ -22,11 +22,11 @@ from prometheus_client import CollectorRegistry
 
 from api import keys
 from api.crds import GROUP, VERSION, LauncherConfig, LauncherPopulationPolicy
+from controller.endpoint import serve_metrics
 from controller.launcher_template import launcher_config_hash
 from controller.populator import PopulatorOptions, run_populator
-from controller.populator.phases import Phase
+from controller.populator.phases import LauncherPodPhase
 from controller.populator.stuck import message as stuck_message
-from controller.serving import serve_metrics
 from e2e.cluster.cluster import LoopbackCluster, pod_is_ready
 from e2e.cluster.ports import free_port
 from e2e.crds import rules_lifted
@@ -399,10 +399,13 @@ async def test_stuck_launchers_are_labelled_and_reported_once(api: client.ApiCli
         # the never-ready launcher may also wait past the scheduling threshold (1 s) before the scheduler places
         # it: a stuck_scheduling Event of its own, its label removed once it is placed, then stuck_starting.
         allowed = {
-            "unschedulable": {Phase.STUCK_SCHEDULING},
-            "never-ready": {Phase.STUCK_SCHEDULING, Phase.STUCK_STARTING},
+            "unschedulable": {LauncherPodPhase.STUCK_SCHEDULING},
+            "never-ready": {LauncherPodPhase.STUCK_SCHEDULING, LauncherPodPhase.STUCK_STARTING},
         }
-        for config, phase in (("unschedulable", Phase.STUCK_SCHEDULING), ("never-ready", Phase.STUCK_STARTING)):
+        for config, phase in (
+            ("unschedulable", LauncherPodPhase.STUCK_SCHEDULING),
+            ("never-ready", LauncherPodPhase.STUCK_STARTING),
+        ):
             pod = stuck[config]
             events = await core.list_namespaced_event(
                 namespace, field_selector=f"involvedObject.name={pod.metadata.name},reason=LauncherStuck"

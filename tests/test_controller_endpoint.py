@@ -8,7 +8,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
-from controller import serving
+from controller import endpoint
 from e2e.cluster.ports import free_port
 
 
@@ -25,7 +25,7 @@ async def test_metrics_and_health_answer_while_the_loop_is_blocked() -> None:
     registry = CollectorRegistry()
     Counter("dualpods_example_total", "An example.", registry=registry).inc(3)
     port = free_port()
-    async with serving.serve_metrics(registry, "127.0.0.1", port):
+    async with endpoint.serve_metrics(registry, "127.0.0.1", port):
         # Each GET below runs on the loop's own thread, so the loop is blocked while it is answered.
         status, body = get(port, "/metrics")
         assert status == 200
@@ -35,13 +35,13 @@ async def test_metrics_and_health_answer_while_the_loop_is_blocked() -> None:
 
 
 async def test_health_fails_once_the_loop_has_not_run_for_the_stall_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(serving, "STALL_S", 0.5)
+    monkeypatch.setattr(endpoint, "STALL_S", 0.5)
     port = free_port()
-    async with serving.serve_metrics(CollectorRegistry(), "127.0.0.1", port):
+    async with endpoint.serve_metrics(CollectorRegistry(), "127.0.0.1", port):
         assert get(port, "/healthz") == (200, "ok")
         time.sleep(0.6)  # noqa: ASYNC251 -- the point: the loop blocked past the limit
         status, body = get(port, "/healthz")
         assert status == 503
         assert body.startswith("the event loop has not run for")
-        await asyncio.sleep(serving.BEAT_S + 0.1)  # the loop runs again
+        await asyncio.sleep(endpoint.BEAT_S + 0.1)  # the loop runs again
         assert get(port, "/healthz") == (200, "ok")

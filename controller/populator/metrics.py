@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from prometheus_client import CollectorRegistry, Gauge
 
 from controller.populator.key import LauncherKey
-from controller.populator.phases import Phase
+from controller.populator.phases import LauncherPodPhase
 
 NAME = "fma_launcher_pod_count"
 
@@ -27,10 +27,10 @@ class LauncherPodCount:
             ["lcfg_name", "phase"],
             registry=registry,
         )
-        self._by_config: dict[str, dict[str, Counter[Phase]]] = {}  # LauncherConfig -> node -> phases
+        self._by_config: dict[str, dict[str, Counter[LauncherPodPhase]]] = {}  # LauncherConfig -> node -> phases
         self._configs: set[str] = set()  # the LauncherConfigs that exist
 
-    def publish(self, key: LauncherKey, counts: Mapping[Phase, int]) -> None:
+    def publish(self, key: LauncherKey, counts: Mapping[LauncherPodPhase, int]) -> None:
         """The key's launchers per phase, replacing what was published for it before."""
         nodes = self._by_config.setdefault(key.config, {})
         if sum(counts.values()):
@@ -53,6 +53,6 @@ class LauncherPodCount:
         if nodes is None and config not in self._configs:
             self._gauge.remove_by_labels({"lcfg_name": config})
             return
-        total = sum((counts for counts in (nodes or {}).values()), Counter[Phase]())
-        for phase in Phase:
+        total = sum((counts for counts in (nodes or {}).values()), Counter[LauncherPodPhase]())
+        for phase in LauncherPodPhase:
             self._gauge.labels(config, phase.value).set(total[phase])

@@ -18,7 +18,7 @@ from controller import pods
 from controller.launcher_template import Pod
 
 
-class Phase(StrEnum):
+class LauncherPodPhase(StrEnum):
     BOUND = "bound"
     UNBOUND = "unbound"
     STUCK_SCHEDULING = "stuck_scheduling"
@@ -26,7 +26,7 @@ class Phase(StrEnum):
     STALE = "stale"
 
 
-STUCK = frozenset({Phase.STUCK_SCHEDULING, Phase.STUCK_STARTING})
+STUCK = frozenset({LauncherPodPhase.STUCK_SCHEDULING, LauncherPodPhase.STUCK_STARTING})
 
 
 @dataclass(frozen=True)
@@ -55,36 +55,36 @@ def _time(stamp: str) -> datetime:
 
 def phase_of(
     pod: Pod, current_hash: str | None, thresholds: Thresholds, now: datetime
-) -> tuple[Phase, datetime | None]:
+) -> tuple[LauncherPodPhase, datetime | None]:
     """The launcher's phase and, while it may still become stuck, when it will (None otherwise).
 
     `current_hash` is None while the LauncherConfig is missing or malformed: every unbound launcher
     is then stale.
     """
     if pods.binding(pod) is not None:  # the authoritative record of a binding
-        return Phase.BOUND, None
+        return LauncherPodPhase.BOUND, None
     if current_hash is None or template_hash(pod) != current_hash:
-        return Phase.STALE, None
+        return LauncherPodPhase.STALE, None
     if pods.is_ready(pod):
-        return Phase.UNBOUND, None
+        return LauncherPodPhase.UNBOUND, None
     scheduled = scheduled_at(pod)
     if scheduled is not None:
-        since, threshold, stuck = _time(scheduled), thresholds.starting, Phase.STUCK_STARTING
+        since, threshold, stuck = _time(scheduled), thresholds.starting, LauncherPodPhase.STUCK_STARTING
     else:
         since, threshold, stuck = (
             _time(pod["metadata"]["creationTimestamp"]),
             thresholds.scheduling,
-            Phase.STUCK_SCHEDULING,
+            LauncherPodPhase.STUCK_SCHEDULING,
         )
     due = since + timedelta(seconds=threshold)
-    return (stuck, None) if now >= due else (Phase.UNBOUND, due)
+    return (stuck, None) if now >= due else (LauncherPodPhase.UNBOUND, due)
 
 
 def tally(
     launchers: Iterable[Pod], current_hash: str | None, thresholds: Thresholds, now: datetime
-) -> tuple[Counter[Phase], datetime | None]:
+) -> tuple[Counter[LauncherPodPhase], datetime | None]:
     """Launchers per phase, and the earliest moment one of them (not deleting) becomes stuck."""
-    counts: Counter[Phase] = Counter()
+    counts: Counter[LauncherPodPhase] = Counter()
     earliest: datetime | None = None
     for pod in launchers:
         phase, due = phase_of(pod, current_hash, thresholds, now)

@@ -10,16 +10,16 @@ from api import keys
 from controller import pods
 from controller.launcher_template import Pod
 from controller.populator.kubeapi import LauncherApi
-from controller.populator.phases import STUCK, Phase
+from controller.populator.phases import STUCK, LauncherPodPhase
 
 REASON = "LauncherStuck"
 
 
-def message(phase: Phase) -> str:
+def message(phase: LauncherPodPhase) -> str:
     return f"Launcher is stuck ({phase}); leaving it in place for investigation"
 
 
-async def report_stuck(api: LauncherApi, launchers: Iterable[tuple[Pod, Phase]]) -> None:
+async def report_stuck(api: LauncherApi, launchers: Iterable[tuple[Pod, LauncherPodPhase]]) -> None:
     """Bring each kept launcher's label (and Event) in line with its phase; API errors other than
     NotFound propagate, so the key is retried."""
     for pod, phase in launchers:
