@@ -43,10 +43,15 @@ def is_deleting(pod: Pod) -> bool:
     return bool(meta(pod).get("deletionTimestamp"))
 
 
+def is_unschedulable(node: Pod | None) -> bool:
+    """A Node marked unschedulable (`kubectl cordon`)."""
+    return node is not None and bool((node.get("spec") or {}).get("unschedulable"))
+
+
 def is_cordoned(node: Pod | None) -> bool:
     """A Node cordoned or being deleted: new Pods cannot be placed there, and a drain may follow. (A Node not in the
     cache is not: its Pods go with it.)"""
-    return node is not None and (is_deleting(node) or bool((node.get("spec") or {}).get("unschedulable")))
+    return node is not None and (is_deleting(node) or is_unschedulable(node))
 
 
 def accelerators(pod: Pod) -> list[str] | None:

@@ -410,7 +410,7 @@ def _incarnation(pod: Obj) -> tuple[str, int]:
 
 def _node_facts(node: Obj) -> tuple[bool, bool]:
     """What the reconciler reads of a Node besides its existence: being deleted, being cordoned."""
-    return pods.is_deleting(node), bool((node.get("spec") or {}).get("unschedulable"))
+    return pods.is_deleting(node), pods.is_unschedulable(node)
 
 
 _WRITE_BOOKKEEPING = frozenset({"resourceVersion", "managedFields"})

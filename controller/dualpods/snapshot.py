@@ -141,7 +141,7 @@ class Snapshot:
     @property
     def cordoned(self) -> bool:
         """The requester's Node takes no new work (it is unschedulable)."""
-        return bool(((self.node or {}).get("spec") or {}).get("unschedulable"))
+        return pods.is_unschedulable(self.node)
 
     @property
     def bindable(self) -> bool:
