@@ -2,7 +2,8 @@
 (admission, the instances held, sleeps, wakes, deletions) and the processes behind the instances.
 
 The launcher's `ProcessForker` forks each server from its runtime's zygote (or from the launcher), learns its exit
-from the reaper, copies its output to the launcher's stdout and supervises it (`monitor`). A simulation injects its
+from the reaper and its sleeps from its reports (`sleep_reports`), copies its output to the launcher's stdout and
+supervises it (`monitor`). A simulation injects its
 own `Forker`, whose instances have no process.
 """
 
@@ -26,6 +27,7 @@ from .metrics import LauncherMetrics, ZygoteSample
 from .monitor import Monitor, Supervision
 from .process_stats import ProcessTreeStats
 from .runtimes import Runtime
+from .sleep_reports import SleepReports
 from .zygote import Zygote, Zygotes
 
 # vLLM binds ZMQ IPC sockets named by a 36-character UUID inside TMPDIR, and zmq refuses socket paths
@@ -60,9 +62,6 @@ class Forker(Protocol):
         """Watch the started instance (through tasks `spawn` makes) until it stops: at least its move to AWAKE once
         it is first ready, and to STOPPED when it exits."""
 
-    async def look_now(self, instance: Instance) -> None:
-        """For a read: until the instance's sleep state was looked at, where something looks at it."""
-
     def stop(self) -> None:
         """Stop forking (at the launcher's shutdown, after which no instance is created)."""
 
@@ -87,15 +86,19 @@ class ProcessForker:
         metrics.sample_zygotes_with(
             lambda: [ZygoteSample(z.runtime.name, z.ready, z.memory()) for z in self.zygotes.all]
         )
-        self._monitors: dict[str, Monitor] = {}
+        self.sleep_reports = SleepReports()
+        self._monitors: dict[int, Monitor] = {}  # by the PID of the instance's server
 
     def start(self) -> None:
-        """Start every runtime's zygote and wait until they are ready; from then on, reap exited children."""
+        """Start every runtime's zygote and wait until they are ready; from then on, reap exited children and
+        read the servers' sleep reports."""
         self.zygotes.start()
         asyncio.get_running_loop().add_signal_handler(signal.SIGCHLD, self.reaper.reap)
+        self.sleep_reports.start(self._reported)
 
     def stop(self) -> None:
         self.zygotes.stop()
+        self.sleep_reports.close()
 
     def fork(self, admitted: Admission, work_dir: Path) -> Forked:
         runtime = admitted.runtime
@@ -106,6 +109,7 @@ class ProcessForker:
             log_path=str(work_dir / LOG_FILE),
             marks_path=str(work_dir / startup_phases.MARKS_FILE),
             title=f"dualpods-instance {admitted.instance_id}",
+            sleep_reports=self.sleep_reports.address,
         )
         started = time.monotonic()
         pid, forked_by = self.zygotes.fork(runtime, spec)
@@ -121,16 +125,16 @@ class ProcessForker:
         )  # fmt: skip
         self.reaper.watch(instance.pid, lambda code: self._exited(instance, code))
         instance.output = spawn(output_relay.follow(instance.log_path, instance.id, instance.exited))
-        monitor = self._monitors[instance.id] = Monitor(instance, runtime, self.supervision)
+        monitor = self._monitors[instance.pid] = Monitor(instance, runtime, self.supervision)
         spawn(monitor.run())
 
-    async def look_now(self, instance: Instance) -> None:
-        monitor = self._monitors.get(instance.id)
-        if monitor is not None:
-            await monitor.look_now()
+    def _reported(self, pid: int, sleeping: bool) -> None:
+        monitor = self._monitors.get(pid)
+        if monitor is not None:  # else not an instance's server, or one that exited
+            monitor.reported(sleeping)
 
     def _exited(self, instance: Instance, exit_code: int) -> None:
-        self._monitors.pop(instance.id, None)
+        self._monitors.pop(instance.pid, None)
         # The engine core may outlive the server process it belonged to.
         process_control.signal_group(instance.pid, signal.SIGKILL)
         self.on_exit(instance, exit_code)

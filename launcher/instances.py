@@ -100,7 +100,7 @@ class InstanceManager:
         self._tasks: set[asyncio.Task[None]] = set()  # each instance's supervisor and output copy
         metrics.count_instances_with(self.count_by_state)
 
-    # ----- reading: no read changes an instance
+    # ----- reading: a read returns what was recorded; it asks no server, waits for nothing and changes nothing
 
     def get(self, instance_id: str) -> Instance:
         instance = self._instances.get(instance_id)
@@ -110,14 +110,10 @@ class InstanceManager:
 
     async def state(self, instance_id: str) -> InstanceState:
         instance = self.get(instance_id)
-        await self.forker.look_now(instance)
         return instance.state(detail=True, gpu_usage=await asyncio.to_thread(gpu_memory_by_pid))
 
     async def list_detailed(self) -> AllInstancesState:
         instances = list(self._instances.values())
-        async with asyncio.TaskGroup() as looks:
-            for instance in instances:
-                looks.create_task(self.forker.look_now(instance))
         gpu_usage = await asyncio.to_thread(gpu_memory_by_pid)
         return AllInstancesState(
             revision=self.events.revision,

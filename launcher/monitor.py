@@ -3,24 +3,23 @@
 After the fork the instance's monitor (`Monitor.run`) waits for its server's first answer to /health
 (the move to AWAKE), then runs the instance's watches in a TaskGroup until it stops: the recording of
 its post-wake probe (`wake_verification`), its liveness (`liveness`) and its sleep state. What those
-watches know that is not the instance's phase (whether its last /health failed, the reads waiting for a
-look) is the monitor's, not the instance's.
+watches know that is not the instance's phase (whether its last /health failed, whether a look at its
+sleep state is asked) is the monitor's, not the instance's.
 
-The sleep-state watch is the one place the launcher discovers sleeps and wakes asked of an instance's
-server directly (vLLM's own /sleep and /wake_up, which FMA's controllers use), rather than through the
-launcher. It asks the server's /is_sleeping every liveness interval: a sleep found is recorded at once
-(ASLEEP, a SLEEPING event); a wake found is checked first (`wake_verification`) and recorded (AWAKE)
-only when it passes; one that fails is killed. Not looked at: an instance whose lock is held (the
-launcher's own sleep or wake records what it did), one being stopped, and one whose /health fails (its
-liveness check is on it).
+The monitor is the one place the launcher learns of sleeps and wakes asked of an instance's server
+directly (vLLM's own /sleep and /wake_up, which FMA's controllers use), rather than through the
+launcher. The server reports each before it answers (`sleep_reports`, `Monitor.reported`), and the
+sleep-state watch asks its /is_sleeping every liveness interval besides (for what a report missed). A
+sleep is recorded at once (ASLEEP, a SLEEPING event), also one reported before the launcher's own
+/health poll saw the server ready (a client that polls the server's /health itself, as FMA's
+controller does, may sleep it at once: READY is recorded first). A wake is checked first
+(`wake_verification`) and recorded (AWAKE) only when it passes; one that fails is killed. Not looked at:
+an instance whose lock is held (the launcher's own sleep or wake records what it did; the recording of
+the first ready's probe holds it too, but does not stop a look), one being stopped, and one whose
+/health fails (its liveness check is on it).
 
-A read of the launcher (an instance, or the list) asks the watch to look now and waits for that look, at
-most `LOOK_WAIT_S`, so it sees a sleep asked a moment ago. That holds from the server's first answer: a
-client that polls the server's /health itself (FMA's controller does) may put it to sleep before the
-launcher has seen it ready; a read then finds the server answering, waits for the watch to start, and has
-it look. The recording of the post-wake probe at the first ready holds the instance's lock but does not
-stop a look (only the launcher's own sleeps and wakes do). The read itself changes nothing: it neither
-checks a wake nor kills; the watch does, after the read has its answer.
+A read of the launcher (an instance, or the list) returns what was recorded: it neither asks the
+server, nor waits for a look, nor changes anything.
 """
 
 import asyncio
@@ -41,8 +40,6 @@ from .runtimes import Runtime
 from .stopping import Stopper
 from .wake_verification import WakeVerifier
 
-LOOK_WAIT_S = 2.0  # the most a read waits for the look it asked for
-
 
 @dataclass(frozen=True)
 class Supervision:
@@ -55,45 +52,6 @@ class Supervision:
     liveness: LivenessPolicy
 
 
-class LookRequests:
-    """The reads waiting for the next look at one instance's sleep state."""
-
-    def __init__(self) -> None:
-        self.asked = asyncio.Event()
-        self.coming = True  # its watch starts at its first ready, unless the instance stops first
-        self.watching = asyncio.Event()  # set while its watch runs
-        self._waiting: list[asyncio.Future[None]] = []
-
-    @property
-    def watched(self) -> bool:
-        return self.watching.is_set()
-
-    async def watch_started(self) -> None:
-        """Until the watch runs, at most LOOK_WAIT_S."""
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(LOOK_WAIT_S):
-                await self.watching.wait()
-
-    async def wait_for_look(self) -> None:
-        answered = asyncio.get_running_loop().create_future()
-        self._waiting.append(answered)
-        self.asked.set()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(LOOK_WAIT_S):
-                await answered
-
-    def take(self) -> list[asyncio.Future[None]]:
-        """The reads the next look answers."""
-        self.asked.clear()
-        waiting, self._waiting = self._waiting, []
-        return waiting
-
-    def answer(self, waiting: list[asyncio.Future[None]]) -> None:
-        for each in waiting:
-            if not each.done():  # a read that gave up
-                each.set_result(None)
-
-
 class Monitor:
     """One forked instance's watches, and what they know of it besides its phase."""
 
@@ -101,21 +59,16 @@ class Monitor:
         self.instance = instance
         self.runtime = runtime
         self.parts = supervision
-        self.looks = LookRequests()
+        self.look_asked = asyncio.Event()  # by a wake its server reported, which the sleep-state watch checks
         self.health_failing = False  # its last /health probe failed
 
     async def run(self) -> None:
         """The instance's life after the fork: until it is first ready, then its watches until it stops."""
-        try:
-            await self._watch_from_first_ready()
-        finally:
-            self.looks.coming = False  # also where it stopped before its sleep-state watch began
-
-    async def _watch_from_first_ready(self) -> None:
         instance = self.instance
         if not await self.parts.servers.first_health(instance) or not instance.running:
             return  # it stopped first
-        self._on_ready()
+        if instance.phase is Phase.STARTING:  # else a sleep its server reported found it ready first
+            self._on_ready()
         engine = EngineProcesses.find(instance.pid, self.runtime.is_engine_process)
         try:
             async with asyncio.TaskGroup() as watches:
@@ -172,40 +125,29 @@ class Monitor:
             and not self.health_failing
         )
 
-    async def look_now(self) -> None:
-        """For a read: until the watch has looked at the instance's sleep state (at once where it does not look).
-        An instance whose watch is still to come is waited for once its server answers /health."""
-        instance, looks = self.instance, self.looks
-        if (
-            looks.coming
-            and instance.running
-            and not instance.stopping
-            and (instance.ready or await self.parts.servers.health(instance, LOOK_WAIT_S) is None)
-        ):
-            await looks.watch_started()
-        if looks.watched and self._lookable():
-            await looks.wait_for_look()
+    def reported(self, sleeping: bool) -> None:
+        """Its server's word, just before it answers a sleep or a wake, that it sleeps now, or not: a sleep is
+        recorded at once (so the client's next read of the launcher sees it), a wake is left to the sleep-state
+        watch, which checks it first."""
+        instance = self.instance
+        if sleeping and instance.phase is Phase.STARTING and instance.running and not instance.stopping:
+            self._on_ready()  # it answered a sleep, so it is up: before the launcher's own /health poll saw it
+        if not self._lookable() or sleeping == instance.sleeping:
+            return
+        if sleeping:
+            instance.move(Phase.ASLEEP)
+        else:
+            self.look_asked.set()
 
     async def watch_sleep(self) -> None:
-        """Until the instance stops: look every interval, and whenever a read asks."""
-        looks = self.looks
-        looks.coming = False
-        looks.watching.set()
-        try:
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.parts.liveness.health_interval_s):
-                        await looks.asked.wait()
-                waiting = looks.take()
-                try:
-                    woken = await self._look()
-                finally:
-                    looks.answer(waiting)
-                if woken:
-                    await self._verify_wake()
-        finally:
-            looks.watching.clear()
-            looks.answer(looks.take())
+        """Until the instance stops: look every interval, and at once when its server reported a wake."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.parts.liveness.health_interval_s):
+                    await self.look_asked.wait()
+            self.look_asked.clear()
+            if await self._look():
+                await self._verify_wake()
 
     async def _look(self) -> bool:
         """Ask the server; record a sleep it reports. True when it reports a wake, which is still to be checked."""

@@ -5,7 +5,6 @@ import argparse
 import asyncio
 import itertools
 import re
-import socket
 import time
 from collections import deque
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from api.launcher import ErrorReason, EventType, InstanceStatus, StartupTimes, VllmConfig
+from e2e.cluster.ports import free_port
 from e2e.simulation.instances import LedgerLog, simulated_instances
 from launcher import admission, lifecycle
 from launcher.admission import GpuFacts, Held, LauncherFacts, Request
@@ -100,19 +100,12 @@ def test_an_undeclared_transition_is_refused_and_changes_nothing(source: Phase, 
     assert (instance.phase, published) == (source, [])
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def simulated(tmp_path: Path) -> tuple[InstanceManager, LedgerLog]:
     """The launcher's instance manager with the simulation's forker injected (no process behind an instance), and its
     event log."""
     events = LedgerLog(history_size=100)
-    settings = ManagerSettings(host="127.0.0.1", port=_free_port(), state_dir=tmp_path, zygote=False)
+    settings = ManagerSettings(host="127.0.0.1", port=free_port(), state_dir=tmp_path, zygote=False)
     manager = simulated_instances(GpuInventory("no GPUs", naive_loader(0)), LauncherMetrics(), events, settings)
     events.instances = manager.snapshot
     return manager, events
@@ -122,7 +115,7 @@ async def test_a_stop_a_delete_causes_publishes_nothing_and_the_deletion_reports
     simulated: tuple[InstanceManager, LedgerLog],
 ) -> None:
     manager, events = simulated
-    await manager.create(VllmConfig(options=f"--model m --port {_free_port()}"), "a")
+    await manager.create(VllmConfig(options=f"--model m --port {free_port()}"), "a")
     async with asyncio.timeout(NOT_WAITING_S):
         while not manager.get("a").ready:  # noqa: ASYNC110 - the forker's move, polled
             await asyncio.sleep(0.01)
@@ -220,7 +213,7 @@ def _monitor(instance: Instance, server: _Server, verifier: WakeVerifier) -> Mon
     return Monitor(instance, RUNTIME, supervision)
 
 
-async def test_a_read_sees_a_sleep_at_once_but_a_wake_only_once_the_watch_has_checked_it() -> None:
+async def test_a_sleep_the_server_reports_is_recorded_at_once_but_a_wake_only_once_the_watch_has_checked_it() -> None:
     published: Published = []
     instance = _at(Phase.AWAKE, published)
     server = _Server()
@@ -230,16 +223,14 @@ async def test_a_read_sees_a_sleep_at_once_but_a_wake_only_once_the_watch_has_ch
         watch = group.create_task(monitor.watch_sleep())
         await asyncio.sleep(0)
         server.sleeping = True
-        async with asyncio.timeout(1):
-            await monitor.look_now()  # as a read does
+        monitor.reported(True)  # as its server does, before it answers the sleep
         assert (instance.phase, published) == (Phase.ASLEEP, [(EventType.SLEEPING, None)])
         server.sleeping = False
+        monitor.reported(False)
+        assert instance.phase is Phase.ASLEEP, "a wake is not recorded on the server's word"
         async with asyncio.timeout(1):
-            await monitor.look_now()
-            await verifier.started.wait()
-        assert instance.phase is Phase.ASLEEP, "the read returned before the check, which the watch runs"
-        async with asyncio.timeout(NOT_WAITING_S):
-            await monitor.look_now()  # the check holds the instance: a read does not wait for it
+            await verifier.started.wait()  # the watch looked at once, and checks the wake
+        assert instance.phase is Phase.ASLEEP, "until its check passed"
         verifier.passes.set()
         async with asyncio.timeout(1):
             while instance.phase is Phase.ASLEEP:  # noqa: ASYNC110 - the watch's move, polled
@@ -248,36 +239,39 @@ async def test_a_read_sees_a_sleep_at_once_but_a_wake_only_once_the_watch_has_ch
         watch.cancel()
 
 
-async def test_a_read_from_the_servers_first_answer_sees_a_sleep_asked_behind_the_launchers_back() -> None:
+async def test_a_sleep_reported_from_the_servers_first_answer_is_recorded_after_its_ready() -> None:
     """FMA's controller polls a new server's /health itself and may put it to sleep before the launcher has
     seen it ready, and while the launcher records its post-wake probe (the instance's lock held)."""
-    instance = _at(Phase.STARTING, [])
+    published: Published = []
+    instance = _at(Phase.STARTING, published)
     server = _Server()
+    monitor = _monitor(instance, server, _Verifier(server))
+    monitor.reported(True)
+    assert (instance.phase, published) == (Phase.ASLEEP, [(EventType.READY, None), (EventType.SLEEPING, None)])
+    assert instance.startup.total_seconds is not None, "its start-up is timed at the report"
+
+    recorded: Published = []
+    recording = _at(Phase.AWAKE, recorded)
     verifier = _Verifier(server)
-    monitor = _monitor(instance, server, verifier)  # forked: its watch starts at its first ready
-    server.answering = False
-    async with asyncio.timeout(NOT_WAITING_S):
-        await monitor.look_now()  # still loading: nothing to wait for
-    server.answering, server.sleeping = True, True
-    unwatched = _monitor(_at(Phase.AWAKE, []), server, verifier)
-    unwatched.looks.coming = False  # its supervision ended before its watch began: nothing will look
-    async with asyncio.timeout(NOT_WAITING_S):
-        await unwatched.look_now()
+    monitor = _monitor(recording, server, verifier)
     async with asyncio.TaskGroup() as group:
-        read = group.create_task(monitor.look_now())
-        await asyncio.sleep(0.05)
-        assert not read.done(), "the read waits for the watch of a server that answers"
-        instance.move(Phase.AWAKE)  # the launcher's own /health poll
-        recording = group.create_task(verifier.record(instance, RUNTIME))  # holds the instance's lock
+        probe = group.create_task(verifier.record(recording, RUNTIME))  # holds the instance's lock
         await server.probe_asked.wait()
-        watch = group.create_task(monitor.watch_sleep())
-        async with asyncio.timeout(1):
-            await read
-        assert instance.phase is Phase.ASLEEP, "the read saw the sleep"
-        assert instance.lock.locked(), "while the probe was recorded"
+        monitor.reported(True)
+        assert (recording.phase, recorded) == (Phase.ASLEEP, [(EventType.SLEEPING, None)])
+        assert recording.lock.locked(), "while the probe was recorded"
         server.probe_answers.set()
-        await recording
-        watch.cancel()
+        await probe
+
+
+async def test_a_sleep_the_launcher_asked_for_itself_is_recorded_by_the_launcher_not_by_the_report() -> None:
+    published: Published = []
+    instance = _at(Phase.AWAKE, published)
+    server = _Server()
+    monitor = _monitor(instance, server, _Verifier(server))
+    async with instance.lock:  # as the launcher's own sleep holds it, until it moves the instance itself
+        monitor.reported(True)
+        assert (instance.phase, published) == (Phase.AWAKE, [])
 
 
 # The admission plan --------------------------------------------------------------------------------------------

@@ -144,9 +144,6 @@ class SimulatedForker:
         instance.log_path.write_text(f"simulated instance {instance.id}: {shlex.join(instance.argv)}\n")
         spawn(self._come_up(instance))
 
-    async def look_now(self, instance: Instance) -> None:
-        """Nothing looks at a simulated instance's sleep state: only the launcher's own sleeps and wakes change it."""
-
     async def _come_up(self, instance: Instance) -> None:
         await asyncio.sleep(self._delays[instance.id].startup)
         if not instance.running:
