@@ -3,8 +3,7 @@
 
 The launcher's `ProcessForker` forks each server from its runtime's zygote (or from the launcher), learns its exit
 from the reaper and its sleeps from its reports (`sleep_reports`), copies its output to the launcher's stdout and
-supervises it (`monitor`). A simulation injects its
-own `Forker`, whose instances have no process.
+supervises it (`monitor`). A simulation injects its own `Forker`, whose instances have no process.
 """
 
 import asyncio
@@ -51,6 +50,8 @@ class Forked:
 
 
 class Forker(Protocol):
+    """What the instance manager asks of whatever runs its instances' servers."""
+
     def start(self) -> None:
         """Get ready to fork (on the event loop, at the launcher's start, before it serves)."""
 
@@ -60,7 +61,7 @@ class Forker(Protocol):
 
     def supervise(self, instance: Instance, runtime: Runtime, spawn: Spawn) -> None:
         """Watch the started instance (through tasks `spawn` makes) until it stops: at least its move to AWAKE once
-        it is first ready, and to STOPPED when it exits."""
+        it is first ready."""
 
     def stop(self) -> None:
         """Stop forking (at the launcher's shutdown, after which no instance is created)."""
