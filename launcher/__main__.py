@@ -1,11 +1,9 @@
 """`python -m launcher`: preload the model-server runtime, then serve the launcher API."""
 
 import argparse
-import asyncio
 import logging
 import os
 import shutil
-import signal
 import sys
 import tempfile
 import time
@@ -250,11 +248,10 @@ def main(argv: list[str] | None = None, prog: str = "python -m launcher") -> Non
         zygote=args.zygote,
     )
     manager = InstanceManager(runtimes, inventory, metrics, EventLog(args.watch_history), settings)
-    manager.start_zygotes()
     app = build_app(manager, token, dialect)
 
     async def on_start(app: web.Application) -> None:
-        asyncio.get_running_loop().add_signal_handler(signal.SIGCHLD, manager.reaper.reap)
+        manager.start_forker()
         inventory.read_early()
 
     app.on_startup.append(on_start)

@@ -2,7 +2,8 @@
 
 The child is a fresh session (its own process group, so the launcher can stop its whole tree),
 closes what it inherited (the launcher's event loop and sockets, a zygote's control socket), writes
-to its own log file, marks its start-up phases (`startup_phases`), and never returns into the
+to its own log file, marks its start-up phases (`startup_phases`), reports its sleeps and wakes
+(`sleep_reports`), and never returns into the
 launcher's code: it ends with os._exit.
 """
 
@@ -20,7 +21,7 @@ from typing import Any, NoReturn
 
 import setproctitle
 
-from . import process_control, startup_phases
+from . import process_control, sleep_reports, startup_phases
 from .runtimes import Runtime
 
 
@@ -33,13 +34,17 @@ class InstanceSpec:
     log_path: str
     marks_path: str
     title: str
+    sleep_reports: str  # where its server reports whether it sleeps (`sleep_reports`)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> "InstanceSpec":
-        return cls(list(raw["argv"]), dict(raw["env"]), str(raw["log_path"]), str(raw["marks_path"]), str(raw["title"]))
+        return cls(
+            list(raw["argv"]), dict(raw["env"]), str(raw["log_path"]), str(raw["marks_path"]), str(raw["title"]),
+            str(raw["sleep_reports"]),
+        )  # fmt: skip
 
 
 def fork_child(body: Callable[[], None]) -> int:
@@ -102,6 +107,7 @@ def fork_instance(runtime: Runtime, spec: InstanceSpec) -> int:
 def serve_instance(runtime: Runtime, spec: InstanceSpec) -> None:
     """In the forked child, a child of the launcher: become the instance and serve until told to stop."""
     _become_instance(spec, runtime.markers)
+    runtime.report_sleeps(sleep_reports.reporter(spec.sleep_reports))
     runtime.serve(spec.argv)
 
 

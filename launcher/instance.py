@@ -27,9 +27,7 @@ from api.log_format import INSTANCE_FIELD
 
 from . import lifecycle, startup_phases
 from .lifecycle import Phase
-from .liveness import EngineProcesses
 from .process_stats import ProcessTreeStats
-from .sleep_state import LookRequests
 from .wake_check import ProbeAnswer
 
 log = logging.getLogger("launcher.instances")  # the name the launcher's log lines about instances carry
@@ -71,9 +69,6 @@ class Instance:
     sleep_level: int | None = None  # where the launcher put it to sleep; None when it slept behind its back
     exit_code: int | None = None
     stop_reason: StopReason | None = None
-    deleting: bool = False  # a DELETE is removing it
-    engine: EngineProcesses | None = None  # found at the first ready
-    health_failing: bool = False  # its last /health probe failed
     wake_check: WakeCheck = field(default_factory=lambda: WakeCheck(status=WakeCheckStatus.OFF))
     output: "asyncio.Task[None] | None" = None  # copies its log to the launcher's stdout (output_relay)
     probe: ProbeAnswer | None = None  # recorded at its first ready
@@ -81,20 +76,17 @@ class Instance:
     exited: asyncio.Event = field(default_factory=asyncio.Event)  # set by `mark_exited`
     stop_asked: asyncio.Event = field(default_factory=asyncio.Event)  # by a DELETE or the shutdown (`ask_to_stop`)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held by a sleep, a wake and their checks
-    recording_probe: bool = False  # the lock is held only to record the first ready's probe (looks go on)
-    looks: LookRequests = field(default_factory=LookRequests)  # reads asking its sleep state (`sleep_state`)
     _over: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)  # exited, or asked to stop
 
     def move(self, to: Phase, exit_code: int | None = None) -> None:
         """Go to phase `to` (IllegalTransition if the table has no such move) and publish its event."""
-        event = lifecycle.event_of(self.phase, to, self.deleting)
+        event = lifecycle.event_of(self.phase, to)
         if to is Phase.STOPPED:
             self.sleeping_when_stopped = self.phase is Phase.ASLEEP
         elif to is Phase.AWAKE:
             self.sleep_level = None
         self.phase = to
-        if event is not None:
-            self.publish(self, event, exit_code)
+        self.publish(self, event, exit_code)
 
     @property
     def status(self) -> InstanceStatus:

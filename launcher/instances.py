@@ -1,24 +1,19 @@
-"""The launcher's instance manager: it composes the parts of an instance's life and holds the instances.
+"""The launcher's instance manager: a coordinator that holds the instances and runs the API's requests over the
+parts of an instance's life.
 
 - admission (`admission`): whether a create is admitted, and what it starts (a pure plan);
+- the forker (`forking`): starts an admitted instance's server and supervises it (`monitor`: its first
+  ready, its post-wake probe, its liveness, its sleep state); a simulation injects its own;
 - the life cycle (`lifecycle`, `Instance.move`): every phase change is a declared transition that
   publishes its watch event and bumps the manager-wide revision;
-- the client of each instance's own server (`instance_server`): /health, sleep, wake, the probe;
-- the post-wake check (`wake_verification`), the one place sleeps and wakes asked of a server directly
-  are discovered (`sleep_state`), liveness (`liveness`), and stopping (`stopping`).
+- the client of each instance's own server (`instance_server`): sleep, wake; the post-wake check
+  (`wake_verification`), and stopping (`stopping`).
 
 All mutations happen on the event loop, and the checks that guard a create (duplicate IDs, ports) run
 without an await between check and insert, so concurrent requests cannot race past them.
-
-After its fork each instance has one supervising task: it waits for the first ready, then runs the
-instance's concerns in a TaskGroup until the instance stops (recording its probe, its liveness watch,
-its sleep-state watch). A read changes nothing: it sees what the instance's watches recorded.
 """
 
 import asyncio
-import shlex
-import signal
-import tempfile
 import time
 import uuid
 from collections.abc import Coroutine
@@ -33,39 +28,30 @@ from api.launcher import (
     EventType,
     InstanceIds,
     InstanceState,
-    StartupTimes,
     StopReason,
     VllmConfig,
     WakeCheck,
     WakeCheckStatus,
 )
 
-from . import admission, gpu_memory, liveness, output_relay, process_control, startup_phases, validation
+from . import admission, gpu_memory, startup_phases, validation
 from .admission import Admission, GpuFacts, Held, LauncherFacts
 from .dialect import Dialect
 from .engine_defaults import DEFAULT_CPU_KV_CACHE_BYTES
 from .errors import Conflict, NotFound
 from .events import EventLog
-from .fork import InstanceSpec
+from .forking import Forked, Forker, ProcessForker
 from .gpu_usage import gpu_memory_by_pid
 from .gpus import GpuInventory
-from .instance import LOG_FILE, Instance, InstanceExited
+from .instance import Instance
 from .instance_server import InstanceServers
 from .lifecycle import Phase
-from .liveness import EngineProcesses, LivenessPolicy
-from .metrics import LauncherMetrics, ZygoteSample
-from .process_stats import ProcessTreeStats
+from .liveness import LivenessPolicy
+from .metrics import LauncherMetrics
+from .monitor import Supervision
 from .runtimes import Runtime
-from .sleep_state import SleepStates
 from .stopping import Stopper, copied, remove_files
 from .wake_verification import WakeVerifier
-from .zygote import Zygote, Zygotes
-
-# vLLM binds ZMQ IPC sockets named by a 36-character UUID inside TMPDIR, and zmq refuses socket paths
-# near the 107-byte sun_path limit; an instance's TMPDIR therefore lives in a short directory.
-MAX_IPC_PATH_CHARS = 100
-IPC_NAME_CHARS = 36
-TEMP_DIR_PREFIX = "dualpods-"
 
 
 @dataclass(frozen=True)
@@ -96,6 +82,7 @@ class InstanceManager:
         settings: ManagerSettings,
         servers: InstanceServers | None = None,  # a simulation's stand-ins for the instances' servers
         stopper: Stopper | None = None,  # a simulation's, for instances with no process
+        forker: Forker | None = None,  # a simulation's, for instances with no process
     ) -> None:
         self.runtimes = runtimes
         self.gpus = gpus
@@ -103,21 +90,17 @@ class InstanceManager:
         self.settings = settings
         self.host = settings.host
         self.events = events
-        self.reaper = process_control.ChildReaper()
         self.servers = servers or InstanceServers(settings.host, settings.backend_timeout_seconds)
         self.stopper = stopper or Stopper(settings.stop_grace_seconds)
         self.verifier = WakeVerifier(self.servers, self.stopper, metrics)
-        self.sleep_states = SleepStates(self.servers, self.verifier, settings.liveness.health_interval_s)
+        supervision = Supervision(self.servers, self.verifier, self.stopper, metrics, settings.liveness)
+        self.forker = forker or ProcessForker(runtimes, metrics, supervision, self._on_exit, settings.zygote)
         self._instances: dict[str, Instance] = {}
+        self._deleting: set[str] = set()  # the instances a DELETE is removing
         self._tasks: set[asyncio.Task[None]] = set()  # each instance's supervisor and output copy
-        distinct = {id(r): r for r in runtimes.values()}.values() if settings.zygote else ()
-        self.zygotes = Zygotes(Zygote(r, self.reaper, metrics.zygote_restarts.labels(r.name).inc) for r in distinct)
         metrics.count_instances_with(self.count_by_state)
-        metrics.sample_zygotes_with(
-            lambda: [ZygoteSample(z.runtime.name, z.ready, z.memory()) for z in self.zygotes.all]
-        )
 
-    # ----- reading: no read changes an instance
+    # ----- reading: a read returns what was recorded; it asks no server, waits for nothing and changes nothing
 
     def get(self, instance_id: str) -> Instance:
         instance = self._instances.get(instance_id)
@@ -127,14 +110,10 @@ class InstanceManager:
 
     async def state(self, instance_id: str) -> InstanceState:
         instance = self.get(instance_id)
-        await self.sleep_states.look_now(instance)
         return instance.state(detail=True, gpu_usage=await asyncio.to_thread(gpu_memory_by_pid))
 
     async def list_detailed(self) -> AllInstancesState:
         instances = list(self._instances.values())
-        async with asyncio.TaskGroup() as looks:
-            for instance in instances:
-                looks.create_task(self.sleep_states.look_now(instance))
         gpu_usage = await asyncio.to_thread(gpu_memory_by_pid)
         return AllInstancesState(
             revision=self.events.revision,
@@ -168,37 +147,15 @@ class InstanceManager:
         """Check everything that could fail later, then fork; nothing is started for a refused request."""
         admitted = await self._admit(config, instance_id)
         # `_admit` ends with the checks that must not be raced, and nothing awaits from there to the insert.
-        instance_id, runtime, effective, port = admitted.instance_id, admitted.runtime, admitted.argv, admitted.port
-        work_dir = self.settings.state_dir / instance_id
+        work_dir = self.settings.state_dir / admitted.instance_id
         work_dir.mkdir(parents=True, exist_ok=True)
-        temp_dir = _short_temp_dir()
-        child_env = {**runtime.child_environment(), "TMPDIR": str(temp_dir), **admitted.env}
-        spec = InstanceSpec(
-            argv=effective,
-            env=child_env,
-            log_path=str(work_dir / LOG_FILE),
-            marks_path=str(work_dir / startup_phases.MARKS_FILE),
-            title=f"dualpods-instance {instance_id}",
-        )
         started = time.monotonic()
-        pid, forked_by = self.zygotes.fork(runtime, spec)
-        self.metrics.fork_seconds.observe(time.monotonic() - started)
-        self.metrics.forks.labels(runtime.name, forked_by).inc()
-        instance = self._add(admitted, pid, work_dir, temp_dir, started, StartupTimes(forked_by=forked_by))
-        instance.log.info(
-            "created instance %s (pid %d, port %d, forked by the %s): %s; defaults added: %s",
-            instance_id, pid, port, forked_by, shlex.join(effective), admitted.defaults.chosen or "none",
-        )  # fmt: skip
+        instance = self._add(admitted, self.forker.fork(admitted, work_dir), work_dir, started)
         instance.move(Phase.STARTING)
-        self.reaper.watch(pid, lambda code: self._on_exit(instance, code))
-        instance.output = self._spawn(output_relay.follow(instance.log_path, instance.id, instance.exited))
-        instance.looks.coming = True
-        self._spawn(self._supervise(instance, runtime))
+        self.forker.supervise(instance, admitted.runtime, self._spawn)
         return instance.state()
 
-    def _add(
-        self, admitted: Admission, pid: int, work_dir: Path, temp_dir: Path, created_at: float, startup: StartupTimes
-    ) -> Instance:
+    def _add(self, admitted: Admission, forked: Forked, work_dir: Path, created_at: float) -> Instance:
         """The admitted instance, held (not yet announced)."""
         verifies = self.settings.verify_wakes if admitted.config.verify_wakes is None else admitted.config.verify_wakes
         instance = Instance(
@@ -207,15 +164,17 @@ class InstanceManager:
             argv=admitted.argv,
             defaults_applied=admitted.defaults.chosen,
             port=admitted.port,
-            pid=pid,
+            pid=forked.pid,
             work_dir=work_dir,
-            temp_dir=temp_dir,
+            temp_dir=forked.temp_dir,
             created_at=created_at,
-            stats=ProcessTreeStats(pid),
+            stats=forked.stats,
             runtime_name=admitted.runtime.name,
-            startup=startup,
+            startup=forked.startup,
             publish=self._publish,
-            wake_check=WakeCheck(status=WakeCheckStatus.PENDING if verifies else WakeCheckStatus.OFF),
+            wake_check=WakeCheck(
+                status=WakeCheckStatus.PENDING if verifies and forked.checks_wakes else WakeCheckStatus.OFF
+            ),
         )
         self._instances[instance.id] = instance
         return instance
@@ -237,63 +196,6 @@ class InstanceManager:
 
     def _held(self) -> Held:
         return Held(self._instances.keys(), {i.port: i.id for i in self._instances.values() if i.running})
-
-    async def _supervise(self, instance: Instance, runtime: Runtime) -> None:
-        """The instance's life after the fork: until it is first ready, then its watches until it stops."""
-        try:
-            await self._watch_from_first_ready(instance, runtime)
-        finally:
-            instance.looks.coming = False  # also where it stopped before its sleep-state watch began
-
-    async def _watch_from_first_ready(self, instance: Instance, runtime: Runtime) -> None:
-        if not await self.servers.first_health(instance) or not instance.running:
-            return  # it stopped first
-        self._on_ready(instance)
-        engine = EngineProcesses.find(instance.pid, runtime.is_engine_process)
-        try:
-            async with asyncio.TaskGroup() as watches:
-                if instance.wake_check.status is WakeCheckStatus.PENDING:
-                    watches.create_task(self.verifier.record(instance, runtime))
-                if engine is None:
-                    return  # its server is already gone; the reaper reports it
-                instance.engine = engine
-                if engine.engine:
-                    instance.log.info(
-                        "instance %s: watching its engine processes %s", instance.id, ", ".join(engine.titles)
-                    )
-                watches.create_task(self._watch_liveness(instance, engine))
-                watches.create_task(instance.while_running(self.sleep_states.watch(instance, runtime)))
-        except* InstanceExited:
-            pass  # it stopped: its watches are over
-
-    def _on_ready(self, instance: Instance) -> None:
-        ready_at = time.monotonic()
-        elapsed = ready_at - instance.created_at
-        self.metrics.ready_seconds.observe(elapsed)
-        phases = startup_phases.startup_phases(
-            instance.created_at, startup_phases.read_marks(instance.marks_path), ready_at
-        )
-        instance.startup.phases, instance.startup.total_seconds = phases, round(elapsed, 6)
-        for phase, seconds in phases.items():
-            self.metrics.startup_phase_seconds.labels(phase, instance.runtime_name).observe(seconds)
-        instance.log.info(
-            "instance %s is ready after %.2f s: %s", instance.id, elapsed,
-            ", ".join(f"{phase} {seconds:.3f} s" for phase, seconds in phases.items()),
-        )  # fmt: skip
-        instance.move(Phase.AWAKE)
-
-    async def _watch_liveness(self, instance: Instance, engine: EngineProcesses) -> None:
-        verdict = await instance.while_running(
-            liveness.watch(engine, lambda: self._probe_health(instance), self.settings.liveness)
-        )
-        if verdict is not None:
-            self.stopper.kill(instance, verdict)
-
-    async def _probe_health(self, instance: Instance) -> str | None:
-        """One liveness probe of the instance's /health: None when it answered 200, else what went wrong."""
-        problem = await self.servers.health(instance, self.settings.liveness.health_timeout_s)
-        instance.health_failing = problem is not None
-        return problem
 
     # ----- sleeping and waking (E1)
 
@@ -352,19 +254,20 @@ class InstanceManager:
 
     async def delete(self, instance_id: str) -> InstanceState:
         instance = self.get(instance_id)
-        if instance.deleting:
+        if instance_id in self._deleting:
             raise NotFound(f"Instance {instance_id} not found")  # another DELETE is removing it
-        instance.deleting = True
+        self._deleting.add(instance_id)
         await self.stopper.stop(instance)
         del self._instances[instance_id]
         await copied(instance)
         remove_files(instance)
         instance.move(Phase.DELETED)
+        self._deleting.discard(instance_id)
         instance.log.info("deleted instance %s", instance_id)
         return instance.state()
 
     async def delete_all(self) -> DeleteAllResult:
-        ids = [i.id for i in self._instances.values() if not i.deleting]
+        ids = [i for i in self._instances if i not in self._deleting]
         results = await asyncio.gather(*(self.delete(i) for i in ids), return_exceptions=True)
         stopped = [r for r in results if isinstance(r, InstanceState)]
         return DeleteAllResult(stopped_instances=stopped, total_stopped=len(stopped))
@@ -375,24 +278,23 @@ class InstanceManager:
         if instance.stop_reason is None and not instance.stopping:
             instance.stop_reason = StopReason.EXITED
         instance.mark_exited()
-        # The engine core may outlive the server process it belonged to.
-        process_control.signal_group(instance.pid, signal.SIGKILL)
         if instance.stop_reason is not None:
             self.metrics.stops.labels(instance.stop_reason).inc()
-        if not instance.deleting:  # else the DELETE reports it
+        if instance.id not in self._deleting:  # else the DELETE reports it
             instance.log.warning(
                 "instance %s stopped with exit code %d (%s); its log: %s",
                 instance.id, exit_code, instance.stop_reason or "asked to stop", instance.log_path,
             )  # fmt: skip
         instance.move(Phase.STOPPED, exit_code=exit_code)
 
-    def start_zygotes(self) -> None:
-        """Start every runtime's zygote and wait until they are ready (at the launcher's start, before it serves)."""
-        self.zygotes.start()
+    def start_forker(self) -> None:
+        """Get the forker ready (every runtime's zygote started), on the event loop at the launcher's start, before it
+        serves."""
+        self.forker.start()
 
     async def shutdown(self) -> None:
         """Stop every instance and its process tree, and the zygotes; used when the launcher itself stops."""
-        self.zygotes.stop()
+        self.forker.stop()
         instances = list(self._instances.values())
         await asyncio.gather(*(self.stopper.stop(i) for i in instances))
         await asyncio.gather(*(copied(i) for i in instances))
@@ -406,7 +308,9 @@ class InstanceManager:
     # ----- plumbing
 
     def _publish(self, instance: Instance, type_: EventType, exit_code: int | None = None) -> None:
-        if not self.settings.dialect.publishes(type_):
+        """Publish an instance's move; not the stop a DELETE causes, which the DELETED event reports (as FMA's
+        launcher does)."""
+        if not self.settings.dialect.publishes(type_) or (type_ is EventType.STOPPED and instance.id in self._deleting):
             return
         instance.revision = self.events.next_revision()
         self.events.publish(type_, instance.state(), exit_code)
@@ -417,11 +321,3 @@ class InstanceManager:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
-
-
-def _short_temp_dir() -> Path:
-    root = tempfile.gettempdir()
-    # mkdtemp adds 8 random characters to the prefix.
-    if len(root) + len(TEMP_DIR_PREFIX) + 8 + IPC_NAME_CHARS + 2 > MAX_IPC_PATH_CHARS:
-        root = "/tmp"
-    return Path(tempfile.mkdtemp(prefix=TEMP_DIR_PREFIX, dir=root))

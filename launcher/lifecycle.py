@@ -5,8 +5,8 @@ an instance's `ready`, `sleeping` and `status` are what its phase says, never a 
 disagree. The wire format is the launcher's API's (`api.launcher`): the phase itself is not on it.
 docs/architecture.md draws the table (`mermaid`).
 
-A stop a DELETE causes publishes nothing: the DELETED event that follows reports it (as FMA's launcher
-does).
+A stop a DELETE causes is not published: the DELETED event that follows reports it (as FMA's launcher
+does); the instance manager, which runs the DELETE, holds that event back.
 """
 
 from collections.abc import Mapping
@@ -44,12 +44,12 @@ class IllegalTransition(Exception):
     """A move the table does not declare: a bug in the launcher, never a client's error."""
 
 
-def event_of(current: Phase, to: Phase, deleting: bool = False) -> EventType | None:
-    """The event the move `current` → `to` publishes; None for a stop a DELETE causes (`deleting`)."""
+def event_of(current: Phase, to: Phase) -> EventType:
+    """The event the move `current` → `to` publishes."""
     event = TRANSITIONS.get((current, to))
     if event is None:
         raise IllegalTransition(f"an instance cannot go from {current} to {to}")
-    return None if deleting and event is EventType.STOPPED else event
+    return event
 
 
 def status_of(phase: Phase) -> InstanceStatus:

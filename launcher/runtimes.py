@@ -18,6 +18,7 @@ import logging
 import os
 import sys
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -79,6 +80,14 @@ class Runtime(ABC):
     @abstractmethod
     def serve(self, argv: list[str]) -> None:
         """Run the model server in the forked child until it is told to stop."""
+
+    def report_sleeps(self, report: Callable[[bool], None]) -> None:
+        """In the forked child, before `serve`: have the server call `report` with whether it sleeps after each
+        sleep and wake asked of it, before it answers (`sleep_reports`). This one: a server on vLLM's surface
+        (`api.vllm_surface`), as the stand-in and the transformers runtime are."""
+        from api.vllm_surface import app as surface
+
+        surface.on_sleep_change(report)
 
     def check(self, values: argparse.Namespace) -> None:  # noqa: B027 - most runtimes need none
         """Cross-option checks the parser alone cannot do; raise ValueError/TypeError."""
@@ -322,6 +331,24 @@ class VllmRuntime(Runtime):
         vllm_startup.keep_logging_in_forked_engines()
         sys.argv = ["vllm serve", *argv]
         entry.main()
+
+    def report_sleeps(self, report: Callable[[bool], None]) -> None:
+        """vLLM's /sleep and /wake_up await its engine client's `sleep` and `wake_up` (`AsyncLLM`, in the server's
+        process), then answer: what the engine core says right after each is reported first."""
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        sleep, wake_up = AsyncLLM.sleep, AsyncLLM.wake_up
+
+        async def reported_sleep(engine: AsyncLLM, *args: Any, **kwargs: Any) -> None:
+            await sleep(engine, *args, **kwargs)
+            report(await engine.is_sleeping())
+
+        async def reported_wake_up(engine: AsyncLLM, *args: Any, **kwargs: Any) -> bool:
+            awake: bool = await wake_up(engine, *args, **kwargs)
+            report(await engine.is_sleeping())
+            return awake
+
+        AsyncLLM.sleep, AsyncLLM.wake_up = reported_sleep, reported_wake_up
 
 
 class TransformersRuntime(KnownArgsRuntime):

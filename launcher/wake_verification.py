@@ -26,6 +26,11 @@ class WakeVerifier:
         self.servers = servers
         self.stopper = stopper
         self.metrics = metrics
+        # Instances whose lock is held only to record the first ready's probe: their sleep-state looks go on.
+        self._recording: set[str] = set()
+
+    def recording(self, instance: Instance) -> bool:
+        return instance.id in self._recording
 
     async def record(self, instance: Instance, runtime: Runtime, locked: bool = False) -> None:
         """Record the instance's answer to the probe, once it is ready (not before: a runtime's first completion
@@ -35,11 +40,12 @@ class WakeVerifier:
         started = time.monotonic()
         try:
             async with contextlib.nullcontext() if locked else instance.lock:
-                instance.recording_probe = not locked
+                if not locked:
+                    self._recording.add(instance.id)
                 try:
                     answer = await self.servers.ask_probe(instance, wake_check.PROBE_PROMPT, runtime.probe_logprobs)
                 finally:
-                    instance.recording_probe = False
+                    self._recording.discard(instance.id)
         except InstanceExited:
             return
         except wake_check.ProbeError as err:

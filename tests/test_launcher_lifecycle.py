@@ -12,18 +12,24 @@ from pathlib import Path
 import pytest
 
 from api.launcher import ErrorReason, EventType, InstanceStatus, StartupTimes, VllmConfig
+from e2e.cluster.ports import free_port
+from e2e.simulation.instances import LedgerLog, simulated_instances
 from launcher import admission, lifecycle
 from launcher.admission import GpuFacts, Held, LauncherFacts, Request
 from launcher.engine_defaults import GIB, EngineDefaults, GpuMemory, Machine, vllm_defaults
 from launcher.errors import BadRequest, Conflict, InvalidOptions
+from launcher.gpus import GpuInventory, naive_loader
 from launcher.instance import Instance
 from launcher.instance_server import InstanceServers
+from launcher.instances import InstanceManager, ManagerSettings
 from launcher.lifecycle import TRANSITIONS, IllegalTransition, Phase
+from launcher.liveness import LivenessPolicy
 from launcher.metrics import LauncherMetrics
+from launcher.monitor import Monitor, Supervision
 from launcher.process_stats import ProcessTreeStats
 from launcher.runtimes import ParsedOptions, Runtime
-from launcher.sleep_state import SleepStates
 from launcher.stopping import Stopper
+from launcher.wake_check import ProbeAnswer
 from launcher.wake_verification import WakeVerifier
 
 # The life cycle ------------------------------------------------------------------------------------------------
@@ -94,13 +100,28 @@ def test_an_undeclared_transition_is_refused_and_changes_nothing(source: Phase, 
     assert (instance.phase, published) == (source, [])
 
 
-def test_a_stop_a_delete_causes_publishes_nothing_and_the_deletion_reports_it() -> None:
-    published: Published = []
-    instance = _at(Phase.AWAKE, published)
-    instance.deleting = True
-    instance.move(Phase.STOPPED, exit_code=0)
-    instance.move(Phase.DELETED)
-    assert published == [(EventType.DELETED, None)]
+@pytest.fixture
+def simulated(tmp_path: Path) -> tuple[InstanceManager, LedgerLog]:
+    """The launcher's instance manager with the simulation's forker injected (no process behind an instance), and its
+    event log."""
+    events = LedgerLog(history_size=100)
+    settings = ManagerSettings(host="127.0.0.1", port=free_port(), state_dir=tmp_path, zygote=False)
+    manager = simulated_instances(GpuInventory("no GPUs", naive_loader(0)), LauncherMetrics(), events, settings)
+    events.instances = manager.snapshot
+    return manager, events
+
+
+async def test_a_stop_a_delete_causes_publishes_nothing_and_the_deletion_reports_it(
+    simulated: tuple[InstanceManager, LedgerLog],
+) -> None:
+    manager, events = simulated
+    await manager.create(VllmConfig(options=f"--model m --port {free_port()}"), "a")
+    async with asyncio.timeout(NOT_WAITING_S):
+        while not manager.get("a").ready:  # noqa: ASYNC110 - the forker's move, polled
+            await asyncio.sleep(0.01)
+    deleted = await manager.delete("a")
+    assert [entry.event for entry in events.ledger] == [EventType.CREATED, EventType.READY, EventType.DELETED]
+    assert (deleted.status, deleted.exit_code) == (InstanceStatus.STOPPED, 0)
 
 
 @pytest.mark.parametrize(
@@ -152,12 +173,18 @@ def test_the_architecture_drawing_is_the_transition_table() -> None:
 
 
 class _Server(InstanceServers):
-    """An instance's server that says whether it sleeps as the test sets it."""
+    """An instance's server that says whether it sleeps as the test sets it, and answers the probe when it lets it."""
 
     def __init__(self) -> None:
         super().__init__("127.0.0.1", backend_timeout_seconds=1)
         self.sleeping = False
         self.answering = True
+        self.probe_asked, self.probe_answers = asyncio.Event(), asyncio.Event()
+
+    async def ask_probe(self, instance: Instance, prompt: str | list[int], logprobs: bool) -> ProbeAnswer:
+        self.probe_asked.set()
+        await self.probe_answers.wait()
+        return ProbeAnswer(prompt_token_ids=[1], token_ids=[2])
 
     async def is_sleeping(self, instance: Instance) -> bool | None:
         return self.sleeping
@@ -178,26 +205,32 @@ class _Verifier(WakeVerifier):
         await self.passes.wait()
 
 
-async def test_a_read_sees_a_sleep_at_once_but_a_wake_only_once_the_watch_has_checked_it() -> None:
+def _monitor(instance: Instance, server: _Server, verifier: WakeVerifier) -> Monitor:
+    """The instance's monitor, whose sleep-state watch looks only when a read asks (its interval is a minute)."""
+    supervision = Supervision(
+        server, verifier, verifier.stopper, verifier.metrics, LivenessPolicy(health_interval_s=60)
+    )
+    return Monitor(instance, RUNTIME, supervision)
+
+
+async def test_a_sleep_the_server_reports_is_recorded_at_once_but_a_wake_only_once_the_watch_has_checked_it() -> None:
     published: Published = []
     instance = _at(Phase.AWAKE, published)
     server = _Server()
     verifier = _Verifier(server)
-    states = SleepStates(server, verifier, interval_s=60)  # only reads make it look
+    monitor = _monitor(instance, server, verifier)
     async with asyncio.TaskGroup() as group:
-        watch = group.create_task(states.watch(instance, RUNTIME))
+        watch = group.create_task(monitor.watch_sleep())
         await asyncio.sleep(0)
         server.sleeping = True
-        async with asyncio.timeout(1):
-            await states.look_now(instance)  # as a read does
+        monitor.reported(True)  # as its server does, before it answers the sleep
         assert (instance.phase, published) == (Phase.ASLEEP, [(EventType.SLEEPING, None)])
         server.sleeping = False
+        monitor.reported(False)
+        assert instance.phase is Phase.ASLEEP, "a wake is not recorded on the server's word"
         async with asyncio.timeout(1):
-            await states.look_now(instance)
-            await verifier.started.wait()
-        assert instance.phase is Phase.ASLEEP, "the read returned before the check, which the watch runs"
-        async with asyncio.timeout(NOT_WAITING_S):
-            await states.look_now(instance)  # the check holds the instance: a read does not wait for it
+            await verifier.started.wait()  # the watch looked at once, and checks the wake
+        assert instance.phase is Phase.ASLEEP, "until its check passed"
         verifier.passes.set()
         async with asyncio.timeout(1):
             while instance.phase is Phase.ASLEEP:  # noqa: ASYNC110 - the watch's move, polled
@@ -206,32 +239,39 @@ async def test_a_read_sees_a_sleep_at_once_but_a_wake_only_once_the_watch_has_ch
         watch.cancel()
 
 
-async def test_a_read_from_the_servers_first_answer_sees_a_sleep_asked_behind_the_launchers_back() -> None:
+async def test_a_sleep_reported_from_the_servers_first_answer_is_recorded_after_its_ready() -> None:
     """FMA's controller polls a new server's /health itself and may put it to sleep before the launcher has
     seen it ready, and while the launcher records its post-wake probe (the instance's lock held)."""
-    instance = _at(Phase.STARTING, [])
-    instance.looks.coming = True  # forked: its watch starts at its first ready
+    published: Published = []
+    instance = _at(Phase.STARTING, published)
     server = _Server()
-    states = SleepStates(server, _Verifier(server), interval_s=60)  # only reads make it look
-    server.answering = False
-    async with asyncio.timeout(NOT_WAITING_S):
-        await states.look_now(instance)  # still loading: nothing to wait for
-    server.answering, server.sleeping = True, True
-    unwatched = _at(Phase.AWAKE, [])  # as a simulated launcher's: no server, no watch
-    async with asyncio.timeout(NOT_WAITING_S):
-        await states.look_now(unwatched)
+    monitor = _monitor(instance, server, _Verifier(server))
+    monitor.reported(True)
+    assert (instance.phase, published) == (Phase.ASLEEP, [(EventType.READY, None), (EventType.SLEEPING, None)])
+    assert instance.startup.total_seconds is not None, "its start-up is timed at the report"
+
+    recorded: Published = []
+    recording = _at(Phase.AWAKE, recorded)
+    verifier = _Verifier(server)
+    monitor = _monitor(recording, server, verifier)
     async with asyncio.TaskGroup() as group:
-        read = group.create_task(states.look_now(instance))
-        await asyncio.sleep(0.05)
-        assert not read.done(), "the read waits for the watch of a server that answers"
-        instance.move(Phase.AWAKE)  # the launcher's own /health poll
-        async with instance.lock:
-            instance.recording_probe = True
-            watch = group.create_task(states.watch(instance, RUNTIME))
-            async with asyncio.timeout(1):
-                await read
-            assert instance.phase is Phase.ASLEEP, "the read saw the sleep"
-        watch.cancel()
+        probe = group.create_task(verifier.record(recording, RUNTIME))  # holds the instance's lock
+        await server.probe_asked.wait()
+        monitor.reported(True)
+        assert (recording.phase, recorded) == (Phase.ASLEEP, [(EventType.SLEEPING, None)])
+        assert recording.lock.locked(), "while the probe was recorded"
+        server.probe_answers.set()
+        await probe
+
+
+async def test_a_sleep_the_launcher_asked_for_itself_is_recorded_by_the_launcher_not_by_the_report() -> None:
+    published: Published = []
+    instance = _at(Phase.AWAKE, published)
+    server = _Server()
+    monitor = _monitor(instance, server, _Verifier(server))
+    async with instance.lock:  # as the launcher's own sleep holds it, until it moves the instance itself
+        monitor.reported(True)
+        assert (instance.phase, published) == (Phase.AWAKE, [])
 
 
 # The admission plan --------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ bodies are the engine's to check: each runtime takes its own (`Engine.answer`).
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -155,6 +155,20 @@ async def _metrics(request: web.Request) -> web.Response:
 
 # Sleep and wake ------------------------------------------------------------------------------------
 
+SleepListener = Callable[[bool], None]
+# Told whether the engine sleeps after each sleep and wake, before it is answered: the launcher that forked this
+# server learns of a sleep asked of it directly before its client can ask the launcher (`launcher.sleep_reports`).
+_sleep_listeners: list[SleepListener] = []
+
+
+def on_sleep_change(listener: SleepListener) -> None:
+    _sleep_listeners.append(listener)
+
+
+def _sleep_changed(engine: Engine) -> None:
+    for listener in _sleep_listeners:
+        listener(engine.is_sleeping)
+
 
 @documented(Operation("vLLM's dev-mode sleep", {200: Reply("asleep", Content(SleepReply)), 400: BAD_REQUEST},
                       query=SleepQuery, tags=("sleep",)))  # fmt: skip
@@ -168,6 +182,7 @@ async def _sleep(request: web.Request) -> web.Response:
     if mode is None:
         raise ApiError(400, f"mode must be abort or wait, got {raw_mode!r}; keep is not supported here.", "query.mode")
     await request.app[ENGINE].sleep(level, mode)
+    _sleep_changed(request.app[ENGINE])
     return web.json_response(SleepReply(level=level).model_dump())
 
 
@@ -178,6 +193,7 @@ async def _wake_up(request: web.Request) -> web.Response:
     if tags is not None and (unknown := set(tags) - WAKE_TAGS):
         raise ApiError(400, f"unknown tags {sorted(unknown)}; the tags are {sorted(WAKE_TAGS)}.", "query.tags")
     awake = await request.app[ENGINE].wake_up(tags)
+    _sleep_changed(request.app[ENGINE])
     return web.json_response(WakeReply(status="awake" if awake else "sleeping", tags=tags).model_dump())
 
 

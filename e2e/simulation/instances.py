@@ -1,7 +1,7 @@
 """The instances of a simulated launcher: the launcher's own instance manager, with no process behind
-an instance.
+an instance (its forker, `SimulatedForker`, starts none).
 
-Real (inherited from `launcher.instances.InstanceManager`): every check of a create (IDs, body sizes,
+Real (`launcher.instances.InstanceManager`): every check of a create (IDs, body sizes,
 options through the stand-in's vLLM-compatible parser, the launcher's address and port, ports taken by
 other instances, GPU UUIDs through the node's gpu-map), the revisions, boot ID and watch events, sleep and
 wake with their errors (NotReady, NotRunning), deletion, listings and metrics. Simulated: instead of a
@@ -16,20 +16,14 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from api import keys
-from api.launcher import (
-    EventType,
-    InstanceState,
-    InstanceStatus,
-    ProcessStats,
-    StartupTimes,
-    VllmConfig,
-    WakeCheck,
-    WakeCheckStatus,
-)  # fmt: skip
+from api.launcher import EventType, InstanceState, InstanceStatus, ProcessStats, StartupTimes
 from e2e.simulation.protocol import LedgerEntry
+from launcher.admission import Admission
 from launcher.events import EventLog
+from launcher.forking import Forked, Spawn
 from launcher.gpus import GpuInventory
 from launcher.instance import Instance
 from launcher.instance_server import InstanceServers
@@ -127,31 +121,28 @@ class _SimulatedStopper(Stopper):
         raise AssertionError(f"simulated instance {instance.id} has no process to signal")
 
 
-class SimulatedInstances(InstanceManager):
-    def __init__(
-        self, gpus: GpuInventory, metrics: LauncherMetrics, events: EventLog, settings: ManagerSettings
-    ) -> None:
-        self._delays: dict[str, Delays] = {}
-        super().__init__(
-            _runtimes(), gpus, metrics, events, settings,
-            servers=_SimulatedServers(settings, self._delays), stopper=_SimulatedStopper(self._delays),
-        )  # fmt: skip
+class SimulatedForker:
+    """Starts no process: an instance becomes ready after its startup delay."""
 
-    async def create(self, config: VllmConfig, instance_id: str | None = None) -> InstanceState:
-        admitted = await self._admit(config, instance_id)
-        # No await from the end of `_admit` to the insert: its last checks cannot be raced.
-        work_dir = self.settings.state_dir / admitted.instance_id
-        startup = StartupTimes(forked_by="simulation")
-        instance = self._add(admitted, NO_PROCESS, work_dir, work_dir, time.monotonic(), startup)
-        instance.stats = _NoProcess()
-        instance.wake_check = WakeCheck(status=WakeCheckStatus.OFF)
+    def __init__(self, metrics: LauncherMetrics, delays: dict[str, Delays]) -> None:
+        self.metrics = metrics
+        self._delays = delays
+
+    def start(self) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def fork(self, admitted: Admission, work_dir: Path) -> Forked:
         values = admitted.parsed.values
-        self._delays[instance.id] = Delays(values.startup_delay, values.sleep_delay, values.wake_delay)
-        work_dir.mkdir(parents=True, exist_ok=True)
+        self._delays[admitted.instance_id] = Delays(values.startup_delay, values.sleep_delay, values.wake_delay)
+        startup = StartupTimes(forked_by="simulation")
+        return Forked(NO_PROCESS, work_dir, _NoProcess(), startup, checks_wakes=False)
+
+    def supervise(self, instance: Instance, runtime: Runtime, spawn: Spawn) -> None:
         instance.log_path.write_text(f"simulated instance {instance.id}: {shlex.join(instance.argv)}\n")
-        instance.move(Phase.STARTING)
-        self._spawn(self._come_up(instance))
-        return instance.state()
+        spawn(self._come_up(instance))
 
     async def _come_up(self, instance: Instance) -> None:
         await asyncio.sleep(self._delays[instance.id].startup)
@@ -159,3 +150,14 @@ class SimulatedInstances(InstanceManager):
             return
         self.metrics.ready_seconds.observe(time.monotonic() - instance.created_at)
         instance.move(Phase.AWAKE)
+
+
+def simulated_instances(
+    gpus: GpuInventory, metrics: LauncherMetrics, events: EventLog, settings: ManagerSettings
+) -> InstanceManager:
+    """The launcher's instance manager over instances with no process."""
+    delays: dict[str, Delays] = {}
+    return InstanceManager(
+        _runtimes(), gpus, metrics, events, settings, servers=_SimulatedServers(settings, delays),
+        stopper=_SimulatedStopper(delays), forker=SimulatedForker(metrics, delays),
+    )  # fmt: skip

@@ -18,12 +18,12 @@ from aiohttp import web
 
 from api.keys import GPU_MAP_CONFIGMAP
 from e2e.simulation.container import SimulatedContainer, StartFailure, abort_connections, exits_as_failure
-from e2e.simulation.instances import LedgerLog, SimulatedInstances
+from e2e.simulation.instances import LedgerLog, simulated_instances
 from e2e.simulation.protocol import KILLED, ContainerSpec, LauncherReport
 from launcher.__main__ import parse_args, read_token
 from launcher.app import build_app
 from launcher.gpus import GpuInventory, GpuMap, Loader, gpu_map_entry, naive_loader
-from launcher.instances import ManagerSettings
+from launcher.instances import InstanceManager, ManagerSettings
 from launcher.metrics import LauncherMetrics
 from requester.spi_auth import SERVICE_ACCOUNT_DIR
 
@@ -41,7 +41,7 @@ def _trusting(ca_pem: str) -> ssl.SSLContext:
 class LauncherContainer(SimulatedContainer):
     def __init__(self, spec: ContainerSpec, state_dir: Path) -> None:
         super().__init__(spec, state_dir)
-        self.manager: SimulatedInstances | None = None
+        self.manager: InstanceManager | None = None
         self.ledger: LedgerLog | None = None
         self._runner: web.AppRunner | None = None
 
@@ -66,7 +66,7 @@ class LauncherContainer(SimulatedContainer):
         inventory = self._inventory(args.mock_gpus or args.mock_gpu_count)
         inventory.read_early()
         self.ledger = LedgerLog(args.watch_history)
-        self.manager = SimulatedInstances(inventory, LauncherMetrics(), self.ledger, settings)
+        self.manager = simulated_instances(inventory, LauncherMetrics(), self.ledger, settings)
         self.ledger.instances = self.manager.snapshot
         self._runner = web.AppRunner(
             build_app(self.manager, token), access_log=None, shutdown_timeout=SHUTDOWN_TIMEOUT_S
