@@ -27,10 +27,10 @@ from api.token_file import TokenFile
 from controller.dualpods.drains import DEFAULT_TIMEOUT_S
 from controller.dualpods.phases import LAUNCHER_START_BUDGET
 from controller.endpoint import serve_metrics
-from controller.gc_thresholds import tune_for_caches
-from controller.kube import DEFAULT_BURST, DEFAULT_QPS, ApiLimits, api_client
 from controller.launcher_token import ensure_launcher_token
-from controller.leader import LeaderElection, LostLeadership
+from kube.client import DEFAULT_BURST, DEFAULT_QPS, ApiLimits, api_client
+from kube.gc_thresholds import tune_for_caches
+from kube.leader import LeaderElection, LostLeadership
 
 if TYPE_CHECKING:
     from controller.dualpods.requester_tokens import RequesterTokens

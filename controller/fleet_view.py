@@ -24,7 +24,7 @@ from controller import pods
 from controller.dualpods.gpu_map import gpu_locations
 from controller.dualpods.identity import instance_id, runtime_of
 from controller.dualpods.placement.choice import decided
-from controller.informer import Obj
+from kube.informer import Obj
 
 NO_GPU = "-"  # the row of an instance that uses no GPU (a CPU launcher)
 BUSY = (SummaryState.SERVING, SummaryState.LOADING)

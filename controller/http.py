@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 from prometheus_client import Histogram
 
-from controller.passclock import waiting
+from kube.passclock import waiting
 
 log = logging.getLogger(__name__)
 

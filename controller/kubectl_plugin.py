@@ -18,7 +18,7 @@ from api import keys, version
 from api.crds import GROUP, VERSION, InferenceServerConfig
 from controller import pods
 from controller.fleet_view import as_json, as_table, fleet_status
-from controller.informer import Obj
+from kube.informer import Obj
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -24,7 +24,7 @@ from api.launcher import (
 )
 from api.token_file import TokenFile
 from controller.http import HttpCaller, HttpError, Purpose, Reply
-from controller.listwatch import Expired, lines
+from kube.listwatch import Expired, lines
 
 
 def launcher_url(pod_ip: str) -> str:

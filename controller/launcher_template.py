@@ -23,8 +23,8 @@ from typing import Any, Final
 
 from api import keys
 from api.crds import API_VERSION, LauncherConfig
-from controller import gojson
 from controller.pod_hashing import deindividualize, go_hash
+from gocompat import gojson
 
 Pod = dict[str, Any]
 

@@ -1,7 +1,7 @@
 """What every launcher holds, kept current by its watch stream (E2: no polling), for both controllers.
 
 Each launcher Pod with an address gets a view, fed by the controllers' one list/watch loop
-(controller.listwatch): the launcher's instances are listed, then `/v2/vllm/instances/watch?since=N` is
+(kube.listwatch): the launcher's instances are listed, then `/v2/vllm/instances/watch?since=N` is
 followed. A broken stream resumes from the last revision; the launcher's epoch (E14) decides when that is
 not enough and the instances are listed again: a new boot ID in the list or in any event, a 410 answer
 to `since` (a launcher that restarted does not hold our revision), a stream silent past its heartbeat,
@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from api.launcher import AllInstancesState, EventType, InstanceState, InstanceStatus, WatchEvent
-from controller.listwatch import Backoff, Expired, list_and_watch
+from kube.backoff import Backoff
+from kube.listwatch import Expired, list_and_watch
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +153,7 @@ def _comparable(states: dict[str, InstanceState]) -> dict[str, InstanceState]:
 
 
 class _LauncherFeed:
-    """One launcher's list and watch, for controller.listwatch."""
+    """One launcher's list and watch, for kube.listwatch."""
 
     def __init__(self, views: "LauncherViews", launcher: str, view: LauncherView) -> None:
         self.name = f"launcher {launcher} at {view.pod_ip}"

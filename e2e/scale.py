@@ -44,8 +44,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api import keys
 from controller import pods
-from controller.gc_thresholds import tune_for_caches
-from controller.informer import LAST_APPLIED, Informer
 from e2e.chart import DUAL_PODS, POPULATOR
 from e2e.cluster.cluster import LoopbackCluster, default_nodes
 from e2e.dra import DRA_NODES, allow_admin_access, create_claim_template
@@ -54,6 +52,8 @@ from e2e.fixtures import fresh_namespace
 from e2e.kubelet.config import GpuMode
 from e2e.profiles import Profile, Summary
 from e2e.simulation.protocol import Report, Role
+from kube.gc_thresholds import tune_for_caches
+from kube.informer import LAST_APPLIED, Informer
 
 LAUNCHER_CONFIG = "scale"
 # On DRA Nodes: a launcher sees every GPU of its Node through an admin-access claim, a requester gets one GPU.

@@ -12,11 +12,11 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
 from controller.dualpods.writer import FIELD_MANAGER, PodWriter, set_annotation, set_finalizer, set_label
-from controller.informer import LAST_APPLIED, Informer, Obj
-from controller.kube import ApiLimits, api_client
-from controller.leader import LeaderElection, LostLeadership
 from e2e.cluster.cluster import LoopbackCluster
 from e2e.waiting import wait_for, wait_pod_gone
+from kube.client import ApiLimits, api_client
+from kube.informer import LAST_APPLIED, Informer, Obj
+from kube.leader import LeaderElection, LostLeadership
 
 
 def configmap(name: str, **labels: str) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from e2e.kubelet.images import DEFAULT_IMAGE_MAP, REPO_ROOT, ImageEntry, ImageMa
 from e2e.kubelet.objects import ObjectWatches
 from e2e.kubelet.pod_worker import PodWorker
 from e2e.kubelet.status import ContainerStatus, Terminated, now
-from e2e.kubelet.supervisor import Backoff
+from e2e.kubelet.supervisor import CrashLoopBackoff
 from e2e.kubelet.sync import PodDecoder
 from e2e.kubelet.volumes import Mount
 from e2e.waiting import cancel_while_waiting, wait_for
@@ -180,7 +180,7 @@ def test_address_blocks_are_loopback_and_distinct(tmp_path: Path) -> None:
 
 
 def test_backoff_restarts_at_once_then_doubles_to_a_cap() -> None:
-    backoff = Backoff(0.5, 2.0)
+    backoff = CrashLoopBackoff(0.5, 2.0)
     assert [backoff.next() for _ in range(5)] == [0.0, 0.5, 1.0, 2.0, 2.0]
     backoff.reset()
     assert backoff.next() == 0.0

@@ -11,7 +11,7 @@ SITE = sysconfig.get_paths()["purelib"]
 
 def test_samples_are_charged_to_the_running_frame_and_to_our_callers() -> None:
     loop = f"run_forever ({STDLIB}/asyncio/base_events.py)"
-    worker = f"worker ({REPO_ROOT}/controller/workqueue.py)"
+    worker = f"worker ({REPO_ROOT}/kube/workqueue.py)"
     reconcile = f"reconcile ({REPO_ROOT}/controller/dualpods/reconcile.py)"
     write = f"update ({REPO_ROOT}/controller/dualpods/writer.py)"
     decode = f"raw_decode ({STDLIB}/json/decoder.py)"

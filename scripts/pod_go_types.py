@@ -1,4 +1,4 @@
-"""Write controller/pod_go_types.json, the Go struct layout of a Kubernetes Pod as k8s.io/api declares it:
+"""Write gocompat/pod_go_types.json, the Go struct layout of a Kubernetes Pod as k8s.io/api declares it:
 `.venv/bin/python -m scripts.pod_go_types SRC` (`--check` only compares).
 
 FMA hashes Pods by marshalling them with Go's encoding/json, whose output follows the Go types: fields in
@@ -22,7 +22,7 @@ from typing import Any, Final
 
 from scripts.generated_file import write_or_check
 
-OUT: Final = Path(__file__).resolve().parents[1] / "controller" / "pod_go_types.json"
+OUT: Final = Path(__file__).resolve().parents[1] / "gocompat" / "pod_go_types.json"
 VERSION: Final = "v0.34.10"
 PACKAGES: Final = {
     "core": "k8s.io/api/core/v1",

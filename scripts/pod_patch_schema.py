@@ -1,4 +1,4 @@
-"""Write controller/pod_patch_schema.json, the slice of Kubernetes' OpenAPI that a strategic merge patch over a Pod
+"""Write gocompat/pod_patch_schema.json, the slice of Kubernetes' OpenAPI that a strategic merge patch over a Pod
 needs: `.venv/bin/python -m scripts.pod_patch_schema` (`--check` only compares).
 
 The controller applies FMA's `server-patch` annotations with these definitions, so its image must carry them; the full
@@ -15,7 +15,7 @@ from typing import Any, Final
 from api.crdgen import KUBERNETES_SCHEMA_VERSION, kubernetes_definitions
 from scripts.generated_file import write_or_check
 
-OUT: Final = Path(__file__).resolve().parents[1] / "controller" / "pod_patch_schema.json"
+OUT: Final = Path(__file__).resolve().parents[1] / "gocompat" / "pod_patch_schema.json"
 ROOT: Final = "io.k8s.api.core.v1.Pod"
 KEPT: Final = (
     "type",

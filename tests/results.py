@@ -1,6 +1,6 @@
-"""Reading a reconcile pass's Result (controller/workqueue.py) in tests."""
+"""Reading a reconcile pass's Result (kube/workqueue.py) in tests."""
 
-from controller.workqueue import Problem, Result, Wait
+from kube.workqueue import Problem, Result, Wait
 
 
 def backs_off(result: Result) -> bool:

@@ -8,7 +8,7 @@ import pytest
 
 from controller.dualpods.memory import Memory
 from controller.dualpods.writer import merge_patch, metadata_patch
-from controller.informer import LAST_APPLIED, Informer, decode, trim
+from kube.informer import LAST_APPLIED, Informer, decode, trim
 
 
 def _pod() -> dict[str, object]:

@@ -15,8 +15,8 @@ from api.launcher import InstanceState
 from controller import pods
 from controller.dualpods.copies import LauncherFacts
 from controller.dualpods.drain_plan import INSTANCE_REWARMED_FROM, plan
-from controller.informer import Obj
-from controller.workqueue import DONE
+from kube.informer import Obj
+from kube.workqueue import DONE
 from tests.results import again
 from tests.test_dualpods_fakes import (
     GPU0,

@@ -16,8 +16,8 @@ from controller.dualpods.controller import ISC as ISC_KEY
 from controller.dualpods.controller import ISC_STATUS, REQUESTER
 from controller.dualpods.direct import GPU, NOMINAL
 from controller.dualpods.phases import Phase
-from controller.informer import Obj
 from controller.launcher_views import LauncherView
+from kube.informer import Obj
 from tests.test_dualpods_fakes import (
     GPU0,
     GPU1,

@@ -16,7 +16,7 @@ from controller.dualpods.gpu_map import GpuMapError, gpu_indices
 from controller.dualpods.nominal import NominalError, gpu_keys, nominal_provider, server_port
 from controller.dualpods.passes import Options
 from controller.http import HttpError, Reply
-from controller.informer import Obj
+from kube.informer import Obj
 from tests.results import backs_off, terminal
 from tests.test_dualpods_fakes import (
     GPU0,

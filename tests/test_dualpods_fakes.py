@@ -47,10 +47,10 @@ from controller.dualpods.routing import from_isc
 from controller.dualpods.snapshot import observe
 from controller.dualpods.writer import FIELD_MANAGER, set_binding
 from controller.http import HttpError, Reply
-from controller.informer import Informer, Obj, object_key
 from controller.launcher_template import node_independent_pod, pod_for_node
 from controller.launcher_views import ChangeListener, LauncherView, ListedListener
-from controller.workqueue import Result
+from kube.informer import Informer, Obj, object_key
+from kube.workqueue import Result
 from tests.phase_transitions import RECORDER
 
 NS = "ns"

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from controller.dualpods.metrics import DualPodsMetrics, Purpose
 from controller.dualpods.provider_client import ProviderClient
 from controller.http import HttpCaller
-from controller.workqueue import WorkQueue
+from kube.workqueue import WorkQueue
 from tests.test_requester_proxy import HOST, serving
 
 # FMA 0.6's dual-pods controller metrics (pkg/controller/dual-pods/controller.go), as Prometheus exposes them.

@@ -21,7 +21,7 @@ from controller.dualpods import phases
 from controller.dualpods.passes import Options
 from controller.dualpods.phases import ROW, ROWS, Phase, Unclassified, classify, edges, mermaid
 from controller.dualpods.snapshot import UNBIND_PATIENCE_S, Snapshot, observe
-from controller.informer import Obj
+from kube.informer import Obj
 from scripts import phase_diagram
 from tests.phase_transitions import RECORDER, TransitionRecorder, UndeclaredTransition
 from tests.test_dualpods_fakes import (

@@ -29,9 +29,9 @@ from controller.dualpods.release import RELEASE_POLL_S
 from controller.dualpods.requester_client import RequesterError
 from controller.dualpods.requester_steps import SPI_STARTUP_RETRY_S
 from controller.http import HttpError, Reply
-from controller.informer import Obj
 from controller.pods import annotations, binding, labels
-from controller.workqueue import DONE, Problem
+from kube.informer import Obj
+from kube.workqueue import DONE, Problem
 from tests.results import again, backs_off, terminal
 from tests.test_dualpods_fakes import (
     GPU0,

@@ -1,4 +1,4 @@
-"""The one object logger (controller/events.py): what a controller says about an object is a log line at the
+"""The one object logger (kube/events.py): what a controller says about an object is a log line at the
 level its Event type asks for, within the running pass's context, and an Event on the object."""
 
 import io
@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from api import log_format
-from controller import events
-from controller.workqueue import pass_context
+from kube import events
+from kube.workqueue import pass_context
 
 LAUNCHER_POD = {"kind": "Pod", "metadata": {"name": "launcher-1", "namespace": "ns"}}
 POLICY = {"kind": "LauncherPopulationPolicy", "metadata": {"name": "policy-1", "namespace": "ns"}}

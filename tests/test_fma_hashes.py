@@ -17,12 +17,12 @@ from api import keys
 from api.crdgen import kubernetes_definitions
 from api.crds import InferenceServerConfig, LauncherConfig
 from api.quantity import canonical_quantity
-from controller import gojson, goyaml
 from controller.dualpods.identity import fma_model_server_config, instance_id
 from controller.dualpods.nominal import base_pod, nominal_provider
-from controller.go_template import render_server_patch
 from controller.launcher_template import launcher_config_hash, node_independent_pod
-from controller.strategic_merge import apply_strategic_merge_patch, pod_schema
+from gocompat import gojson, goyaml
+from gocompat.go_template import render_server_patch
+from gocompat.strategic_merge import apply_strategic_merge_patch, pod_schema
 
 VECTORS: dict[str, Any] = json.loads((Path(__file__).parent / "fma_hash_vectors.json").read_text())
 

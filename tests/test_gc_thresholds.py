@@ -11,7 +11,7 @@ import pytest
 # two-object cycles left as garbage (as exceptions with their tracebacks are).
 GROWTH = """
 import gc, json, sys
-from controller.gc_thresholds import tune_for_caches
+from kube.gc_thresholds import tune_for_caches
 
 class Model:  # as kubernetes-asyncio's models: class instances, which the collector tracks
     def __init__(self, name, spec):

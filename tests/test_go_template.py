@@ -6,14 +6,14 @@ from typing import Any, Final
 
 import pytest
 
-from controller.go_template import (
+from gocompat.go_template import (
+    GoTemplateError,
     PatchYAMLError,
-    TemplateError,
     load_patch_yaml,
     render_server_patch,
     render_template,
 )
-from controller.strategic_merge import apply_strategic_merge_patch, pod_schema
+from gocompat.strategic_merge import apply_strategic_merge_patch, pod_schema
 from tests.test_strategic_merge import POD, as_go_json, kubectl_patch
 
 DATA: Final = {"NodeName": "node-1", "LocalVolume": "pvc-node-1"}
@@ -47,12 +47,12 @@ def test_values_are_inserted_as_they_are() -> None:
 @pytest.mark.parametrize("source", ["{{ .Nope }}", "line\nline\n  {{ .LocalVolume }}"])
 def test_missing_key_is_an_error_naming_it(source: str) -> None:
     key = source.rpartition(".")[2].strip(" }")
-    with pytest.raises(TemplateError, match=f"no value for key '{key}'"):
+    with pytest.raises(GoTemplateError, match=f"no value for key '{key}'"):
         render_template(source, {"NodeName": "n"})
 
 
 def test_missing_key_error_gives_the_line() -> None:
-    with pytest.raises(TemplateError, match="line 3"):
+    with pytest.raises(GoTemplateError, match="line 3"):
         render_template("a\nb\n{{ .LocalVolume }}", {"NodeName": "n"})
 
 
@@ -82,7 +82,7 @@ def test_empty_local_volume_renders_as_fma_does() -> None:
     ],
 )
 def test_unsupported_constructs_are_refused(source: str) -> None:
-    with pytest.raises(TemplateError, match="unsupported template construct"):
+    with pytest.raises(GoTemplateError, match="unsupported template construct"):
         render_template(source, DATA)
 
 
@@ -95,7 +95,7 @@ def test_unsupported_constructs_are_refused(source: str) -> None:
     ],
 )
 def test_malformed_templates_are_refused(source: str, message: str) -> None:
-    with pytest.raises(TemplateError, match=message):
+    with pytest.raises(GoTemplateError, match=message):
         render_template(source, DATA)
 
 
@@ -232,5 +232,5 @@ def test_annotation_to_pod_matches_kubectl(annotation: str) -> None:
 
 
 def test_annotation_with_unknown_key_fails_before_yaml() -> None:
-    with pytest.raises(TemplateError, match="'Node'"):
+    with pytest.raises(GoTemplateError, match="'Node'"):
         render_server_patch("spec: {nodeName: {{ .Node }}}", DATA)

@@ -15,7 +15,7 @@ from api.launcher import InstanceState
 from api.launcher_summary import MAX_INSTANCES, SummaryState, model_name, summarize
 from controller import pods
 from controller.fleet_view import as_json, as_table, fleet_status
-from controller.informer import Obj
+from kube.informer import Obj
 from tests.test_dualpods_fakes import (
     GPU0,
     GPU1,

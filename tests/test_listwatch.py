@@ -1,4 +1,4 @@
-"""The controllers' one list/watch loop (controller/listwatch.py), through its two users: the launcher views
+"""The controllers' one list/watch loop (kube/listwatch.py), through its two users: the launcher views
 (against a small fake launcher HTTP server, real sockets on 127.0.0.1) and the informer (against a fake
 API-server list/watch endpoint). A fake server stands in for the launcher and the API server here because
 these tests need to send what they cannot be made to send on demand: an event over 1 MiB, a process
@@ -28,10 +28,10 @@ from api.launcher import (
 )
 from controller import launcher_client
 from controller.http import HttpCaller
-from controller.informer import Informer
 from controller.launcher_client import LauncherClient
 from controller.launcher_views import LauncherView, LauncherViews
 from e2e.waiting import wait_for
+from kube.informer import Informer
 
 BIG = 1_200_000  # bytes of one env value: an event well over 1 MiB (aiohttp's own line reader stops at 512 KiB)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from controller.dualpods.metrics import DualPodsMetrics
-from controller.kube import ApiMetrics
-from controller.passclock import own_seconds_histogram
 from controller.populator.metrics import LauncherPodCount
+from kube.client import ApiMetrics
+from kube.passclock import own_seconds_histogram
 from launcher.metrics import LauncherMetrics
 from requester.metrics import RequesterMetrics
 from transformers_runtime.metrics import Metrics as RuntimeMetrics

@@ -27,7 +27,7 @@ from scripts.build_cache import ensure_built
 from scripts.images import catalogue, wheelhouse
 from tests.imports import imported, module_file, modules_under
 
-SHIPPED = ("api", "controller", "launcher", "requester", "standin", "transformers_runtime")
+SHIPPED = ("api", "gocompat", "kube", "controller", "launcher", "requester", "standin", "transformers_runtime")
 NOT_SHIPPED = ("tests", "e2e", "scripts", "bench")
 
 

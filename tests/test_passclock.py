@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from prometheus_client import CollectorRegistry
 
-from controller import passclock
-from controller.passclock import own_seconds_histogram, timed, timed_pass, waiting
+from kube import passclock
+from kube.passclock import own_seconds_histogram, timed, timed_pass, waiting
 
 
 class MovedClock:

@@ -29,8 +29,8 @@ from controller.dualpods.placement.claim_templates import derive, derived_name
 from controller.dualpods.placement.fleet import RESERVED_S, Reservations
 from controller.dualpods.placement.webhook import Registration
 from controller.fleet_view import as_table, fleet_status
-from controller.informer import Obj
 from controller.launcher_template import node_independent_pod, pod_for_node
+from kube.informer import Obj
 from tests.test_dualpods_fakes import (
     GPU0,
     GPU1,

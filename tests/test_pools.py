@@ -14,7 +14,7 @@ from controller.dualpods.pools.filling import Filling, Verdict
 from controller.dualpods.pools.plan import NodeFacts, PoolPlan, plan_pool
 from controller.dualpods.selection import Candidate, plan_for
 from controller.dualpods.sleepers import first_to_go
-from controller.informer import Obj
+from kube.informer import Obj
 from tests.test_dualpods_fakes import GPU0, GPU1, ISC, inst, isc_obj, lc_obj, wanted_id
 
 NODE_A, NODE_B = "node-a", "node-b"

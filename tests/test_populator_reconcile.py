@@ -23,7 +23,7 @@ from controller.populator.refusals import (
     refusal_of,
 )
 from controller.populator.warmth import Warmth
-from controller.workqueue import DONE
+from kube.workqueue import DONE
 from tests.results import again, backs_off
 from tests.test_populator_fakes import (
     CONFIG,

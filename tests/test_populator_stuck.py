@@ -8,7 +8,7 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
-from controller.workqueue import DONE
+from kube.workqueue import DONE
 from tests.results import again
 from tests.test_populator_fakes import KEY, NOW, THRESHOLDS, FakeCluster, current_hash, digest_for, launcher, reconciler
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from controller.ratelimit import TokenBucket
+from kube.ratelimit import TokenBucket
 
 
 class StillClock:

@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import pytest
 
-from controller.strategic_merge import (
+from gocompat.strategic_merge import (
     StrategicMergePatchError,
     apply_strategic_merge_patch,
     pod_schema,
@@ -503,7 +503,7 @@ def test_random_list_patch_matches_kubectl(seed: int) -> None:
 
 def test_the_pod_patch_schema_is_current() -> None:
     assert POD_PATCH_SCHEMA_FILE.read_text() == render_pod_patch_schema(), (
-        "controller/pod_patch_schema.json is out of date: run `python -m scripts.pod_patch_schema`"
+        "gocompat/pod_patch_schema.json is out of date: run `python -m scripts.pod_patch_schema`"
     )
 
 
@@ -511,7 +511,7 @@ def test_the_controller_needs_no_development_package_for_the_schema() -> None:
     """The controller image installs only the runtime dependencies: merging must not reach kubernetes-validate."""
     check = (
         "import sys; sys.modules['kubernetes_validate'] = None; "  # as if not installed: importing it fails
-        "import controller.dualpods.controller, controller.strategic_merge as m; m.pod_schema(); "
+        "import controller.dualpods.controller, gocompat.strategic_merge as m; m.pod_schema(); "
         "assert 'api.crdgen' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", check], check=True, timeout=60)

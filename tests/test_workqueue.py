@@ -10,7 +10,7 @@ import pytest
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import log_format
-from controller.workqueue import DONE, Problem, Result, Wait, WorkQueue, run_workers
+from kube.workqueue import DONE, Problem, Result, Wait, WorkQueue, run_workers
 
 
 async def test_a_key_added_twice_while_waiting_is_processed_once() -> None:

@@ -12,8 +12,8 @@ from api.launcher import AllInstancesState, InstanceState, VllmConfig
 from controller import pods
 from controller.dualpods.devices import Device
 from controller.dualpods.placement.claim_templates import ClaimTemplates
-from controller.events import EventSink
 from controller.status_writer import StatusWrites
+from kube.events import EventSink
 
 
 class PodWrites(Protocol):

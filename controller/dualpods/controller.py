@@ -46,17 +46,17 @@ from controller.dualpods.requester_client import RequesterClient
 from controller.dualpods.requester_tokens import RequesterTokens
 from controller.dualpods.snapshot import BOUND_TO, Caches
 from controller.dualpods.writer import PodWriter
-from controller.events import EventRecorder
 from controller.http import http_caller
-from controller.informer import Informer, Obj
 from controller.instance_probe import InstanceProbe
-from controller.kube import custom_objects
 from controller.launcher_client import LauncherClient
 from controller.launcher_template import node_independent_pod
 from controller.launcher_views import LauncherView, LauncherViews, ViewSource
-from controller.passclock import timed
 from controller.status_writer import StatusWriter
-from controller.workqueue import DONE, Problem, Result, WorkQueue, run_workers
+from kube.client import custom_objects
+from kube.events import EventRecorder
+from kube.informer import Informer, Obj
+from kube.passclock import timed
+from kube.workqueue import DONE, Problem, Result, WorkQueue, run_workers
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from controller.dualpods.outcomes import DONE, Problem, StepResult
 from controller.dualpods.passes import Pass
 from controller.dualpods.writer import set_binding, set_label
 from controller.http import HttpError
-from controller.kube import refusal
+from kube.client import refusal
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from api import keys, launcher_summary
 from api.crds import InferenceServerConfig, LauncherConfig
 from api.log_format import LAUNCHER_FIELD
-from controller import events, pods
+from controller import pods
 from controller.dualpods.collaborators import Clients
 from controller.dualpods.copies import CARRY_OUT_FAILURES, LauncherFacts, carry_out, launcher_ip
 from controller.dualpods.drain_plan import plan, sleeping
@@ -33,10 +33,11 @@ from controller.dualpods.gpu_map import gpu_locations
 from controller.dualpods.launcher_summaries import SETTLE_S, summary_text
 from controller.dualpods.snapshot import Caches, parse
 from controller.dualpods.writer import set_annotation, set_label
-from controller.events import EventType
-from controller.informer import Obj
 from controller.launcher_views import LauncherView, ViewSource
-from controller.workqueue import DONE, Problem, Result, Wait, WorkQueue, pass_context, run_workers
+from kube import events
+from kube.events import EventType
+from kube.informer import Obj
+from kube.workqueue import DONE, Problem, Result, Wait, WorkQueue, pass_context, run_workers
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ the ID a valid label value.
 For a vLLM instance without LoRA the ID is FMA's, byte for byte, so that instances FMA's controller
 created are found and woken here after a migration (and the other way round): `I` + base64url (unpadded)
 of SHA-256 over the YAML that Go's `sigs.k8s.io/yaml.Marshal` writes for the `modelServerConfig` (FMA's
-five fields, empty ones left out; see `controller.goyaml`), then `;gpus=` and the GPU UUIDs joined by
+five fields, empty ones left out; see `gocompat.goyaml`), then `;gpus=` and the GPU UUIDs joined by
 commas, + `i`. Our extensions append `;runtime=<runtime>` (not vLLM) and `;lora` after the YAML, so
 they never collide with an FMA ID.
 """
@@ -22,8 +22,8 @@ from typing import Any
 from api import keys
 from api.crds import InferenceServerConfig, LauncherConfig
 from api.launcher import VllmConfig
-from controller import goyaml
 from controller.dualpods.memory_budget import gpu_sleeper_reserve
+from gocompat import goyaml
 
 VLLM = "vllm"
 TRANSFORMERS = "transformers"

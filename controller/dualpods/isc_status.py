@@ -24,8 +24,8 @@ from controller.dualpods.identity import runtime_of
 from controller.dualpods.pools.filling import Filling, Verdict
 from controller.dualpods.routing import from_isc, problems
 from controller.dualpods.snapshot import Caches, Parsed, parse
-from controller.informer import Obj
 from controller.launcher_template import TemplateError, node_independent_pod
+from kube.informer import Obj
 
 REQUESTERS_BY_ISC = "requesters-by-isc"  # pod index: ISC name -> the requesters naming it
 LAUNCHERS_BY_SUMMARY_ISC = "launchers-by-summary-isc"  # pod index: ISC name -> launchers holding an instance of it

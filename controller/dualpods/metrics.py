@@ -12,7 +12,7 @@ from enum import StrEnum
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from controller.http import Purpose
-from controller.passclock import own_seconds_histogram
+from kube.passclock import own_seconds_histogram
 
 __all__ = ["BudgetAction", "DualPodsMetrics", "Purpose"]
 

@@ -8,7 +8,7 @@ fields dropped, an empty status, no TypeMeta: FMA's informer clears it), and the
 a strategic merge patch. The hash covers the result, the GPU indices and the node, so any requester of a set that
 lands on the same GPUs of the same node asks for the same server, and can wake the one another requester left
 asleep. It is FMA's, byte for byte: base64 (standard alphabet, unpadded) of SHA-256 over Go's `json.Marshal` of
-the merged Pod as a generic map (keys sorted, numbers as float64, HTML characters escaped; see `controller.gojson`),
+the merged Pod as a generic map (keys sorted, numbers as float64, HTML characters escaped; see `gocompat.gojson`),
 then `;gpus=<indices joined by commas>;node=<node>`.
 """
 
@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from api import keys
-from controller import gojson, pods
-from controller.go_template import PatchYAMLError, TemplateError, render_server_patch
+from controller import pods
 from controller.pod_hashing import deindividualize, go_hash
-from controller.strategic_merge import StrategicMergePatchError, apply_strategic_merge_patch, pod_schema
+from gocompat import gojson
+from gocompat.go_template import GoTemplateError, PatchYAMLError, render_server_patch
+from gocompat.strategic_merge import StrategicMergePatchError, apply_strategic_merge_patch, pod_schema
 
 CUDA_VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"
 
@@ -40,7 +41,7 @@ def nominal_provider(requester: pods.Pod, node: str, indices: list[str], gpus: l
     try:
         patch = render_server_patch(source, {"NodeName": node, "LocalVolume": ""})
         pod = apply_strategic_merge_patch(base_pod(requester), patch, pod_schema())
-    except (TemplateError, PatchYAMLError, StrategicMergePatchError) as err:
+    except (GoTemplateError, PatchYAMLError, StrategicMergePatchError) as err:
         raise NominalError(f"the server patch: {err}") from None
     except gojson.GoTypeError as err:
         raise NominalError(f"the requester is not a Pod as Go reads one: {err}") from None

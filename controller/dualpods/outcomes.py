@@ -1,4 +1,4 @@
-"""What a step returns: the work queue's `Result` (controller/workqueue.py), read as a phase's step reads it.
+"""What a step returns: the work queue's `Result` (kube/workqueue.py), read as a phase's step reads it.
 Exceptions are left for the unexpected; a pass treats those it expects (a launcher or an API server that does
 not answer, a conflict) as transient: a back-off.
 
@@ -17,7 +17,7 @@ an Event once it has stood `seconds` (and, for failures, `retries` failed passes
 
 from dataclasses import dataclass
 
-from controller.workqueue import DONE, Done, Problem, Result, Wait, sooner
+from kube.workqueue import DONE, Done, Problem, Result, Wait, sooner
 
 __all__ = ["DONE", "Done", "Problem", "StepResult", "TimeBudget", "Wait", "sooner"]
 

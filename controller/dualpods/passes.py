@@ -10,15 +10,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api import keys
-from controller import events, pods
+from controller import pods
 from controller.dualpods.collaborators import Clients
 from controller.dualpods.memory import Memory, Relayed
 from controller.dualpods.metrics import DualPodsMetrics
 from controller.dualpods.outcomes import DONE, Done, Wait
 from controller.dualpods.snapshot import BoundNow, Caches, Snapshot
 from controller.dualpods.status import RequesterWants, desired_requester
-from controller.events import EventType
 from controller.launcher_views import ViewSource
+from kube import events
+from kube.events import EventType
 
 log = logging.getLogger(__name__)
 

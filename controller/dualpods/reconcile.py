@@ -39,8 +39,8 @@ from controller.dualpods.requester_client import RequesterError
 from controller.dualpods.snapshot import observe, parse
 from controller.dualpods.status import Ending, Outcome, new_errors
 from controller.http import HttpError
-from controller.kube import refusal
-from controller.workqueue import API_FAILURES, Result, pass_context
+from kube.client import refusal
+from kube.workqueue import API_FAILURES, Result, pass_context
 
 log = logging.getLogger(__name__)
 

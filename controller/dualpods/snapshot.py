@@ -23,8 +23,8 @@ from api.launcher import InstanceState, InstanceStatus, StopReason
 from controller import pods
 from controller.dualpods.routing import committed_routing
 from controller.dualpods.writer import set_annotation, set_finalizer, set_label
-from controller.informer import Informer, Obj
 from controller.launcher_views import LauncherView, ViewSource
+from kube.informer import Informer, Obj
 
 T = TypeVar("T")
 C = TypeVar("C", bound=CustomResource)

@@ -17,7 +17,7 @@ from api import keys
 from controller import pods
 from controller.dualpods.snapshot import BoundNow, Snapshot, own_metadata, settled
 from controller.dualpods.writer import set_annotation, set_finalizer, set_label
-from controller.workqueue import DONE, Result
+from kube.workqueue import DONE, Result
 
 
 def status_json(errors: list[str]) -> str:

@@ -26,8 +26,8 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
 from controller import pods
-from controller.informer import decode
-from controller.kube import answer_of
+from kube.client import answer_of
+from kube.informer import decode
 
 log = logging.getLogger(__name__)
 

@@ -12,11 +12,11 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
-from controller import events
-from controller.events import EventSink
-from controller.informer import decode
 from controller.launcher_template import Pod
 from controller.populator.key import LauncherKey, selector
+from kube import events
+from kube.events import EventSink
+from kube.informer import decode
 
 log = logging.getLogger(__name__)
 

@@ -25,16 +25,12 @@ from prometheus_client import CollectorRegistry
 from api import keys, launcher_summary
 from api.crds import LauncherConfig, LauncherPopulationPolicy
 from api.token_file import TokenFile
-from controller import events, pods
-from controller.events import EventRecorder
+from controller import pods
 from controller.http import http_caller
-from controller.informer import Informer, Obj
 from controller.instance_probe import InstanceProbe
-from controller.kube import custom_objects
 from controller.launcher_client import LauncherClient
 from controller.launcher_template import Pod
 from controller.launcher_views import LauncherViews, ViewSource
-from controller.passclock import own_seconds_histogram, timed
 from controller.populator.digest import Digest, digest_config, digest_policy
 from controller.populator.expectations import PendingExpectations
 from controller.populator.key import LauncherKey, key_fields, launcher_key, selector
@@ -47,7 +43,12 @@ from controller.populator.refusals import Refusal
 from controller.populator.status import config_status, policy_status
 from controller.populator.warmth import Warmth
 from controller.status_writer import StatusWriter
-from controller.workqueue import DONE, Result, WorkQueue, run_workers
+from kube import events
+from kube.client import custom_objects
+from kube.events import EventRecorder
+from kube.informer import Informer, Obj
+from kube.passclock import own_seconds_histogram, timed
+from kube.workqueue import DONE, Result, WorkQueue, run_workers
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from controller.populator.phases import Thresholds, phase_of, tally, template_ha
 from controller.populator.refusals import Refusal, refusal_of
 from controller.populator.stuck import report_stuck
 from controller.populator.warmth import Warmth, loss
-from controller.workqueue import DONE, Problem, Result, Wait, pass_context, sooner
+from kube.workqueue import DONE, Problem, Result, Wait, pass_context, sooner
 
 log = logging.getLogger(__name__)
 

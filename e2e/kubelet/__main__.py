@@ -5,9 +5,9 @@ import asyncio
 import logging
 from pathlib import Path
 
-from controller.gc_thresholds import tune_for_caches
 from e2e.kubelet.config import KubeletConfig
 from e2e.kubelet.kubelet import Kubelet
+from kube.gc_thresholds import tune_for_caches
 
 
 def main() -> None:

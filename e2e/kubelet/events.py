@@ -5,9 +5,9 @@ import uuid
 
 from kubernetes_asyncio import client
 
-from controller.kube import answer_of
 from e2e.kubelet.apierrors import API_ERRORS, describe
 from e2e.kubelet.status import now, timestamp
+from kube.client import answer_of
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,6 @@ from aiohttp import web
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from controller.kube import ApiLimits, LimitedApiClient
 from e2e.kubelet import oci
 from e2e.kubelet.addresses import AddressBlock, SubnetCarver
 from e2e.kubelet.agent import NodeAgent
@@ -20,6 +19,7 @@ from e2e.kubelet.control import ConflictError, NodeInfo, NotFoundError, control_
 from e2e.kubelet.gpumap import publish_gpu_map
 from e2e.kubelet.images import ImageMap
 from e2e.kubelet.simulation import Simulations
+from kube.client import ApiLimits, LimitedApiClient
 
 log = logging.getLogger(__name__)
 

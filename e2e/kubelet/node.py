@@ -9,11 +9,11 @@ from typing import Any
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from controller.kube import answer_of
 from e2e.kubelet.apierrors import API_ERRORS, describe
 from e2e.kubelet.config import NodeConfig
 from e2e.kubelet.gpus import RESOURCE
 from e2e.kubelet.status import now, timestamp
+from kube.client import answer_of
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from kubernetes_asyncio import client
 
-from controller.informer import Informer, Obj
 from e2e.kubelet.env import Fetch
+from kube.informer import Informer, Obj
 
 FIRST_LIST_S = 10.0  # a read waits this long for its watch's first list, then fails (and is retried)
 

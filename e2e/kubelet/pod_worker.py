@@ -16,8 +16,6 @@ from pathlib import Path
 from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
-from controller.kube import answer_of
-from controller.listwatch import Backoff
 from e2e.kubelet import dra
 from e2e.kubelet.apierrors import API_ERRORS, describe
 from e2e.kubelet.env import ContainerConfigError, PodFields
@@ -26,6 +24,8 @@ from e2e.kubelet.runtime import NodeRuntime
 from e2e.kubelet.status import PodState, now, pod_status
 from e2e.kubelet.supervisor import ContainerSupervisor, PodEnvironment
 from e2e.kubelet.volumes import VolumeError, materialize
+from kube.backoff import Backoff
+from kube.client import answer_of
 
 log = logging.getLogger(__name__)
 # Failures to configure a container that a later try may not meet (a Secret may appear, the API server return).

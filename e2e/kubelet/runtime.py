@@ -4,7 +4,6 @@ from dataclasses import dataclass
 
 from kubernetes_asyncio import client
 
-from controller.kube import answer_of
 from e2e.kubelet.addresses import AddressBlock
 from e2e.kubelet.config import GpuMode, KubeletConfig
 from e2e.kubelet.events import EventRecorder
@@ -12,6 +11,7 @@ from e2e.kubelet.gpus import GpuAllocator
 from e2e.kubelet.images import ImageMap
 from e2e.kubelet.objects import ObjectWatches
 from e2e.kubelet.simulation import Simulations
+from kube.client import answer_of
 
 
 @dataclass(frozen=True)

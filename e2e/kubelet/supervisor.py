@@ -56,9 +56,9 @@ class Container(Protocol):
 Starter = Callable[[Path], Awaitable[Container]]
 
 
-class Backoff:
+class CrashLoopBackoff:
     """Container restarts (the kubelet's CrashLoopBackOff): the first at once, then `initial` seconds, doubling up
-    to `maximum`. Unlike the API retries' back-off (controller.listwatch.Backoff), it starts at zero and has no
+    to `maximum`. Unlike the API retries' back-off (kube.backoff.Backoff), it starts at zero and has no
     jitter: the delay is the one the CrashLoopBackOff message reports."""
 
     def __init__(self, initial: float, maximum: float) -> None:
@@ -233,7 +233,7 @@ class ContainerSupervisor:
 
     async def run(self) -> None:
         """Returns when the container is done for good (per restart policy), or is cancelled by `stop`."""
-        backoff = Backoff(
+        backoff = CrashLoopBackoff(
             self._runtime.config.restart_backoff_initial_seconds, self._runtime.config.restart_backoff_max_seconds
         )
         while not self._stopping:

@@ -1,6 +1,6 @@
 """The pod sync of one Node: the Pods bound to it, kept by the controllers' informer, each handed to its PodWorker.
 
-The informer (controller.informer) lists and watches `spec.nodeName=<node>` with the controllers' back-off
+The informer (kube.informer) lists and watches `spec.nodeName=<node>` with the controllers' back-off
 and relists after an expired resource version, telling every difference, so no Pod is missed.
 """
 
@@ -10,10 +10,10 @@ from typing import Any
 
 from kubernetes_asyncio import client
 
-from controller.informer import Informer, Obj
 from e2e.kubelet.models import from_json
 from e2e.kubelet.pod_worker import PodWorker
 from e2e.kubelet.runtime import NodeRuntime
+from kube.informer import Informer, Obj
 
 log = logging.getLogger(__name__)
 

@@ -14,9 +14,9 @@ from typing import get_args
 
 from aiohttp import web
 
-from controller.gc_thresholds import tune_for_caches
 from e2e.simulation.control import Simulation, control_app
 from e2e.simulation.protocol import Role
+from kube.gc_thresholds import tune_for_caches
 
 
 async def serve(role: Role, url_file: Path, state_dir: Path) -> None:

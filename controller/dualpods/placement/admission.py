@@ -27,8 +27,8 @@ from controller.dualpods.identity import runtime_of
 from controller.dualpods.placement.choice import SCORED_IN_FULL, Decision, Result, choose, gpus_asked, opted_in, patch
 from controller.dualpods.placement.claim_templates import ClaimTemplates
 from controller.dualpods.placement.fleet import FleetReader, Reservations
-from controller.informer import Obj
 from controller.launcher_template import TemplateError, node_independent_pod
+from kube.informer import Obj
 
 log = logging.getLogger(__name__)
 

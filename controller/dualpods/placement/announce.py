@@ -6,10 +6,11 @@ its creation (a restarted controller does not repeat what its predecessor said).
 
 import time
 
-from controller import events, pods
+from controller import pods
 from controller.dualpods.placement.choice import Result, decided
-from controller.events import EventSink, EventType
-from controller.informer import Informer
+from kube import events
+from kube.events import EventSink, EventType
+from kube.informer import Informer
 
 ANNOUNCE_WITHIN_S = 60.0
 

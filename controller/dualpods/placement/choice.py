@@ -18,7 +18,7 @@ from enum import StrEnum
 
 from api import keys
 from controller import pods
-from controller.informer import Obj
+from kube.informer import Obj
 
 PREFERENCE_WEIGHT = 100  # the most a preferred scheduling term can weigh
 # kube-scheduler scores every feasible Node only in a fleet of fewer than this many (minFeasibleNodesToFind in its

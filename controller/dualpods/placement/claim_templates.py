@@ -25,7 +25,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from api import keys
-from controller.informer import Obj
+from kube.informer import Obj
 
 log = logging.getLogger(__name__)
 

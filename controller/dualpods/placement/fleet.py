@@ -27,9 +27,9 @@ from controller.dualpods.identity import instance_id
 from controller.dualpods.isc_status import LAUNCHERS_BY_SUMMARY_ISC
 from controller.dualpods.placement.choice import Cost, Spot, decided, gpus_asked, may_run_on
 from controller.dualpods.snapshot import Caches
-from controller.informer import Obj
 from controller.launcher_template import launcher_config_hash
 from controller.launcher_views import ViewSource
+from kube.informer import Obj
 
 LAUNCHERS_ON_NODE = "launchers-on-node"  # pod index: node -> its launchers
 REQUESTERS_ON_NODE = "requesters-on-node"  # pod index: node -> its requesters

@@ -32,7 +32,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from controller.dualpods.placement.admission import BadReview, Placement
 from controller.dualpods.placement.choice import OPTED_IN_CONDITION
-from controller.informer import Obj
+from kube.informer import Obj
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from api import keys
 from api.crds import InferenceServerConfig, LauncherConfig
 from api.log_format import ISC_FIELD
-from controller import events, pods
+from controller import pods
 from controller.dualpods.collaborators import Clients
 from controller.dualpods.copies import CARRY_OUT_FAILURES, LauncherFacts, carry_out, launcher_ip
 from controller.dualpods.identity import runtime_of
@@ -30,10 +30,11 @@ from controller.dualpods.pools.plan import NodeFacts, PoolPlan, plan_pool
 from controller.dualpods.reconcile import LAUNCHERS
 from controller.dualpods.snapshot import Caches, parse
 from controller.http import HttpError
-from controller.informer import Obj
 from controller.launcher_template import TemplateError, launcher_config_hash
 from controller.launcher_views import ViewSource
-from controller.workqueue import DONE, Problem, Result, Wait, WorkQueue, pass_context, run_workers
+from kube import events
+from kube.informer import Obj
+from kube.workqueue import DONE, Problem, Result, Wait, WorkQueue, pass_context, run_workers
 
 log = logging.getLogger(__name__)
 

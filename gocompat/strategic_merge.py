@@ -115,7 +115,7 @@ def _strategy(declared: str, key: str) -> str:
 @functools.cache
 def pod_schema() -> PatchSchema:
     """The core/v1 Pod of the Kubernetes version whose PodSpec `api/` embeds (FMA 0.6 builds against it)."""
-    document = json.loads((files("controller") / POD_PATCH_SCHEMA).read_text())
+    document = json.loads((files("gocompat") / POD_PATCH_SCHEMA).read_text())
     definitions: dict[str, Any] = document["definitions"]
     return PatchSchema(definitions, definitions[document["root"]])
 

@@ -1,7 +1,7 @@
 """An informer: a local cache of one kind of object, kept current by list + watch, with indexes.
 
 Objects are the API server's JSON (dicts), never mutated in place: a change replaces the object. The
-cache is fed by the controllers' one list/watch loop (controller.listwatch): lists are paged
+cache is fed by the controllers' one list/watch loop (kube.listwatch): lists are paged
 (`limit`/`continue`), the watch resumes from the last resourceVersion it saw, and when that is gone
 (410 Gone, "resourceVersion too old") it lists again and emits the differences, so handlers see every
 change as (old, new) pairs exactly once per observed version. Objects are read with `decode`, which shares
@@ -19,7 +19,8 @@ from typing import Any, Protocol
 import aiohttp
 import pydantic_core
 
-from controller.listwatch import Backoff, Expired, lines, list_and_watch
+from kube.backoff import Backoff
+from kube.listwatch import Expired, lines, list_and_watch
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Connecting to the API server: in-cluster credentials in a Pod, else a kubeconfig; with client-go's
 client-side rate limit (QPS and burst, `--kube-api-qps`/`--kube-api-burst`), every request counted, and
-each one's time charged to the reconcile pass that makes it (controller.passclock).
+each one's time charged to the reconcile pass that makes it (kube.passclock).
 
 The API server answers some writes with Warning headers (a deprecated field, an unknown field under
 server-side field validation, a policy in Warn mode): each is counted, and each distinct one logged once, as
@@ -26,9 +26,9 @@ from kubernetes_asyncio.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from api.crds import GROUP, VERSION, CustomResource
-from controller.informer import ListWatchFunction, decode
-from controller.passclock import waiting
-from controller.ratelimit import TokenBucket
+from kube.informer import ListWatchFunction, decode
+from kube.passclock import waiting
+from kube.ratelimit import TokenBucket
 
 log = logging.getLogger(__name__)
 

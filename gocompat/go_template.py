@@ -24,7 +24,7 @@ _SPACES: Final = " \t\r\n"  # what Go's template lexer trims and allows around t
 _FIELD: Final = re.compile(r"\.([^\W\d]\w*)")
 
 
-class TemplateError(ValueError):
+class GoTemplateError(ValueError):
     """The template is malformed, uses a construct outside the supported subset, or names a key not in the data."""
 
 
@@ -50,7 +50,7 @@ def render_template(source: str, data: Mapping[str, str]) -> str:
             at, trim_next, key = _action(source, inner, start)
             if key not in data:
                 known = ", ".join(sorted(data)) or "none"
-                raise TemplateError(f"{_where(source, start)}: no value for key {key!r} (keys: {known})")
+                raise GoTemplateError(f"{_where(source, start)}: no value for key {key!r} (keys: {known})")
             out.append(data[key])
     out.append(source[at:].lstrip(_SPACES) if trim_next else source[at:])
     return "".join(out)
@@ -77,7 +77,7 @@ def _comment_end(source: str, inner: int, start: int) -> tuple[int, bool]:
     end = source.find("*/", inner + 2)
     closing = None if end < 0 else _closing(source, end + 2)
     if closing is None:
-        raise TemplateError(_where(source, start) + ": a comment must end with */}} (or */ -}})")
+        raise GoTemplateError(_where(source, start) + ": a comment must end with */}} (or */ -}})")
     return closing
 
 
@@ -85,14 +85,14 @@ def _action(source: str, inner: int, start: int) -> tuple[int, bool, str]:
     """A `{{ .Key }}` action: where the text after it begins, whether it trims that, and the key."""
     end = source.find("}}", inner)
     if end < 0:
-        raise TemplateError(f"{_where(source, start)}: unclosed action")
+        raise GoTemplateError(f"{_where(source, start)}: unclosed action")
     body = source[inner:end]
     trim_after = body.endswith("-") and _is_space(body, len(body) - 2)
     if trim_after:
         body = body[:-2]
     field = _FIELD.fullmatch(body.strip(_SPACES))
     if field is None:
-        raise TemplateError(
+        raise GoTemplateError(
             f"{_where(source, start)}: unsupported template construct {source[start : end + 2]!r}: "
             "only {{ .Key }}, {{/* comments */}} and {{- -}} trimming are supported"
         )

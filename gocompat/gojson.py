@@ -94,7 +94,7 @@ def marshal(value: Any, sort_keys: bool = True) -> str:
 
 @functools.cache
 def _layouts() -> dict[str, Any]:
-    types: dict[str, Any] = json.loads((files("controller") / POD_GO_TYPES).read_text())["types"]
+    types: dict[str, Any] = json.loads((files("gocompat") / POD_GO_TYPES).read_text())["types"]
     return types
 
 

@@ -5,7 +5,7 @@ the same way, client-go's reflector: list in full, then follow the change stream
 left off. A stream that ends or breaks is resumed from the last change seen (cheap, nothing is missed);
 a resume point the server no longer holds — 410 Gone, "resourceVersion too old", a launcher that
 restarted (a new boot ID), a stream silent past its heartbeat — means listing again. Failures back off
-exponentially with jitter up to `MAX_DELAY_S`, and a caller can cut a back-off short (`Feed.nudge`)
+exponentially with jitter (`kube.backoff`), and a caller can cut a back-off short (`Feed.nudge`)
 when it learns the other side is back, so a cache catches up within moments of its server returning.
 
 Streams are NDJSON read line by line, each line of any size up to `MAX_LINE_BYTES` (aiohttp's own line
@@ -15,17 +15,16 @@ half-open connection is noticed.
 
 import asyncio
 import logging
-import random
 from collections.abc import AsyncIterator
 from typing import Protocol
 
 import aiohttp
 from aiohttp.http_exceptions import LineTooLong
 
+from kube.backoff import Backoff
+
 log = logging.getLogger(__name__)
 
-BASE_DELAY_S = 0.2
-MAX_DELAY_S = 5.0
 QUIET_FAILURES = 10  # failures in a row logged at debug level (a server still starting), then at info
 # A stream line longer than this is taken for a broken stream (the feed lists again); every object the
 # API server or a launcher can send is far smaller.
@@ -45,34 +44,6 @@ class Feed(Protocol):
     async def list(self) -> None: ...
 
     async def watch(self) -> None: ...
-
-
-class Backoff:
-    """Exponential delays with jitter, cut short by `nudge`."""
-
-    def __init__(self, base: float = BASE_DELAY_S, cap: float = MAX_DELAY_S) -> None:
-        self._base, self._cap = base, cap
-        self._next = base
-        self._woken = asyncio.Event()
-
-    def reset(self) -> None:
-        self._next = self._base
-
-    def nudge(self) -> None:
-        """Retry now: whoever waits in `wait` stops waiting."""
-        self._woken.set()
-
-    async def wait(self) -> float:
-        """Sleep the next delay (or until nudged); returns the delay that was due."""
-        delay = self._next * random.uniform(0.8, 1.2)
-        self._next = min(self._next * 2, self._cap)
-        self._woken.clear()
-        try:
-            async with asyncio.timeout(delay):
-                await self._woken.wait()
-        except TimeoutError:
-            pass
-        return delay
 
 
 async def list_and_watch(feed: Feed, backoff: Backoff | None = None) -> None:
