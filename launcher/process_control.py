@@ -67,6 +67,16 @@ def reset_signals() -> None:
         signal.signal(signum, signal.SIG_DFL)
 
 
+def signal_process(pid: int, signum: int) -> bool:
+    """Signal one process (an instance's server, not yet reaped, so its PID is still its own); False when it is
+    gone."""
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def signal_group(pgid: int, signum: int, *, leader_unreaped: bool = False) -> bool:
     """Signal a process group; False when it no longer exists. With `leader_unreaped` (the caller's
     child, not reaped yet, so its PID cannot have been reused), the leader alone while it has not made
@@ -76,10 +86,7 @@ def signal_group(pgid: int, signum: int, *, leader_unreaped: bool = False) -> bo
     except ProcessLookupError:
         if not leader_unreaped:
             return False
-        try:
-            os.kill(pgid, signum)
-        except ProcessLookupError:
-            return False
+        return signal_process(pgid, signum)
     return True
 
 

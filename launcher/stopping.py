@@ -1,8 +1,12 @@
 """Ending an instance: a graceful stop (asked by a DELETE or the launcher's shutdown), a kill (of one
 judged broken), and the clean-up of what it leaves (its output copy, its files).
 
-Both signal the instance's process group, so nothing it forked (vLLM's engine core) outlives it; its
-exit is learned from the reaper (SIGCHLD), which moves it to STOPPED.
+A graceful stop asks the instance's server alone (SIGTERM to the process the launcher forked, as a kubelet
+asks a container's first process): the server ends what it started itself, vLLM its engine core, in its own
+order. Signalling the whole group instead let the engine core exit on its own SIGTERM while its server was
+still on its way down, and the server then exited 1 as over a crashed engine. Whatever the server leaves in
+its process group, and the whole group when the grace period ends or a kill is due, gets SIGKILL, so nothing
+an instance forked outlives it. Its exit is learned from the reaper (SIGCHLD), which moves it to STOPPED.
 """
 
 import asyncio
@@ -21,12 +25,12 @@ class Stopper:
         self.grace_seconds = grace_seconds
 
     async def stop(self, instance: Instance) -> None:
-        """SIGTERM the instance's process group (and SIGCONT, so a stopped process gets it too), SIGKILL
-        it after the grace period; returns once it exited."""
+        """SIGTERM the instance's server (and SIGCONT to its group, so a stopped process gets it too), SIGKILL
+        the group after the grace period; returns once the server exited and nothing is left of its group."""
         if not instance.running:
             return
         instance.ask_to_stop()
-        self.signal(instance, signal.SIGTERM)
+        process_control.signal_process(instance.pid, signal.SIGTERM)
         self.signal(instance, signal.SIGCONT)
         try:
             async with asyncio.timeout(self.grace_seconds):
@@ -35,6 +39,7 @@ class Stopper:
             instance.log.warning("instance %s ignored SIGTERM for %.0f s; killing it", instance.id, self.grace_seconds)
             self.signal(instance, signal.SIGKILL)
             await instance.exited.wait()
+        self.signal(instance, signal.SIGKILL)  # what the server left behind in its group, if anything
 
     def kill(self, instance: Instance, verdict: Verdict) -> None:
         """Kill a broken instance's whole process group at once: there is nothing left to shut down
