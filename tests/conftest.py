@@ -65,16 +65,21 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     report.write_text("\n".join(lines) + "\n")
 
 
+CONTROLLER_LOGGERS = ("controller", "kube")  # the controllers' packages: their own code and the toolkit's
+
+
 @pytest.fixture
 def lines() -> Iterator[io.StringIO]:
     """The controller's log lines as `--log-format json` writes them (each pass's context fields included), from
     DEBUG up."""
     stream = io.StringIO()
     handler = log_format.handler("json", "controller", stream)
-    logger = logging.getLogger("controller")
-    saved = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
+    loggers = [logging.getLogger(name) for name in CONTROLLER_LOGGERS]
+    saved = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
     yield stream
-    logger.removeHandler(handler)
-    logger.setLevel(saved)
+    for logger, level in zip(loggers, saved, strict=True):
+        logger.removeHandler(handler)
+        logger.setLevel(level)
