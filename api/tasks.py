@@ -60,6 +60,11 @@ class Background:
         if not task.cancelled() and (error := task.exception()) is not None:
             log.error("background task %s failed", task.get_name(), exc_info=error)
 
+    def cancel(self) -> None:
+        """Cancel what still runs (its end is logged as it comes, if a failure)."""
+        for task in self._tasks:
+            task.cancel()
+
     async def wait(self) -> None:
         """Until every task started so far has ended (their failures were logged, not raised here)."""
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -16,10 +16,8 @@ without an await between check and insert, so concurrent requests cannot race pa
 import asyncio
 import time
 import uuid
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from api.launcher import (
     AllInstancesState,
@@ -33,6 +31,7 @@ from api.launcher import (
     WakeCheck,
     WakeCheckStatus,
 )
+from api.tasks import Background
 
 from . import admission, gpu_memory, startup_phases, validation
 from .admission import Admission, GpuFacts, Held, LauncherFacts
@@ -97,7 +96,7 @@ class InstanceManager:
         self.forker = forker or ProcessForker(runtimes, metrics, supervision, self._on_exit, settings.zygote)
         self._instances: dict[str, Instance] = {}
         self._deleting: set[str] = set()  # the instances a DELETE is removing
-        self._tasks: set[asyncio.Task[None]] = set()  # each instance's supervisor and output copy
+        self._tasks = Background()  # each instance's supervisor and output copy
         metrics.count_instances_with(self.count_by_state)
 
     # ----- reading: a read returns what was recorded; it asks no server, waits for nothing and changes nothing
@@ -152,7 +151,7 @@ class InstanceManager:
         started = time.monotonic()
         instance = self._add(admitted, self.forker.fork(admitted, work_dir), work_dir, started)
         instance.move(Phase.STARTING)
-        self.forker.supervise(instance, admitted.runtime, self._spawn)
+        self.forker.supervise(instance, admitted.runtime, self._tasks.start)
         return instance.state()
 
     def _add(self, admitted: Admission, forked: Forked, work_dir: Path, created_at: float) -> Instance:
@@ -300,8 +299,7 @@ class InstanceManager:
         await asyncio.gather(*(copied(i) for i in instances))
         for instance in instances:
             remove_files(instance)
-        for task in self._tasks:
-            task.cancel()
+        self._tasks.cancel()
         self.events.close_all()
         await self.servers.close()
 
@@ -314,10 +312,3 @@ class InstanceManager:
             return
         instance.revision = self.events.next_revision()
         self.events.publish(type_, instance.state(), exit_code)
-
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> "asyncio.Task[None]":
-        """A task the manager holds until it ends, and cancels at the launcher's shutdown."""
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task

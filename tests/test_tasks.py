@@ -74,3 +74,14 @@ async def test_background_holds_its_tasks_until_they_end_and_logs_a_failure(capl
     assert [(r.getMessage(), str(r.exc_info[1]) if r.exc_info else "") for r in caplog.records] == [
         ("background task free the copy failed", "the copy could not be freed")
     ]
+
+
+async def test_background_cancel_cancels_what_still_runs() -> None:
+    background = Background()
+    cancelled: list[str] = []
+    task = background.start(_forever(cancelled, "supervisor"))
+    await asyncio.sleep(0)
+    background.cancel()
+    await background.wait()
+    assert task.cancelled()
+    assert cancelled == ["supervisor"]

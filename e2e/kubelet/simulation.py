@@ -25,6 +25,7 @@ from pathlib import Path
 
 import aiohttp
 
+from api.tasks import Background
 from e2e.kubelet.config import KubeletConfig, SimulationConfig
 from e2e.kubelet.images import repository_and_tag
 from e2e.simulation.protocol import KILLED, ContainerSpec, Report, Role, Started, Stopped
@@ -138,7 +139,7 @@ class SimulationProcess:
         self._supervisor: asyncio.Task[None] | None = None
         self._up = asyncio.Event()
         self._closing = False
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = Background()  # the simulation told of kills
 
     @property
     def pid(self) -> int | None:
@@ -221,9 +222,7 @@ class SimulationProcess:
     def kill(self, container_id: str) -> None:
         """At once, as SIGKILL: the container counts as dead now, the simulation is told in the background."""
         self._finish(container_id, KILLED)
-        task = asyncio.create_task(self._kill(container_id))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.start(self._kill(container_id), name=f"kill {container_id}")
 
     async def _kill(self, container_id: str) -> None:
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, SimulationError):
@@ -234,7 +233,7 @@ class SimulationProcess:
         self._closing = True
         if self._supervisor is not None:
             self._supervisor.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background.wait()
         if self._process is not None and self._process.returncode is None:
             self._process.send_signal(signal.SIGTERM)
             try:
