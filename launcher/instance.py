@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Never, TypeVar
 
 from api.launcher import (
     EventType,
@@ -24,6 +24,7 @@ from api.launcher import (
     WakeCheckStatus,
 )
 from api.log_format import INSTANCE_FIELD
+from api.tasks import first_to_finish
 
 from . import lifecycle, startup_phases
 from .lifecycle import Phase
@@ -156,19 +157,8 @@ class Instance:
         """`work`'s result, or InstanceExited (and `work` cancelled) if the instance's server exits or is asked
         to stop first: a request of the launcher's still open would hold up the server's graceful shutdown
         (uvicorn waits for its connections), vLLM's for good when its engine core is gone already."""
+        return await first_to_finish(work, self._cut_short())
 
-        async def cut_short() -> None:
-            await self._over.wait()
-            raise InstanceExited()
-
-        try:
-            async with asyncio.TaskGroup() as group:
-                watcher = group.create_task(cut_short())
-                try:
-                    return await work
-                finally:
-                    watcher.cancel()
-        except BaseExceptionGroup as failed:
-            # One failure: `work`'s own error, or InstanceExited when the instance stopped first (which
-            # cancelled `work`).
-            raise failed.exceptions[0] from None
+    async def _cut_short(self) -> Never:
+        await self._over.wait()
+        raise InstanceExited()
