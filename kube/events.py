@@ -8,9 +8,9 @@ import logging
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
-import aiohttp
 from kubernetes_asyncio import client
-from kubernetes_asyncio.client.exceptions import ApiException
+
+from kube.client import API_FAILURES
 
 log = logging.getLogger(__name__)
 
@@ -69,5 +69,5 @@ class EventRecorder:
         )
         try:
             await self._core.create_namespaced_event(meta["namespace"], event)
-        except (ApiException, aiohttp.ClientError, OSError, TimeoutError) as err:
+        except API_FAILURES as err:
             log.warning("could not record event %s on %s: %s", reason, meta["name"], err)

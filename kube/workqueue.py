@@ -33,10 +33,8 @@ from collections.abc import Awaitable, Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-import aiohttp
-from kubernetes_asyncio.client.exceptions import ApiException
-
 from api.log_format import PASS_FIELD, context_fields, log_context
+from kube.client import API_FAILURES
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +94,6 @@ K = TypeVar("K", bound=Hashable)
 BASE_DELAY_S = 0.005
 MAX_DELAY_S = 20.0  # FMA's cap
 QUIET_RETRIES = 8
-# An API server that did not answer, or refused a call (a conflict with a newer version than a cache held):
-# usually a moment that passes.
-API_FAILURES = (ApiException, aiohttp.ClientError, OSError, TimeoutError)
 
 
 class WorkQueue(Generic[K]):

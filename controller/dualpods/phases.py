@@ -63,7 +63,7 @@ class Phase(StrEnum):
 
 
 # A launcher answers once its image is pulled and it has imported vLLM (launcher_template.LAUNCHER_START_S, which
-# its startup probe allows too). The controller's --launcher-start-budget (Options.budgets) sets it.
+# its startup probe allows too). The controller's --launcher-start-budget sets it (the Reconciler's `budgets`).
 LAUNCHER_START_BUDGET = TimeBudget(seconds=float(LAUNCHER_START_S))
 DEFAULT_BUDGET = TimeBudget()
 

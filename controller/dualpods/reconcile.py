@@ -39,8 +39,8 @@ from controller.dualpods.requester_client import RequesterError
 from controller.dualpods.snapshot import observe, parse
 from controller.dualpods.status import Ending, Outcome, new_errors
 from controller.http import HttpError
-from kube.client import refusal
-from kube.workqueue import API_FAILURES, Result, pass_context
+from kube.client import API_FAILURES, refusal
+from kube.workqueue import Result, pass_context
 
 log = logging.getLogger(__name__)
 
