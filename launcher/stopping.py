@@ -4,9 +4,10 @@ judged broken), and the clean-up of what it leaves (its output copy, its files).
 A graceful stop asks the instance's server alone (SIGTERM to the process the launcher forked, as a kubelet
 asks a container's first process): the server ends what it started itself, vLLM its engine core, in its own
 order. Signalling the whole group instead let the engine core exit on its own SIGTERM while its server was
-still on its way down, and the server then exited 1 as over a crashed engine. Whatever the server leaves in
-its process group, and the whole group when the grace period ends or a kill is due, gets SIGKILL, so nothing
-an instance forked outlives it. Its exit is learned from the reaper (SIGCHLD), which moves it to STOPPED.
+still on its way down, and the server then exited 1 as over a crashed engine. The whole group gets SIGKILL when
+the grace period ends or a kill is due, and whatever the server leaves in it once it exits (the reaper's exit
+handler, `forking.ProcessForker`), so nothing an instance forked outlives it. Its exit is learned from the
+reaper (SIGCHLD), which moves it to STOPPED.
 """
 
 import asyncio
@@ -26,7 +27,7 @@ class Stopper:
 
     async def stop(self, instance: Instance) -> None:
         """SIGTERM the instance's server (and SIGCONT to its group, so a stopped process gets it too), SIGKILL
-        the group after the grace period; returns once the server exited and nothing is left of its group."""
+        the group after the grace period; returns once the server exited (the reaper kills what it left)."""
         if not instance.running:
             return
         instance.ask_to_stop()
@@ -39,7 +40,6 @@ class Stopper:
             instance.log.warning("instance %s ignored SIGTERM for %.0f s; killing it", instance.id, self.grace_seconds)
             self.signal(instance, signal.SIGKILL)
             await instance.exited.wait()
-        self.signal(instance, signal.SIGKILL)  # what the server left behind in its group, if anything
 
     def kill(self, instance: Instance, verdict: Verdict) -> None:
         """Kill a broken instance's whole process group at once: there is nothing left to shut down
