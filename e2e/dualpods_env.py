@@ -22,6 +22,7 @@ from e2e.cluster.cluster import LoopbackCluster
 from e2e.crds import install_crds
 from e2e.dra import claim_gpus
 from e2e.waiting import wait_for
+from requester.probes import DEFAULT_PORT as DEFAULT_PROBES_PORT
 from scripts.build_cache import cache_root
 from scripts.images import catalogue
 
@@ -55,7 +56,7 @@ class Images:
     requester_env: tuple[tuple[str, str], ...] = ()  # set in every requester container
     # The requester's ports: FMA's binds all addresses, so on this shared host each Pod of it needs ports no other
     # process listens on (its SPI is found through the admin-port annotation, as FMA's controller does).
-    requester_probes_port: int = 8080
+    requester_probes_port: int = DEFAULT_PROBES_PORT
     requester_spi_port: int = DEFAULT_ADMIN_PORT
 
     def chart_values(self) -> list[str]:
@@ -465,7 +466,8 @@ def _requester_spec(images: Images, gpus: int, node: str | None, gpu: str | None
         "securityContext": RESTRICTED_CONTAINER,
     }
     env = dict(images.requester_env)
-    if probes != 8080 or images.requester_spi_port != DEFAULT_ADMIN_PORT:  # FMA's variables, read by both requesters
+    # FMA's variables, read by both requesters
+    if probes != DEFAULT_PROBES_PORT or images.requester_spi_port != DEFAULT_ADMIN_PORT:
         env |= {"PROBES_PORT": str(probes), "SPI_PORT": str(images.requester_spi_port)}
     if gpu:
         env["NVIDIA_VISIBLE_DEVICES"] = gpu
