@@ -13,7 +13,7 @@ SETTLE_S, once for all the changes meanwhile. A cluster with no pool declared qu
 """
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from api import keys
 from api.crds import InferenceServerConfig, LauncherConfig
@@ -95,8 +95,10 @@ class PoolKeeper:
             template_hash = self.template(lc) if lc is not None else None
         except (ValueError, TemplateError):
             template_hash = None  # the ISC's status says what is wrong with it or its LauncherConfig
-        launchers = self._launchers(lc, template_hash) if lc is not None and template_hash is not None else []
-        plan = plan_pool(isc, runtime, launchers, self._nodes(isc, launchers), _copy_bytes(name, launchers))
+        launchers, uses = (
+            self._launchers(lc, template_hash) if lc is not None and template_hash is not None else ([], {})
+        )
+        plan = plan_pool(isc, runtime, launchers, self._nodes(isc, uses), _copy_bytes(name, launchers))
         try:
             await self._act(name, plan)
         except CARRY_OUT_FAILURES as err:
@@ -144,7 +146,8 @@ class PoolKeeper:
 
     # ----- what the plan reads
 
-    def _launchers(self, lc: LauncherConfig, template_hash: str) -> list[LauncherFacts]:
+    def _launchers(self, lc: LauncherConfig, template_hash: str) -> tuple[list[LauncherFacts], dict[str, NodeUse]]:
+        """The LauncherConfig's current launchers, and what holds the GPUs of each Node they are on."""
         found = []
         reserved = self.reserved()
         uses: dict[str, NodeUse] = {}
@@ -169,18 +172,17 @@ class PoolKeeper:
                     available=available,
                 )
             )
-        return found
+        return found, uses
 
-    def _nodes(self, isc: InferenceServerConfig, launchers: Iterable[LauncherFacts]) -> dict[str, NodeFacts]:
+    def _nodes(self, isc: InferenceServerConfig, uses: Mapping[str, NodeUse]) -> dict[str, NodeFacts]:
+        """The pool's view of the Nodes its launchers are on (`uses`, read once a pass by `_launchers`)."""
         assert isc.spec.warm_pool is not None
         selector = isc.spec.warm_pool.node_selector
         found = {}
-        reserved = self.reserved()
-        for name in {launcher.node for launcher in launchers}:
+        for name, use in uses.items():
             node = self.caches.nodes.get(name)
             if node is None:
                 continue
-            use = self.fleet.use_of(name, reserved)
             selected = not pods.is_cordoned(node) and not pods.is_deleting(node) and selector.matches(pods.labels(node))
             held = {gpu: frozenset(iscs) for gpu, iscs in use.held.items()}
             found[name] = NodeFacts(name, selected, self.fleet.gpus_on(name), held,
