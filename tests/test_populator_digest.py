@@ -3,10 +3,12 @@ name its LauncherConfig, 0 when none does, hands-off while the LauncherConfig is
 the digest says which keys and policies a change affects, and what the policies' statuses report.
 (Selector matching itself is tested in tests/test_crds.py.)"""
 
+import dataclasses
 from typing import Any
+from unittest.mock import ANY
 
 from controller.conditions import Fault
-from controller.populator.digest import Digest, digest_config, digest_policy
+from controller.populator.digest import Digest, Target, digest_config, digest_policy
 from controller.populator.key import LauncherKey
 from controller.populator.nodes import NodeFacts
 from tests.test_populator_fakes import config_manifest, node, policy_manifest
@@ -152,6 +154,21 @@ def test_policy_and_node_changes_return_exactly_the_keys_whose_target_changed() 
     assert digest.policies_naming("a") == ["p"]
 
 
+def test_cordoning_a_node_returns_its_keys_flags_their_targets_and_takes_it_out_of_the_policies_asks() -> None:
+    digest = digest_of(gpu_policy({"a": 1, "b": 2}))
+    cordoned = dataclasses.replace(node("gpu-2", GPU, **{"nvidia.com/gpu": "2"}), cordoned=True)
+    assert digest.set_node("gpu-2", cordoned) == {LauncherKey("gpu-2", "a"), LauncherKey("gpu-2", "b")}
+    assert digest.target(LauncherKey("gpu-2", "b")) == Target(2, ANY, ANY, cordoned=True), "its count stays"
+    assert digest.target(LauncherKey("gpu-8", "b")) == Target(2, ANY, ANY, cordoned=False)
+    assert digest.policy_asks("p0") == {LauncherKey("gpu-8", "a"): 1, LauncherKey("gpu-8", "b"): 2}
+    assert digest.set_node("gpu-2", cordoned) == set()
+    assert digest.set_node("gpu-2", dataclasses.replace(cordoned, cordoned=False)) == {
+        LauncherKey("gpu-2", "a"),
+        LauncherKey("gpu-2", "b"),
+    }
+    assert LauncherKey("gpu-2", "b") in digest.policy_asks("p0")
+
+
 def test_a_launcher_config_change_matters_when_it_appears_goes_or_changes_validity_or_template() -> None:
     digest = Digest()
     good = digest_config(config_manifest("a"), None)
@@ -175,6 +192,9 @@ def test_node_facts_ignore_what_policies_cannot_select_on() -> None:
 
     assert NodeFacts.from_k8s(node_object("1")) == NodeFacts.from_k8s(node_object("2"))
     assert NodeFacts.from_k8s(node_object("1")) != NodeFacts.from_k8s(node_object("1", gpus="4"))
+    cordoned = node_object("1") | {"spec": {"unschedulable": True}}
+    assert NodeFacts.from_k8s(cordoned).cordoned
+    assert not NodeFacts.from_k8s(node_object("1")).cordoned
 
 
 def test_a_policy_asks_its_count_of_each_launcher_config_on_each_node_it_selects() -> None:

@@ -4,6 +4,7 @@ surplus not-Ready and newest first, creates nothing while anything is being dele
 twice on a lagging cache, keeps hands-off while the LauncherConfig is missing or malformed, and reports the
 API server's refusals of its creates by what they are."""
 
+import dataclasses
 import json
 from datetime import timedelta
 
@@ -37,6 +38,7 @@ from tests.test_populator_fakes import (
     current_hash,
     digest_for,
     launcher,
+    node,
     policy_manifest,
     reconciler,
 )
@@ -199,6 +201,24 @@ async def test_a_key_no_policy_asks_for_loses_its_unbound_launchers() -> None:
     reconcile, _, _ = reconciler(cluster, digest_for(None))
     await reconcile(KEY)
     assert cluster.names() == {"bound"}
+
+
+async def test_a_cordoned_node_gets_no_launcher_and_loses_none_until_it_is_uncordoned() -> None:
+    """A drain evicts a cordoned Node's launchers once their sleepers are copied elsewhere (drains.py); a launcher
+    made there meanwhile would wait Unschedulable, and one deleted would skip that copy."""
+    cluster = FakeCluster(launcher("kept", CURRENT, ready=True), launcher("stale", "old-hash", ready=True))
+    digest = digest_for(3)
+    digest.set_node(NODE, dataclasses.replace(node(NODE), cordoned=True))
+    reconcile, expectations, _ = reconciler(cluster, digest)
+    await reconcile(KEY)
+    assert cluster.names() == {"kept", "stale"}
+    assert cluster.creates == 0
+    digest.set_node(NODE, node(NODE))
+    await reconcile(KEY)
+    cluster.sync(expectations)
+    await reconcile(KEY)
+    assert "stale" not in cluster.names()
+    assert cluster.creates == 2, "uncordoned, the Node gets its count"
 
 
 async def test_a_gone_node_is_left_alone_but_still_counted() -> None:

@@ -42,11 +42,13 @@ class PolicyDigest:
 
 @dataclass(frozen=True)
 class Target:
-    """What one key should have: `count` launchers made from `template`."""
+    """What one key should have: `count` launchers made from `template`; none made or removed while its Node is
+    `cordoned` (NodeFacts)."""
 
     count: int
     template: Pod
     template_hash: str
+    cordoned: bool = False
 
 
 def describe(error: ValidationError) -> str:
@@ -109,7 +111,9 @@ class Digest:
         config = self._configs.get(key.config)
         if config is None or config.template is None:
             return None
-        return Target(self._counts.get(key.node, {}).get(key.config, 0), config.template, config.template_hash)
+        node = self._nodes.get(key.node)
+        count = self._counts.get(key.node, {}).get(key.config, 0)
+        return Target(count, config.template, config.template_hash, node is not None and node.cordoned)
 
     def config_error(self, name: str) -> str | None:
         config = self._configs.get(name)
@@ -135,11 +139,13 @@ class Digest:
         return problems
 
     def policy_asks(self, name: str) -> dict[LauncherKey, int]:
-        """The launchers the policy asks for: its count per (selected Node, LauncherConfig)."""
+        """The launchers the policy asks for: its count per (selected Node, LauncherConfig); a cordoned Node's
+        launchers are not asked for (it is being drained, or waits for its maintenance to end)."""
         policy = self._policies[name]
         if policy.selector is None:
             return {}
-        selected = [node for node, facts in self._nodes.items() if facts.selected_by(policy.selector)]
+        selector = policy.selector
+        selected = [node for node, facts in self._nodes.items() if facts.selected_by(selector) and not facts.cordoned]
         return {LauncherKey(node, config): count for node in selected for config, count in policy.counts.items()}
 
     # ----- writing (the digest worker)
@@ -160,11 +166,15 @@ class Digest:
         return self._recount(list(self._nodes))
 
     def set_node(self, name: str, facts: NodeFacts | None) -> set[LauncherKey]:
-        """Record a Node (None: deleted); returns the keys whose policy count changed."""
-        self._nodes.pop(name, None)
+        """Record a Node (None: deleted); returns the keys whose policy count changed, and all of the Node's keys
+        when it was cordoned or uncordoned."""
+        old = self._nodes.pop(name, None)
         if facts is not None:
             self._nodes[name] = facts
-        return self._recount([name])
+        changed = self._recount([name])
+        if old is not None and facts is not None and old.cordoned != facts.cordoned:
+            changed |= {LauncherKey(name, config) for config in self._counts.get(name, {})}
+        return changed
 
     def _recount(self, nodes: Iterable[str]) -> set[LauncherKey]:
         changed: set[LauncherKey] = set()

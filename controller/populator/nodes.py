@@ -2,7 +2,7 @@
 DRA drivers publish for it in ResourceSlices.
 
 A Node's status changes with every heartbeat; only a change of these facts can change which
-policies select it, so only such a change is worth digesting again.
+policies select it, or whether launchers may be made there, so only such a change is worth digesting again.
 """
 
 from collections.abc import Iterable, Mapping
@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from api.selectors import EnhancedNodeSelector
+from controller import pods
 
 
 def dra_device_counts(slices: Iterable[Mapping[str, Any]]) -> dict[str, int]:
@@ -37,15 +38,19 @@ class NodeFacts:
     allocatable: Mapping[str, str]
     dra_devices: Mapping[str, int] = field(default_factory=dict)
     """DRA driver -> the devices it publishes for the Node (`dra_device_counts`)."""
+    cordoned: bool = False
+    """Cordoned or being deleted: a drain's business, so the populator makes and removes no launcher there, and
+    policies do not count it (a launcher made there would wait Unschedulable until the Node came back)."""
 
     @classmethod
-    def from_k8s(cls, node: Mapping[str, Any], slices: Iterable[Mapping[str, Any]] = ()) -> "NodeFacts":
+    def from_k8s(cls, node: dict[str, Any], slices: Iterable[Mapping[str, Any]] = ()) -> "NodeFacts":
         """The facts of `node`, with `slices`: the ResourceSlices whose `spec.nodeName` is the Node."""
         return cls(
             name=node["metadata"]["name"],
             labels=dict(node["metadata"].get("labels") or {}),
             allocatable=dict((node.get("status") or {}).get("allocatable") or {}),
             dra_devices=dra_device_counts(list(slices)),
+            cordoned=pods.is_cordoned(node),
         )
 
     def selected_by(self, selector: EnhancedNodeSelector) -> bool:

@@ -305,8 +305,12 @@ class Populator:
     def _update_node(self, name: str) -> None:
         node = self._nodes.get(name)
         facts = NodeFacts.from_k8s(node, self._slices.by_index(BY_NODE, name)) if node is not None else None
-        for key in self._digest.set_node(name, facts):
+        changed = self._digest.set_node(name, facts)
+        for key in changed:
             self._key_queue.add(key)
+        for config in {key.config for key in changed}:  # what the policies ask for changed with the keys
+            for policy in self._digest.policies_naming(config):
+                self._digest_queue.add(DigestItem("policy", policy))
 
 
 async def run_populator(

@@ -100,6 +100,9 @@ class KeyReconciler:
         if not self._cache.has_node(key.node):
             log.debug("%s: the node is gone", key)
             return again
+        if target.cordoned:
+            log.debug("%s: the node is cordoned; its launchers are the drain's", key)
+            return again
         match self._expectations.check(key):
             case Expectations.WAITING:
                 return sooner(again, Wait(self._expectations.remaining(key), "the cache to show creates and deletes"))
