@@ -53,6 +53,7 @@ from e2e.faults import (
 )
 from e2e.fixtures import fresh_namespace
 from e2e.waiting import wait_for
+from kube.client import API_FAILURES
 from launcher import zygote
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -317,11 +318,11 @@ async def soak(env: DualPodsEnv, cluster: LoopbackCluster) -> None:
 
 
 async def _settle(env: DualPodsEnv, task: "asyncio.Task[None]", isc: str) -> None:
-    """The swap that a fault cut into finishes; one whose wait timed out is done again (not a violation in
-    itself: convergence is what counts)."""
+    """The swap that a fault cut into finishes; one whose wait timed out, or whose own call the API server's
+    restart cut off, is done again (not a violation in itself: convergence is what counts)."""
     try:
         await task
-    except TimeoutError:
+    except API_FAILURES:  # TimeoutError among them
         await swap(env, isc)
 
 

@@ -28,6 +28,12 @@ import hypothesis
 import psutil
 import requests
 import schemathesis
+
+# What `schemathesis.openapi.from_url` would import on its first call, imported with this module instead (at
+# collection, one thread): CPython 3.11.7's AST constructor can fail with "SystemError: AST constructor recursion
+# depth mismatch" when code is compiled while another thread compiles too (python/cpython#106905, fixed in 3.11.8),
+# and pytest compiles schemathesis' modules as they are imported (it is a pytest plugin).
+import schemathesis.specs.openapi.schemas
 from schemathesis.core.result import Err
 from schemathesis.core.transport import Response
 from schemathesis.specs.openapi.checks import negative_data_rejection

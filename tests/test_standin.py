@@ -270,8 +270,10 @@ async def test_sigterm_exits_0_promptly_while_holding_requests(
     held = asyncio.create_task(complete())
     await _until_waiting(http, standin.url, 1)
     started = time.monotonic()
-    assert await asyncio.to_thread(standin.stop, 5) == 0
-    assert time.monotonic() - started < 3
+    assert await asyncio.to_thread(standin.stop, 60) == 0, "exited by itself, not killed after the grace period"
+    # Quiet, it exits in 0.1-0.3 s; 3.9 s at a load average of 17 on 2 cores. A server that waited for its held
+    # request would wait for ever, one that waited out aiohttp's graceful shutdown 60 s: 15 s tells both apart.
+    assert time.monotonic() - started < 15
     with pytest.raises(aiohttp.ClientError):
         await held
 
