@@ -39,6 +39,8 @@ async def first_to_finish(*contenders: Awaitable[T]) -> T:
         finally:
             for task in running:
                 task.cancel()
+            if winner.done():  # read even when the caller was cancelled: asyncio warns of an exception never read
+                winner.exception()
     return winner.result()
 
 

@@ -19,6 +19,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
+from api.tasks import Background
+
 STALL_S = 60.0  # the event loop not running for this long fails /healthz
 BEAT_S = 1.0  # how often the loop notes that it ran
 
@@ -76,12 +78,12 @@ async def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> As
     beat = LoopBeat()
     server = make_server(host, port, endpoint(registry, beat), _ThreadingServer, _QuietHandler)
     threading.Thread(target=server.serve_forever, name="metrics-endpoint", daemon=True).start()
-    beating = asyncio.create_task(beat.run(), name="loop-beat")
+    beating = Background()
+    beating.start(beat.run(), name="loop-beat")
     try:
         yield
     finally:
         beating.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await beating
+        await beating.wait()
         await asyncio.to_thread(server.shutdown)
         server.server_close()

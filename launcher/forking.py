@@ -125,7 +125,7 @@ class ProcessForker:
             instance.defaults_applied or "none",
         )  # fmt: skip
         self.reaper.watch(instance.pid, lambda code: self._exited(instance, code))
-        instance.output = spawn(output_relay.follow(instance.log_path, instance.id, instance.exited))
+        instance.output = spawn(output_relay.follow(instance.log_path, instance.id, instance.end))
         monitor = self._monitors[instance.pid] = Monitor(instance, runtime, self.supervision)
         spawn(monitor.run())
 

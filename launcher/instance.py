@@ -1,8 +1,9 @@
 """One instance the launcher forked: what it was asked, where it runs, and its phase (`lifecycle`).
 
 Its phase changes only through `move`, which the transition table allows and which publishes the
-watch event of the move; what else it holds is data about it (its exit code, why it stopped, its
-post-wake check), not state of its life cycle.
+watch event of the move; its end (a stop asked, its server's exit) is one object's (`InstanceEnd`); what
+else it holds is data about it (its exit code, why it stopped, its post-wake check), not state of its life
+cycle.
 """
 
 import asyncio
@@ -49,6 +50,45 @@ class InstanceExited(Exception):
     something of it."""
 
 
+class InstanceEnd:
+    """How an instance's server ends, as the launcher learns it: a stop asked (by a DELETE or the shutdown) and
+    its exit (the reaper's word). Either cuts short what the launcher waits for of the instance (`while_running`)."""
+
+    def __init__(self) -> None:
+        self._stop_asked = False
+        self._exited = asyncio.Event()
+        self._over = asyncio.Event()  # exited, or asked to stop
+
+    @property
+    def stop_asked(self) -> bool:
+        return self._stop_asked
+
+    @property
+    def exited(self) -> bool:
+        return self._exited.is_set()
+
+    def ask_to_stop(self) -> None:
+        self._stop_asked = True
+        self._over.set()
+
+    def mark_exited(self) -> None:
+        self._exited.set()
+        self._over.set()
+
+    async def wait_exited(self) -> None:
+        await self._exited.wait()
+
+    async def while_running(self, work: Awaitable[T]) -> T:
+        """`work`'s result, or InstanceExited (and `work` cancelled) if the instance's server exits or is asked
+        to stop first: a request of the launcher's still open would hold up the server's graceful shutdown
+        (uvicorn waits for its connections), vLLM's for good when its engine core is gone already."""
+        return await first_to_finish(work, self._cut_short())
+
+    async def _cut_short(self) -> Never:
+        await self._over.wait()
+        raise InstanceExited()
+
+
 @dataclass
 class Instance:
     id: str
@@ -66,7 +106,6 @@ class Instance:
     publish: Publisher = _unpublished  # each move's event, to the launcher's watchers
     revision: int = 0
     phase: Phase = field(default=lifecycle.FIRST, init=False)  # changed by `move` alone
-    sleeping_when_stopped: bool = field(default=False, init=False)  # a stopped instance's state still says so
     sleep_level: int | None = None  # where the launcher put it to sleep; None when it slept behind its back
     exit_code: int | None = None
     stop_reason: StopReason | None = None
@@ -74,20 +113,27 @@ class Instance:
     output: "asyncio.Task[None] | None" = None  # copies its log to the launcher's stdout (output_relay)
     probe: ProbeAnswer | None = None  # recorded at its first ready
     offloaded_bytes: int | None = None  # what its last level-1 sleep reported moving out, which a wake moves back
-    exited: asyncio.Event = field(default_factory=asyncio.Event)  # set by `mark_exited`
-    stop_asked: asyncio.Event = field(default_factory=asyncio.Event)  # by a DELETE or the shutdown (`ask_to_stop`)
+    end: InstanceEnd = field(default_factory=InstanceEnd, init=False)  # a stop asked, its server's exit
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held by a sleep, a wake and their checks
-    _over: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)  # exited, or asked to stop
 
     def move(self, to: Phase, exit_code: int | None = None) -> None:
         """Go to phase `to` (IllegalTransition if the table has no such move) and publish its event."""
         event = lifecycle.event_of(self.phase, to)
-        if to is Phase.STOPPED:
-            self.sleeping_when_stopped = self.phase is Phase.ASLEEP
-        elif to is Phase.AWAKE:
+        if to is Phase.AWAKE:
             self.sleep_level = None
         self.phase = to
         self.publish(self, event, exit_code)
+
+    def exited_with(self, exit_code: int) -> None:
+        """Its server exited: its end marked, then the move to the stopped phase its phase leads to (asleep or
+        not), which publishes STOPPED."""
+        self.exit_code = exit_code
+        self.end.mark_exited()
+        self.move(lifecycle.after(self.phase, EventType.STOPPED), exit_code=exit_code)
+
+    def deleted(self) -> None:
+        """Removed from the launcher: the move to the deleted phase its stopped phase leads to (DELETED)."""
+        self.move(lifecycle.after(self.phase, EventType.DELETED))
 
     @property
     def status(self) -> InstanceStatus:
@@ -103,11 +149,7 @@ class Instance:
 
     @property
     def sleeping(self) -> bool:
-        return self.phase is Phase.ASLEEP or (not self.running and self.sleeping_when_stopped)
-
-    @property
-    def stopping(self) -> bool:
-        return self.stop_asked.is_set()
+        return self.phase in lifecycle.SLEEPING
 
     @property
     def log_path(self) -> Path:
@@ -144,21 +186,3 @@ class Instance:
             process=self.stats.sample(gpu_usage) if detail and self.running else None,
             startup=self.startup.model_copy() if detail else None,
         )
-
-    def ask_to_stop(self) -> None:
-        self.stop_asked.set()
-        self._over.set()
-
-    def mark_exited(self) -> None:
-        self.exited.set()
-        self._over.set()
-
-    async def while_running(self, work: Awaitable[T]) -> T:
-        """`work`'s result, or InstanceExited (and `work` cancelled) if the instance's server exits or is asked
-        to stop first: a request of the launcher's still open would hold up the server's graceful shutdown
-        (uvicorn waits for its connections), vLLM's for good when its engine core is gone already."""
-        return await first_to_finish(work, self._cut_short())
-
-    async def _cut_short(self) -> Never:
-        await self._over.wait()
-        raise InstanceExited()

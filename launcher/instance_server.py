@@ -83,7 +83,7 @@ class InstanceServers:
 
     async def ask_probe(self, instance: Instance, prompt: str | list[int], logprobs: bool) -> ProbeAnswer:
         """The post-wake probe's answer (`wake_check.ask`); InstanceExited if the instance stops first."""
-        return await instance.while_running(wake_check.ask(self.session, self.base_url(instance), prompt, logprobs))
+        return await instance.end.while_running(wake_check.ask(self.session, self.base_url(instance), prompt, logprobs))
 
     async def sleep(self, instance: Instance, level: int) -> None:
         await self.call(instance, "POST", f"/sleep?level={level}")
@@ -96,20 +96,20 @@ class InstanceServers:
         answer in time, either when the instance stops first (saying why)."""
         timeout_s = self.backend_timeout_seconds
         try:
-            await instance.while_running(self._request(instance, method, path, timeout_s))
+            await instance.end.while_running(self._request(instance, method, path, timeout_s))
         except TimeoutError:
             raise BackendTimeout(
                 f"instance {instance.id} did not answer {method} {path} within {timeout_s:g} s"
             ) from None
         except (InstanceExited, aiohttp.ClientError) as err:
-            if instance.stopping and instance.running:
+            if instance.end.stop_asked and instance.running:
                 raise BackendError(f"instance {instance.id} is being stopped; {method} {path} was cut short") from None
             if instance.stop_reason is None and instance.running:
                 raise BackendError(f"instance {instance.id} did not answer {method} {path}: {err!r}") from None
             # It was judged dead meanwhile (and killed, which may have cut this call first), or it exited.
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(REAP_WAIT_S):
-                    await instance.exited.wait()
+                    await instance.end.wait_exited()
             error = BackendTimeout if instance.stop_reason is StopReason.UNRESPONSIVE else BackendError
             stopped = f"{instance.stop_reason}, " if instance.stop_reason else ""
             raise error(

@@ -260,7 +260,7 @@ class InstanceManager:
         del self._instances[instance_id]
         await copied(instance)
         remove_files(instance)
-        instance.move(Phase.DELETED)
+        instance.deleted()
         self._deleting.discard(instance_id)
         instance.log.info("deleted instance %s", instance_id)
         return instance.state()
@@ -273,10 +273,8 @@ class InstanceManager:
 
     def _on_exit(self, instance: Instance, exit_code: int) -> None:
         """The reaper's word that the instance's server exited."""
-        instance.exit_code = exit_code
-        if instance.stop_reason is None and not instance.stopping:
+        if instance.stop_reason is None and not instance.end.stop_asked:
             instance.stop_reason = StopReason.EXITED
-        instance.mark_exited()
         if instance.stop_reason is not None:
             self.metrics.stops.labels(instance.stop_reason).inc()
         if instance.id not in self._deleting:  # else the DELETE reports it
@@ -284,7 +282,7 @@ class InstanceManager:
                 "instance %s stopped with exit code %d (%s); its log: %s",
                 instance.id, exit_code, instance.stop_reason or "asked to stop", instance.log_path,
             )  # fmt: skip
-        instance.move(Phase.STOPPED, exit_code=exit_code)
+        instance.exited_with(exit_code)
 
     def start_forker(self) -> None:
         """Get the forker ready (every runtime's zygote started), on the event loop at the launcher's start, before it

@@ -2,7 +2,9 @@
 
 One table (`TRANSITIONS`) says which moves exist; `event_of` refuses any other (`IllegalTransition`), so
 an instance's `ready`, `sleeping` and `status` are what its phase says, never a set of flags that could
-disagree. The wire format is the launcher's API's (`api.launcher`): the phase itself is not on it.
+disagree: a stopped (and then deleted) instance that was asleep is in a phase of its own, since its state
+still says it sleeps. From any phase, an event leads to one phase at most (`after`). The wire format is the
+launcher's API's (`api.launcher`): the phase itself is not on it.
 docs/architecture.md draws the table (`mermaid`).
 
 A stop a DELETE causes is not published: the DELETED event that follows reports it (as FMA's launcher
@@ -22,7 +24,9 @@ class Phase(StrEnum):
     AWAKE = "awake"  # serving
     ASLEEP = "asleep"  # ready, its weights offloaded or discarded
     STOPPED = "stopped"  # its server exited (or was killed)
+    STOPPED_ASLEEP = "stopped_asleep"  # its server exited while it was asleep
     DELETED = "deleted"  # removed from the launcher
+    DELETED_ASLEEP = "deleted_asleep"  # removed from the launcher, stopped while asleep
 
 
 TRANSITIONS: Final[Mapping[tuple[Phase, Phase], EventType]] = {
@@ -32,12 +36,14 @@ TRANSITIONS: Final[Mapping[tuple[Phase, Phase], EventType]] = {
     (Phase.ASLEEP, Phase.AWAKE): EventType.AWAKE,
     (Phase.STARTING, Phase.STOPPED): EventType.STOPPED,
     (Phase.AWAKE, Phase.STOPPED): EventType.STOPPED,
-    (Phase.ASLEEP, Phase.STOPPED): EventType.STOPPED,
+    (Phase.ASLEEP, Phase.STOPPED_ASLEEP): EventType.STOPPED,
     (Phase.STOPPED, Phase.DELETED): EventType.DELETED,
+    (Phase.STOPPED_ASLEEP, Phase.DELETED_ASLEEP): EventType.DELETED,
 }
 FIRST: Final = Phase.NEW
 RUNNING: Final = frozenset({Phase.NEW, Phase.STARTING, Phase.AWAKE, Phase.ASLEEP})  # its server process lives
 READY: Final = frozenset({Phase.AWAKE, Phase.ASLEEP})  # its server answered /health
+SLEEPING: Final = frozenset({Phase.ASLEEP, Phase.STOPPED_ASLEEP, Phase.DELETED_ASLEEP})  # its state says it sleeps
 
 
 class IllegalTransition(Exception):
@@ -52,6 +58,16 @@ def event_of(current: Phase, to: Phase) -> EventType:
     return event
 
 
+def after(current: Phase, event: EventType) -> Phase:
+    """The phase `event` leads to from `current` (IllegalTransition if none): where a stop or a deletion goes
+    depends on whether the instance was asleep."""
+    targets = [target for (source, target), published in TRANSITIONS.items() if (source, published) == (current, event)]
+    if not targets:
+        raise IllegalTransition(f"an instance cannot publish {event} from {current}")
+    (target,) = targets
+    return target
+
+
 def status_of(phase: Phase) -> InstanceStatus:
     return InstanceStatus.RUNNING if phase in RUNNING else InstanceStatus.STOPPED
 
@@ -60,5 +76,5 @@ def mermaid() -> str:
     """The life cycle as a Mermaid diagram, from TRANSITIONS: each arrow labelled with the event it publishes."""
     lines = ["stateDiagram-v2", f"    [*] --> {FIRST}"]
     lines += [f"    {source} --> {target}: {event}" for (source, target), event in TRANSITIONS.items()]
-    lines.append(f"    {Phase.DELETED} --> [*]")
+    lines += [f"    {phase} --> [*]" for phase in Phase if not any(source is phase for source, _ in TRANSITIONS)]
     return "\n".join(lines)

@@ -81,7 +81,7 @@ class Monitor:
                         "instance %s: watching its engine processes %s", instance.id, ", ".join(engine.titles)
                     )
                 watches.create_task(self._watch_liveness(engine))
-                watches.create_task(instance.while_running(self.watch_sleep()))
+                watches.create_task(instance.end.while_running(self.watch_sleep()))
         except* InstanceExited:
             pass  # it stopped: its watches are over
 
@@ -103,7 +103,7 @@ class Monitor:
         instance.move(Phase.AWAKE)
 
     async def _watch_liveness(self, engine: EngineProcesses) -> None:
-        verdict = await self.instance.while_running(liveness.watch(engine, self._probe_health, self.parts.liveness))
+        verdict = await self.instance.end.while_running(liveness.watch(engine, self._probe_health, self.parts.liveness))
         if verdict is not None:
             self.parts.stopper.kill(self.instance, verdict)
 
@@ -120,7 +120,7 @@ class Monitor:
         return (
             instance.ready
             and instance.running
-            and not instance.stopping
+            and not instance.end.stop_asked
             and (not instance.lock.locked() or self.parts.verifier.recording(instance))
             and not self.health_failing
         )
@@ -130,7 +130,7 @@ class Monitor:
         recorded at once (so the client's next read of the launcher sees it), a wake is left to the sleep-state
         watch, which checks it first."""
         instance = self.instance
-        if sleeping and instance.phase is Phase.STARTING and instance.running and not instance.stopping:
+        if sleeping and instance.phase is Phase.STARTING and instance.running and not instance.end.stop_asked:
             self._on_ready()  # it answered a sleep, so it is up: before the launcher's own /health poll saw it
         if not self._lookable() or sleeping == instance.sleeping:
             return

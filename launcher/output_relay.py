@@ -19,6 +19,8 @@ from pathlib import Path
 
 from api import log_format
 
+from .instance import InstanceEnd
+
 POLL_S = 0.2
 READ_BYTES = 256 * 1024  # at most per read
 MAX_LINE_BYTES = 16 * 1024  # a longer line is copied in pieces of this size
@@ -70,11 +72,11 @@ def _emit(instance_id: str, raw: bytes) -> None:
     output_log.log(level_of(line), "%s", line, extra={log_format.INSTANCE_FIELD: instance_id})
 
 
-async def follow(path: Path, instance_id: str, done: asyncio.Event) -> None:
-    """Copy the lines of `path` as they come, until `done` is set and everything written before it is copied."""
+async def follow(path: Path, instance_id: str, end: InstanceEnd) -> None:
+    """Copy the lines of `path` as they come, until the instance exited and everything it wrote is copied."""
     offset, partial = 0, b""
     while True:
-        finished = done.is_set()  # read once more after it is set: the last lines (a traceback) come then
+        finished = end.exited  # read once more after its exit: the last lines (a traceback) come then
         chunk = await asyncio.to_thread(_read, path, offset)
         offset += len(chunk)
         partial += chunk
@@ -93,4 +95,4 @@ async def follow(path: Path, instance_id: str, done: asyncio.Event) -> None:
             return
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(POLL_S):
-                await done.wait()
+                await end.wait_exited()

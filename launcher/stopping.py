@@ -30,22 +30,22 @@ class Stopper:
         the group after the grace period; returns once the server exited (the reaper kills what it left)."""
         if not instance.running:
             return
-        instance.ask_to_stop()
+        instance.end.ask_to_stop()
         process_control.signal_process(instance.pid, signal.SIGTERM)
         self.signal(instance, signal.SIGCONT)
         try:
             async with asyncio.timeout(self.grace_seconds):
-                await instance.exited.wait()
+                await instance.end.wait_exited()
         except TimeoutError:
             instance.log.warning("instance %s ignored SIGTERM for %.0f s; killing it", instance.id, self.grace_seconds)
             self.signal(instance, signal.SIGKILL)
-            await instance.exited.wait()
+            await instance.end.wait_exited()
 
     def kill(self, instance: Instance, verdict: Verdict) -> None:
         """Kill a broken instance's whole process group at once: there is nothing left to shut down
         gracefully. Its STOPPED event follows when the reaper has its exit code. The first verdict stands: the
         kill itself ends its engine processes, maybe seen before its server's exit."""
-        if not instance.running or instance.stopping or instance.stop_reason is not None:
+        if not instance.running or instance.end.stop_asked or instance.stop_reason is not None:
             return  # it is already going: this stop was asked for, or it is already being killed
         instance.log.warning(
             "instance %s: %s; killing its process group (%s)", instance.id, verdict.message, verdict.reason

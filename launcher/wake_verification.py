@@ -49,7 +49,7 @@ class WakeVerifier:
         except InstanceExited:
             return
         except wake_check.ProbeError as err:
-            if instance.stopping:  # its server is shutting down; asking it more would hold up its exit
+            if instance.end.stop_asked:  # its server is shutting down; asking it more would hold up its exit
                 return
             if await self.servers.is_sleeping(instance):  # put to sleep behind the launcher's back meanwhile
                 instance.log.info(
@@ -99,7 +99,7 @@ class WakeVerifier:
         self.stopper.kill(instance, verdict)
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(REAP_WAIT_S):
-                await instance.exited.wait()
+                await instance.end.wait_exited()
         raise WakeCheckFailed(
             f"instance {instance.id} failed its post-wake check and was killed: {problem}; create it again"
         )

@@ -18,6 +18,7 @@ from types import FrameType
 
 from api import log_format, version
 from api.requester import DEFAULT_TRUSTED_CONTROLLERS, requester_audience
+from api.tasks import Background
 
 from . import probes, proxy, spi
 from .backend_limits import BackendLimits
@@ -203,12 +204,13 @@ def build_listeners(
     """The three servers; the SPI sets the readiness bit and the proxy's target, the other two read them."""
     target = ProxyTarget()
     upstream = Upstream(target, args.proxy_dial_timeout)
-    limits = BackendLimits(target, upstream)
+    background = Background()  # the proxy's own calls to the model server
+    limits = BackendLimits(target, upstream, background)
     return {
         "spi": Listener(spi.build_spi_app(gpus, readiness, relay, metrics, target, limits, auth), args.spi_port),
         "probes": Listener(probes.build_probes_app(readiness, metrics), args.probes_port),
         "proxy": Listener(
-            proxy.build_proxy_app(target, upstream, limits, readiness, metrics, args.hold_timeout),
+            proxy.build_proxy_app(target, upstream, limits, readiness, metrics, args.hold_timeout, background),
             args.proxy_port,
             cancel_on_disconnect=True,
         ),

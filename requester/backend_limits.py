@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from api.tasks import Background
+
 from .metrics_text import samples
 from .proxy_target import ProxyTarget
 from .upstream import Upstream, UpstreamError
@@ -91,9 +93,10 @@ def _json(body: bytes) -> Any:
 class _Discovery(Generic[T]):
     """A value fetched until the server answers: one fetch at a time, failures retried after RETRY_S."""
 
-    def __init__(self, name: str, fetch: Callable[[], Awaitable[T]]) -> None:
+    def __init__(self, name: str, fetch: Callable[[], Awaitable[T]], background: Background) -> None:
         self._name = name
         self._fetch = fetch
+        self._background = background
         self._task: asyncio.Task[None] | None = None
         self._failed_at = -RETRY_S
         self.done = False
@@ -107,7 +110,7 @@ class _Discovery(Generic[T]):
             return self._task
         if time.monotonic() - self._failed_at < RETRY_S:
             return None
-        self._task = asyncio.create_task(self._run())
+        self._task = self._background.start(self._run(), name=f"learn {self._name}")
         return self._task
 
     async def _run(self) -> None:
@@ -128,16 +131,17 @@ class _Discovery(Generic[T]):
 
 
 class BackendLimits:
-    def __init__(self, target: ProxyTarget, upstream: Upstream) -> None:
+    def __init__(self, target: ProxyTarget, upstream: Upstream, background: Background) -> None:
         self._target = target
         self._upstream = upstream
+        self._background = background  # runs the fetches
         self._forget()
         target.on_change(self._forget)
 
     def _forget(self) -> None:
         """Start afresh: a new target is another server, whose limits are learnt anew."""
-        self._guard = _Discovery("max_model_len, kv_cache_tokens", self._fetch_guard_limits)
-        self._concurrency = _Discovery("max_num_seqs", self._fetch_max_num_seqs)
+        self._guard = _Discovery("max_model_len, kv_cache_tokens", self._fetch_guard_limits, self._background)
+        self._concurrency = _Discovery("max_num_seqs", self._fetch_max_num_seqs, self._background)
 
     async def _fetch_guard_limits(self) -> Limits:
         (models_status, models), (metrics_status, metrics) = await asyncio.gather(

@@ -12,6 +12,8 @@ import logging
 import time
 from dataclasses import dataclass
 
+from api.tasks import Background
+
 from .backend_limits import BackendLimits
 from .metrics_text import samples
 from .upstream import Upstream, UpstreamError
@@ -42,9 +44,10 @@ class Shed:
 
 
 class Overload:
-    def __init__(self, upstream: Upstream, limits: BackendLimits) -> None:
+    def __init__(self, upstream: Upstream, limits: BackendLimits, background: Background) -> None:
         self._upstream = upstream
         self._limits = limits
+        self._background = background  # runs the samples
         self.in_flight = 0
         self._waiting = 0.0
         self._sampled_at = -SAMPLE_INTERVAL_S
@@ -68,7 +71,7 @@ class Overload:
         due = time.monotonic() - self._sampled_at >= SAMPLE_INTERVAL_S
         if due and (self._sampling is None or self._sampling.done()):
             self._sampled_at = time.monotonic()
-            self._sampling = asyncio.create_task(self._sample())
+            self._sampling = self._background.start(self._sample(), name="sample the queue")
 
     async def _sample(self) -> None:
         try:

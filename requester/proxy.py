@@ -19,6 +19,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from api.openai_errors import ApiError
+from api.tasks import Background
 
 from . import guard
 from .backend_limits import BackendLimits
@@ -85,6 +86,7 @@ class Proxy:
         readiness: Readiness,
         metrics: RequesterMetrics,
         hold_timeout: float,
+        background: Background,
     ) -> None:
         self._target = target
         self._upstream = upstream
@@ -93,7 +95,7 @@ class Proxy:
         self._metrics = metrics
         self._hold_timeout = hold_timeout
         self._counter = PromptCounter(upstream)
-        self._overload = Overload(upstream, limits)
+        self._overload = Overload(upstream, limits, background)
         metrics.in_flight.set_function(lambda: self._overload.in_flight)
 
     def _forwarding(self) -> bool:
@@ -237,13 +239,17 @@ def build_proxy_app(
     readiness: Readiness,
     metrics: RequesterMetrics,
     hold_timeout: float,
+    background: Background,
 ) -> web.Application:
-    proxy = Proxy(target, upstream, limits, readiness, metrics, hold_timeout)
+    """The proxy; `background` runs its own calls to the model server (its limits, its queue samples), which end
+    with it, before the client they use closes."""
+    proxy = Proxy(target, upstream, limits, readiness, metrics, hold_timeout, background)
 
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
-        prefetch = asyncio.create_task(_prefetch_limits(target, readiness, limits))
+        background.start(_prefetch_limits(target, readiness, limits), name="prefetch the limits")
         yield
-        prefetch.cancel()
+        background.cancel()
+        await background.wait()
         await upstream.close()
 
     app = web.Application(

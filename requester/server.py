@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from api.tasks import Background
+
 from .spi_auth import SpiAuth
 
 log = logging.getLogger(__name__)
@@ -59,13 +61,15 @@ async def serve(listeners: dict[str, Listener], host: str, shutdown_timeout: flo
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     runners: list[web.AppRunner] = []
+    warming = Background()
     try:
         runners = await start_listeners(listeners, host, shutdown_timeout)
-        warming = asyncio.create_task(auth.warm())
+        warming.start(auth.warm(), name="warm the SPI auth")
         await stop.wait()
-        warming.cancel()
         log.info("shutting down", extra={"timeout_seconds": shutdown_timeout})
     finally:
+        warming.cancel()
+        await warming.wait()
         await stop_listeners(runners)
         await auth.close()
         for sig in (signal.SIGTERM, signal.SIGINT):

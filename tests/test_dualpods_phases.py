@@ -6,9 +6,11 @@ launcher views (tests/test_dualpods_fakes.py).
 """
 
 import dataclasses
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -379,6 +381,85 @@ def test_the_drawing_is_written_between_its_markers_only() -> None:
     assert phase_diagram.render(text) == text.replace("old", mermaid())
     with pytest.raises(ValueError, match="not 0"):
         phase_diagram.render("no markers")
+
+
+# ----- the step tests, grouped by phase
+
+STEP_TEST_MODULES = ("test_dualpods_reconcile.py", "test_dualpods_direct.py")
+_HEADER = re.compile(r"^# ----- (.*)$")
+_PHASE_HEADER = re.compile(r"^([A-Z][A-Z_]*): (.*)$")  # an upper-case name: a phase's section
+_TEST = re.compile(r"^(?:async )?def (test_\w+)")
+
+
+def grouping_problems(modules: dict[str, str]) -> list[str]:
+    """What is wrong with how `modules` (name -> source) group their step tests: each phase's tests under a
+    `# ----- NAME: <its row's condition>` header, NAME a phase of the table, its sections in the table's order,
+    none empty, and every phase with a section in one of the modules."""
+    problems: list[str] = []
+    covered: set[Phase] = set()
+    for module, text in modules.items():
+        sections: list[tuple[Phase, int, list[str]]] = []
+        tests: list[str] | None = None  # those of the phase section being read; None outside one
+        for number, line in enumerate(text.splitlines(), 1):
+            header = _HEADER.match(line)
+            if header is not None:
+                tests = None
+                found = _PHASE_HEADER.match(header.group(1))
+                if found is None:
+                    continue
+                name, when = found.groups()
+                if name not in Phase.__members__:
+                    problems.append(f"{module}:{number}: {name} is no phase of the table (ROWS in phases.py)")
+                    continue
+                phase = Phase[name]
+                if not ROW[phase].when.startswith(when):
+                    problems.append(f"{module}:{number}: {name} says {when!r}, its row {ROW[phase].when!r}")
+                tests = []
+                sections.append((phase, number, tests))
+            elif tests is not None and (test := _TEST.match(line)) is not None:
+                tests.append(test.group(1))
+        order = [phase for phase, _, _ in sections]
+        if order != sorted(order, key=list(Phase).index) or len(set(order)) != len(order):
+            problems.append(f"{module}: its phase sections are not once each in the table's order: "
+                            f"{', '.join(phase.name for phase in order)}")  # fmt: skip
+        problems += [f"{module}:{number}: {phase.name} has no step test" for phase, number, tests in sections
+                     if not tests]  # fmt: skip
+        covered.update(order)
+    missing = [phase.name for phase in Phase if phase not in covered]
+    if missing:
+        problems.append(f"no step tests for {', '.join(missing)}: each needs a `# ----- NAME: <its condition>` "
+                        f"section in {' or '.join(modules)}")  # fmt: skip
+    return problems
+
+
+def test_every_phase_has_its_step_tests_under_its_name_in_the_tables_order() -> None:
+    here = Path(__file__).parent
+    assert grouping_problems({name: (here / name).read_text() for name in STEP_TEST_MODULES}) == []
+
+
+def test_a_misnamed_misplaced_empty_or_missing_phase_section_is_a_problem() -> None:
+    text = """
+# ----- SERVING: awake and ready, its routing metadata fits
+def test_a() -> None: ...
+# ----- GONE: no requester
+async def test_b() -> None: ...
+# ----- RELEASNG: releasing a direct provider
+def test_c() -> None: ...
+# ----- LOST: the instance stopped
+# ----- whole actuations
+def test_d() -> None: ...
+"""
+    problems = grouping_problems({"m.py": text})
+    assert problems[:4] == [
+        "m.py:6: RELEASNG is no phase of the table (ROWS in phases.py)",
+        "m.py:8: LOST says 'the instance stopped', its row 'the instance that served it vanished or stopped'",
+        "m.py: its phase sections are not once each in the table's order: SERVING, GONE, LOST",
+        "m.py:8: LOST has no step test",
+    ]
+    missing = ", ".join(phase.name for phase in Phase if phase not in (Phase.GONE, Phase.LOST, Phase.SERVING))
+    assert problems[4:] == [
+        f"no step tests for {missing}: each needs a `# ----- NAME: <its condition>` section in m.py"
+    ]
 
 
 # ----- the transition recorder (tests/phase_transitions.py)

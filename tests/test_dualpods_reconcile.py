@@ -208,6 +208,18 @@ async def test_gone_pairs_are_forgotten_at_most_once_every_sweep_interval(h: Har
     assert "gone-2" not in memory.paths
 
 
+# ----- CONFLICTED: several providers are bound
+
+
+async def test_a_requester_bound_to_several_providers_is_a_status_error_and_neither_is_touched(h: Harness) -> None:
+    req = requester_obj()
+    h.put(req, bound(launcher_obj(), req), bound(launcher_obj("launcher-2"), req))
+    assert backs_off(await h.reconcile())
+    (error,) = status_errors(h.pod(REQ)) or []
+    assert f"bound to several providers: {LAUNCHER}, launcher-2" in error
+    assert h.journal.kinds() == [("event", REQ), ("update", REQ)], "the requester's Event and status alone"
+
+
 # ----- DISCARDING: releasing a provider that is lost (node gone, Pod failed, container failing)
 
 
@@ -476,6 +488,15 @@ async def test_an_fma_launchers_sleeper_not_yet_probed_is_asked_at_unbind_and_ke
     assert [c.kind for c in h.journal.of("is_sleeping")] == ["is_sleeping"]
     assert h.views.views[LAUNCHER].instances[WANTED].sleeping
     assert keys.REQUESTER_ANNOTATION not in annotations(h.journal.written(LAUNCHER))
+
+
+# ----- DEPARTING: the requester is being deleted, nothing bound, no finalizer
+
+
+async def test_a_departing_requester_with_nothing_bound_is_left_to_kubernetes(h: Harness) -> None:
+    h.put(requester_obj(deleting=True))
+    assert await h.reconcile() == DONE
+    assert h.journal == []
 
 
 # ----- UNSCHEDULED: staying, no Node or its Node is being deleted

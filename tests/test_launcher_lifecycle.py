@@ -78,9 +78,18 @@ def _at(phase: Phase, published: Published) -> Instance:
 def test_a_declared_transition_moves_the_instance_and_publishes_its_event(source: Phase, target: Phase) -> None:
     published: Published = []
     instance = _at(source, published)
-    instance.move(target, exit_code=7 if target is Phase.STOPPED else None)
+    exit_code = 7 if TRANSITIONS[source, target] is EventType.STOPPED else None
+    instance.move(target, exit_code=exit_code)
     assert instance.phase is target
-    assert published == [(TRANSITIONS[source, target], 7 if target is Phase.STOPPED else None)]
+    assert published == [(TRANSITIONS[source, target], exit_code)]
+
+
+def test_from_any_phase_an_event_leads_to_one_phase_at_most() -> None:
+    """What `after` relies on: a stop or a deletion is told by its event, and the table picks the phase."""
+    for (source, target), event in TRANSITIONS.items():
+        assert lifecycle.after(source, event) is target
+    with pytest.raises(IllegalTransition, match="cannot publish STOPPED from new"):
+        lifecycle.after(Phase.NEW, EventType.STOPPED)
 
 
 # A read that waited for what it must not would wait until the test lets that go on, i.e. past any bound: this one is
@@ -132,7 +141,9 @@ async def test_a_stop_a_delete_causes_publishes_nothing_and_the_deletion_reports
         (Phase.AWAKE, InstanceStatus.RUNNING, True, False),
         (Phase.ASLEEP, InstanceStatus.RUNNING, True, True),
         (Phase.STOPPED, InstanceStatus.STOPPED, False, False),
+        (Phase.STOPPED_ASLEEP, InstanceStatus.STOPPED, False, True),
         (Phase.DELETED, InstanceStatus.STOPPED, False, False),
+        (Phase.DELETED_ASLEEP, InstanceStatus.STOPPED, False, True),
     ],
 )
 def test_the_state_on_the_wire_is_what_the_phase_says(
@@ -143,13 +154,23 @@ def test_the_state_on_the_wire_is_what_the_phase_says(
 
 
 def test_a_stopped_instance_still_says_it_slept_and_at_which_level() -> None:
-    instance = _at(Phase.AWAKE, [])
+    published: Published = []
+    instance = _at(Phase.AWAKE, published)
     instance.sleep_level = 2
     instance.move(Phase.ASLEEP)
-    instance.move(Phase.STOPPED, exit_code=-9)
-    instance.move(Phase.DELETED)
+    instance.exited_with(-9)
+    instance.deleted()
     state = instance.state()
     assert (state.status, state.ready, state.sleeping, state.sleep_level) == (InstanceStatus.STOPPED, False, True, 2)
+    assert (state.exit_code, instance.end.exited) == (-9, True)
+    assert published == [(EventType.SLEEPING, None), (EventType.STOPPED, -9), (EventType.DELETED, None)]
+
+
+def test_an_instance_stopped_awake_says_it_does_not_sleep() -> None:
+    instance = _at(Phase.AWAKE, [])
+    instance.exited_with(0)
+    instance.deleted()
+    assert (instance.phase, instance.state().sleeping) == (Phase.DELETED, False)
 
 
 def test_a_wake_forgets_the_sleep_level() -> None:

@@ -76,9 +76,8 @@ class _Stopper(Stopper):
 
     async def stop(self, instance: Instance) -> None:
         if instance.running:
-            instance.ask_to_stop()
-            instance.mark_exited()
-            instance.move(Phase.STOPPED, exit_code=0)
+            instance.end.ask_to_stop()
+            instance.exited_with(0)
 
     def signal(self, instance: Instance, signum: int) -> None:
         raise AssertionError("no process to signal")
@@ -107,7 +106,7 @@ class _MonitoredForker:
     @staticmethod
     async def _watch(instance: Instance, monitor: Monitor) -> None:
         with contextlib.suppress(InstanceExited):  # it stopped (the launcher's shutdown): its watch is over
-            await instance.while_running(monitor.watch_sleep())
+            await instance.end.while_running(monitor.watch_sleep())
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import pytest
 
 from api import log_format
 from launcher import output_relay
+from launcher.instance import InstanceEnd
 
 
 @pytest.fixture
@@ -103,15 +104,15 @@ async def test_an_instances_lines_are_copied_prefixed_until_it_is_done(captured:
     output_relay.output_log.handlers[0].setStream(captured)  # type: ignore[attr-defined]
     log = tmp_path / "log"
     log.write_bytes(b"")
-    done = asyncio.Event()
-    copying = asyncio.ensure_future(output_relay.follow(log, "inst-1", done))
+    end = InstanceEnd()
+    copying = asyncio.ensure_future(output_relay.follow(log, "inst-1", end))
     with log.open("ab") as out:
         out.write(b'INFO:     Started server\nINFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 200 OK\n')
         out.flush()
         await asyncio.sleep(output_relay.POLL_S * 2)
         assert captured.getvalue() == "inst-1 | INFO:     Started server\n"  # the probe's access line left out
         out.write(b"x" * (output_relay.MAX_LINE_BYTES + 5) + b"\nlast words, no newline")
-    done.set()
+    end.mark_exited()
     await asyncio.wait_for(copying, 5)
     lines = captured.getvalue().splitlines()
     assert [len(line) for line in lines[1:3]] == [len("inst-1 | ") + output_relay.MAX_LINE_BYTES, len("inst-1 | ") + 5]
@@ -124,7 +125,7 @@ async def test_a_copy_cancelled_while_it_waits_for_more_ends_cancelled(captured:
     output_relay.output_log.handlers[0].setStream(captured)  # type: ignore[attr-defined]
     log = tmp_path / "log"
     log.write_bytes(b"first line\n")
-    copying = asyncio.ensure_future(output_relay.follow(log, "inst-1", asyncio.Event()))
+    copying = asyncio.ensure_future(output_relay.follow(log, "inst-1", InstanceEnd()))
     async with asyncio.timeout(5):
         while True:  # the copy polls the file: so does the test
             if captured.getvalue():

@@ -2,6 +2,8 @@
 `Background` (tasks held until they end, failures logged)."""
 
 import asyncio
+import contextlib
+import gc
 import logging
 
 import pytest
@@ -46,6 +48,29 @@ async def test_a_later_failure_does_not_replace_the_winner() -> None:
         raise LookupError("late")
 
     assert await first_to_finish(_after(0, "early"), fail_later()) == "early"
+
+
+def test_a_race_decided_by_a_failure_as_its_caller_is_cancelled_leaves_no_unretrieved_exception() -> None:
+    """The launcher's DELETE: an instance's end decides a race (InstanceExited) as the one waiting on it is
+    cancelled. asyncio complained, once the race was collected, that its exception was never retrieved."""
+    complaints: list[str] = []
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, context: complaints.append(context["message"]))
+
+        async def cancel_the_caller_and_fail() -> str:
+            await asyncio.sleep(0)
+            race.cancel()
+            raise LookupError("decided")
+
+        race = asyncio.create_task(first_to_finish(_forever([], "other"), cancel_the_caller_and_fail()))
+        with contextlib.suppress(asyncio.CancelledError):
+            await race
+        assert race.cancelled()
+
+    asyncio.run(scenario())  # a loop of its own: the race and its frames go with it
+    gc.collect()
+    assert complaints == []
 
 
 async def test_cancelling_the_race_cancels_every_contender() -> None:

@@ -1,11 +1,10 @@
 """The kubelet of one Node: its registration and heartbeat, its address block, GPUs and pod sync loop."""
 
-import asyncio
-import contextlib
 import logging
 
 from kubernetes_asyncio import client
 
+from api.tasks import Background
 from e2e.kubelet import dra
 from e2e.kubelet.addresses import AddressBlock
 from e2e.kubelet.config import KubeletConfig, NodeConfig
@@ -62,23 +61,18 @@ class NodeAgent:
             config.node_status_seconds,
         )
         self._sync = PodSync(self.runtime)
-        self._tasks: list[asyncio.Task[None]] = []
+        self._running = Background()  # the heartbeat and the pod sync, until the Node is lost or shut down
 
     async def start(self) -> None:
         await self.registration.register()
         if self.config.gpu_mode == "dra":
             await dra.publish(self.runtime.core.api_client, self.config.name, self.gpus.uuids)
-        self._tasks = [
-            asyncio.create_task(self.registration.heartbeat(), name=f"heartbeat {self.config.name}"),
-            asyncio.create_task(self._sync.run(), name=f"pod sync {self.config.name}"),
-        ]
+        self._running.start(self.registration.heartbeat(), name=f"heartbeat {self.config.name}")
+        self._running.start(self._sync.run(), name=f"pod sync {self.config.name}")
 
     async def _cancel_tasks(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        self._running.cancel()
+        await self._running.wait()
 
     async def lose(self) -> None:
         """Node failure: its processes die at once, heartbeats stop and the Node object is deleted.

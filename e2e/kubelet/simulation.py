@@ -136,7 +136,7 @@ class SimulationProcess:
         self._process: asyncio.subprocess.Process | None = None
         self._client: SimulationClient | None = None
         self._running: dict[str, asyncio.Future[int]] = {}
-        self._supervisor: asyncio.Task[None] | None = None
+        self._supervising = Background()  # restarts the process whenever it dies, until closed
         self._up = asyncio.Event()
         self._closing = False
         self._background = Background()  # the simulation told of kills
@@ -148,7 +148,7 @@ class SimulationProcess:
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         await self._spawn()
-        self._supervisor = asyncio.create_task(self._supervise(), name=self.name)
+        self._supervising.start(self._supervise(), name=self.name)
 
     async def _spawn(self) -> None:
         self._url_file.unlink(missing_ok=True)
@@ -231,8 +231,8 @@ class SimulationProcess:
     async def close(self) -> None:
         """SIGTERM the process (it cuts off what still runs), SIGKILL it if it lingers."""
         self._closing = True
-        if self._supervisor is not None:
-            self._supervisor.cancel()
+        self._supervising.cancel()
+        await self._supervising.wait()
         await self._background.wait()
         if self._process is not None and self._process.returncode is None:
             self._process.send_signal(signal.SIGTERM)

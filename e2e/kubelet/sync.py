@@ -5,17 +5,15 @@ and relists after an expired resource version, telling every difference, so no P
 """
 
 import asyncio
-import logging
 from typing import Any
 
 from kubernetes_asyncio import client
 
+from api.tasks import Background
 from e2e.kubelet.models import from_json
 from e2e.kubelet.pod_worker import PodWorker
 from e2e.kubelet.runtime import NodeRuntime
 from kube.informer import Informer, Obj
-
-log = logging.getLogger(__name__)
 
 
 class PodDecoder:
@@ -62,7 +60,7 @@ class PodSync:
     def __init__(self, runtime: NodeRuntime) -> None:
         self._runtime = runtime
         self.workers: dict[str, PodWorker] = {}
-        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._working = Background()  # each worker's run, which forgets its Pod when it ends
         self._decoder = PodDecoder()
         self._pods = Informer(
             f"pods of {runtime.node}",
@@ -98,17 +96,15 @@ class PodSync:
             return
         worker = PodWorker(self._runtime, pod)
         self.workers[uid] = worker
-        task = asyncio.create_task(worker.run(), name=f"pod {worker.name}")
-        self._tasks[uid] = task
-        task.add_done_callback(self._finished)
+        self._working.start(self._work(uid, worker), name=f"worker of pod {worker.name}")
 
-    def _finished(self, task: "asyncio.Task[None]") -> None:
-        uid = next(u for u, t in self._tasks.items() if t is task)
-        worker = self.workers.pop(uid, None)
-        self._tasks.pop(uid, None)
-        self._decoder.forget(uid)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("worker of %s failed", worker.name if worker else uid, exc_info=task.exception())
+    async def _work(self, uid: str, worker: PodWorker) -> None:
+        """The worker's run; the Pod forgotten when it ends, however it ends (a failure is logged by `Background`)."""
+        try:
+            await worker.run()
+        finally:
+            self.workers.pop(uid, None)
+            self._decoder.forget(uid)
 
     async def stop_all(self, grace_seconds: float) -> None:
         """Stop every container within `grace_seconds`, then drop the workers (kubelet shutdown)."""
@@ -119,7 +115,5 @@ class PodSync:
         """Kill every container at once and forget the Pods, reporting nothing (a lost node)."""
         for worker in self.workers.values():
             worker.kill()
-        tasks = list(self._tasks.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        self._working.cancel()
+        await self._working.wait()

@@ -111,10 +111,8 @@ class _SimulatedStopper(Stopper):
 
     async def stop(self, instance: Instance) -> None:
         if instance.running:
-            instance.ask_to_stop()
-            instance.exit_code = 0
-            instance.mark_exited()
-            instance.move(Phase.STOPPED, exit_code=0)
+            instance.end.ask_to_stop()
+            instance.exited_with(0)
         self._delays.pop(instance.id, None)
 
     def signal(self, instance: Instance, signum: int) -> None:
