@@ -281,6 +281,32 @@ async def test_a_template_change_replaces_unbound_launchers_and_bound_ones_are_n
         assert [p.metadata.uid for p in await launchers(api, namespace)] == [bound.metadata.uid]
 
 
+@pytest.mark.usefixtures("crds")
+async def test_a_cordoned_node_keeps_its_launchers_gets_no_new_one_and_does_not_hold_the_policy_back(
+    api: client.ApiClient, namespace: str
+) -> None:
+    objects = Objects(api, namespace)
+    core = client.CoreV1Api(api)
+    nodes = await gpu_nodes(api)
+    first, *others = nodes
+    ready = functools.partial(objects.condition, type_="Ready")
+    async with populator(api, namespace):
+        await objects.create(launcher_config("standin", STANDIN))
+        await objects.create(policy("gpus", {"standin": 1}))
+        [kept] = [p for p in await settled(api, namespace, dict.fromkeys(nodes, 1)) if p.spec.node_name == first]
+        await core.patch_node(first, {"spec": {"unschedulable": True}})
+        try:
+            await objects.set_count("gpus", {"standin": 2})
+            await settled(api, namespace, {first: 1, **dict.fromkeys(others, 2)}, ready=True)
+            await eventually(lambda: ready("LauncherPopulationPolicy", "gpus"), ("True", "Populated"), "the LPP Ready")
+            await asyncio.sleep(QUIET_S)
+            on_first = [p for p in await launchers(api, namespace) if p.spec.node_name == first]
+            assert [p.metadata.uid for p in on_first] == [kept.metadata.uid], "kept, and none made beside it"
+        finally:
+            await core.patch_node(first, {"spec": {"unschedulable": False}})
+        await settled(api, namespace, dict.fromkeys(nodes, 2), ready=True)
+
+
 async def _replaced(
     api: client.ApiClient, namespace: str, before: list[client.V1Pod], keep: str
 ) -> list[client.V1Pod] | None:
