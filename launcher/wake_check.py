@@ -33,7 +33,7 @@ TOP_LOGPROBS = 2  # each token's and its runner-up's
 LOGPROB_TOLERANCE = 0.1  # nats
 # A replay after a wake answers in under a second (vLLM on a CPU); 60 s tells a stuck server from a busy one. The
 # first answer, recorded at the first ready, carries the runtime's own warm-up: vLLM on a CPU takes 2-5 s quiet, but
-# 23, 34 and 53 s were seen on 2 busy cores (load average 5-6), so its bound is 300 s: 60x the quiet figure.
+# 23-53 s were seen on 2 busy cores (load average 5-11), so its bound is 300 s: 60x the quiet figure.
 PROBE_TIMEOUT_S, FIRST_PROBE_TIMEOUT_S = 60.0, 300.0
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S, connect=5)
 FIRST_PROBE_TIMEOUT = aiohttp.ClientTimeout(total=FIRST_PROBE_TIMEOUT_S, connect=5)
