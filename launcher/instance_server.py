@@ -81,9 +81,12 @@ class InstanceServers:
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
             return None
 
-    async def ask_probe(self, instance: Instance, prompt: str | list[int], logprobs: bool) -> ProbeAnswer:
+    async def ask_probe(
+        self, instance: Instance, prompt: str | list[int], logprobs: bool, limit: aiohttp.ClientTimeout
+    ) -> ProbeAnswer:
         """The post-wake probe's answer (`wake_check.ask`); InstanceExited if the instance stops first."""
-        return await instance.end.while_running(wake_check.ask(self.session, self.base_url(instance), prompt, logprobs))
+        work = wake_check.ask(self.session, self.base_url(instance), prompt, logprobs, limit)
+        return await instance.end.while_running(work)
 
     async def sleep(self, instance: Instance, level: int) -> None:
         await self.call(instance, "POST", f"/sleep?level={level}")

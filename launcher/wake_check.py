@@ -31,7 +31,12 @@ PROBE_PROMPT = "A model woken from sleep should answer this prompt exactly as it
 PROBE_TOKENS = 4
 TOP_LOGPROBS = 2  # each token's and its runner-up's
 LOGPROB_TOLERANCE = 0.1  # nats
-PROBE_TIMEOUT = aiohttp.ClientTimeout(total=60, connect=5)
+# A replay after a wake answers in under a second (vLLM on a CPU); 60 s tells a stuck server from a busy one. The
+# first answer, recorded at the first ready, carries the runtime's own warm-up: vLLM on a CPU takes 2-5 s quiet, but
+# 23-53 s were seen on 2 busy cores (load average 5-11), so its bound is 300 s: 60x the quiet figure.
+PROBE_TIMEOUT_S, FIRST_PROBE_TIMEOUT_S = 60.0, 300.0
+PROBE_TIMEOUT = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S, connect=5)
+FIRST_PROBE_TIMEOUT = aiohttp.ClientTimeout(total=FIRST_PROBE_TIMEOUT_S, connect=5)
 COMPLETIONS_PATH = "/v1/completions"
 _TOKEN_ID_PREFIX = "token_id:"  # how return_tokens_as_token_ids names a token
 
@@ -60,15 +65,20 @@ def request_body(prompt: str | list[int], logprobs: bool) -> dict[str, Any]:
     return body
 
 
-async def ask(session: aiohttp.ClientSession, base_url: str, prompt: str | list[int], logprobs: bool) -> ProbeAnswer:
-    """The instance's answer to the probe (`prompt`: the text the first time, the recorded token IDs after)."""
+async def ask(
+    session: aiohttp.ClientSession, base_url: str, prompt: str | list[int], logprobs: bool, limit: aiohttp.ClientTimeout
+) -> ProbeAnswer:
+    """The instance's answer to the probe (`prompt`: the text the first time, the recorded token IDs after), within
+    `limit` (FIRST_PROBE_TIMEOUT or PROBE_TIMEOUT)."""
     try:
         async with session.post(
-            f"{base_url}{COMPLETIONS_PATH}", json=request_body(prompt, logprobs), timeout=PROBE_TIMEOUT
+            f"{base_url}{COMPLETIONS_PATH}", json=request_body(prompt, logprobs), timeout=limit
         ) as response:
             text = await response.text()
             status = response.status
-    except (aiohttp.ClientError, TimeoutError) as err:
+    except TimeoutError:
+        raise ProbeError(f"no answer to POST {COMPLETIONS_PATH} within {limit.total:g} s") from None
+    except aiohttp.ClientError as err:
         raise ProbeError(f"no answer to POST {COMPLETIONS_PATH}: {err!r}") from None
     if status != 200:
         raise ProbeError(f"POST {COMPLETIONS_PATH} answered {status}: {text[:300]}")

@@ -43,7 +43,9 @@ class WakeVerifier:
                 if not locked:
                     self._recording.add(instance.id)
                 try:
-                    answer = await self.servers.ask_probe(instance, wake_check.PROBE_PROMPT, runtime.probe_logprobs)
+                    answer = await self.servers.ask_probe(
+                        instance, wake_check.PROBE_PROMPT, runtime.probe_logprobs, wake_check.FIRST_PROBE_TIMEOUT
+                    )
                 finally:
                     self._recording.discard(instance.id)
         except InstanceExited:
@@ -78,7 +80,9 @@ class WakeVerifier:
         started = time.monotonic()
         prompt = recorded.prompt_token_ids or wake_check.PROBE_PROMPT
         try:
-            answer = await self.servers.ask_probe(instance, prompt, recorded.logprobs is not None)
+            answer = await self.servers.ask_probe(
+                instance, prompt, recorded.logprobs is not None, wake_check.PROBE_TIMEOUT
+            )
             problem = wake_check.compare(recorded, answer)
         except wake_check.ProbeError as err:
             problem = str(err)

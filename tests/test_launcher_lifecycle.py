@@ -9,6 +9,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from api.launcher import ErrorReason, EventType, InstanceStatus, StartupTimes, VllmConfig
@@ -202,7 +203,9 @@ class _Server(InstanceServers):
         self.answering = True
         self.probe_asked, self.probe_answers = asyncio.Event(), asyncio.Event()
 
-    async def ask_probe(self, instance: Instance, prompt: str | list[int], logprobs: bool) -> ProbeAnswer:
+    async def ask_probe(
+        self, instance: Instance, prompt: str | list[int], logprobs: bool, limit: aiohttp.ClientTimeout
+    ) -> ProbeAnswer:
         self.probe_asked.set()
         await self.probe_answers.wait()
         return ProbeAnswer(prompt_token_ids=[1], token_ids=[2])

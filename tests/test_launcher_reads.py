@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
@@ -58,7 +59,9 @@ class _LyingServer(InstanceServers):
         self.asked.append("health")
         return None
 
-    async def ask_probe(self, instance: Instance, prompt: str | list[int], logprobs: bool) -> ProbeAnswer:
+    async def ask_probe(
+        self, instance: Instance, prompt: str | list[int], logprobs: bool, limit: aiohttp.ClientTimeout
+    ) -> ProbeAnswer:
         self.asked.append("probe")
         return ProbeAnswer(prompt_token_ids=[1, 2], token_ids=[9, 9])
 

@@ -3,6 +3,7 @@ option parsing, the liveness watch (against real processes and a scripted /healt
 post-wake check."""
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from aiohttp import web
 
 from api.launcher import (
     MAX_ANNOTATIONS_BYTES,
@@ -38,7 +40,15 @@ from e2e.cluster.ports import free_port
 from e2e.waiting import cancel_while_waiting
 from launcher import gpu_memory, liveness, startup_phases, stopping, validation
 from launcher.engine_defaults import GIB, GpuMemory, Machine, transformers_defaults, vllm_defaults
-from launcher.errors import BadRequest, Conflict, Gone, InvalidOptions, RangeNotSatisfiable, UnknownGpu
+from launcher.errors import (
+    BadRequest,
+    Conflict,
+    Gone,
+    InvalidOptions,
+    RangeNotSatisfiable,
+    UnknownGpu,
+    WakeCheckFailed,
+)
 from launcher.events import EventLog, Subscription
 from launcher.gpus import GpuInventory, naive_loader
 from launcher.instance import Instance
@@ -49,7 +59,15 @@ from launcher.logs import FIRST_PAGE, PAGE_BYTES, content_range, parse_range, re
 from launcher.metrics import LauncherMetrics
 from launcher.process_stats import ProcessTreeStats
 from launcher.runtimes import TransformersRuntime, VllmRuntime
-from launcher.wake_check import LOGPROB_TOLERANCE, PROBE_PROMPT, PROBE_TOKENS, ProbeAnswer, compare, parse_choice
+from launcher.wake_check import (
+    LOGPROB_TOLERANCE,
+    PROBE_PROMPT,
+    PROBE_TIMEOUT_S,
+    PROBE_TOKENS,
+    ProbeAnswer,
+    compare,
+    parse_choice,
+)
 from launcher.wake_verification import MAX_DETAIL_CHARS
 
 
@@ -464,6 +482,7 @@ FAST = LivenessPolicy(health_interval_s=0.02, health_timeout_s=0.02, failure_thr
 NO_ENGINE = EngineProcesses(psutil.Process(), (), ())  # this process as the server, no engine processes
 
 
+@pytest.mark.looptime  # the probes' rate is the loop's clock, whatever the machine does
 async def test_consecutive_health_failures_make_an_instance_unresponsive() -> None:
     probe = ScriptedHealth(
         None, "no answer within 2 s", "no answer within 2 s", None, "refused", "refused", "it answered 503"
@@ -474,15 +493,17 @@ async def test_consecutive_health_failures_make_an_instance_unresponsive() -> No
     assert "/health failed 3 times in a row" in verdict.message
     assert "last: it answered 503" in verdict.message
     assert len(probe.calls) == 7  # the success in between started the count again
-    # Probes run at a fixed rate from each probe's start: one delayed by the machine (a preempted
-    # process) is followed by a shorter gap, so the rate is what is guaranteed, not each gap.
+    # Probes run at a fixed rate from each probe's start (one delayed by the machine is followed by a shorter gap).
     span = probe.calls[-1] - probe.calls[0]
-    assert span >= (len(probe.calls) - 1) * FAST.health_interval_s * 0.9
+    assert span == pytest.approx((len(probe.calls) - 1) * FAST.health_interval_s)
 
 
+@pytest.mark.looptime  # 0.5 s of the loop's clock is 25 probes, however busy the machine is
 async def test_a_healthy_instance_is_never_judged() -> None:
+    probe = ScriptedHealth(None)
     with pytest.raises(TimeoutError):
-        await asyncio.wait_for(liveness.watch(NO_ENGINE, ScriptedHealth(None), FAST), 0.5)
+        await asyncio.wait_for(liveness.watch(NO_ENGINE, probe, FAST), 0.5)
+    assert len(probe.calls) >= 25  # every 0.02 s, and none of them judged it
 
 
 def test_a_liveness_policy_must_be_able_to_fire() -> None:
@@ -666,6 +687,58 @@ async def test_a_failed_wake_check_cancelled_while_it_waits_for_the_exit_code_st
     await cancel_while_waiting(checking)  # the reaper has not seen the exit yet
     await _reap(manager, instance, child)
     assert (instance.exit_code, instance.stop_reason) == (-signal.SIGKILL, StopReason.WAKE_CHECK_FAILED)
+
+
+SLOW_ANSWER_S = 2 * PROBE_TIMEOUT_S  # a probe answered later than a replay may take
+SLOW_PROBE = ProbeAnswer([1, 2], [5, 6, 7, 8], [-1.0] * 4)
+
+
+@contextlib.asynccontextmanager
+async def answering_the_probe_after(delay_s: float) -> AsyncIterator[int]:
+    """A model server on a free port (yielded) that answers /v1/completions with SLOW_PROBE after `delay_s`."""
+
+    async def complete(request: web.Request) -> web.Response:
+        await asyncio.sleep(delay_s)
+        named = [f"token_id:{token}" for token in SLOW_PROBE.token_ids]
+        table = {"tokens": named, "token_logprobs": SLOW_PROBE.logprobs, "top_logprobs": [{n: -1.0} for n in named]}
+        choice = {"prompt_token_ids": SLOW_PROBE.prompt_token_ids, "token_ids": SLOW_PROBE.token_ids, "logprobs": table}
+        return web.json_response({"choices": [{**choice, "finish_reason": "length"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", complete)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield port
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.looptime  # the server's delay and the probe's bounds are the loop's seconds: a busy machine is no slower
+async def test_a_first_probe_slower_than_a_replay_may_be_is_recorded(manager: InstanceManager, tmp_path: Path) -> None:
+    """The first answer carries the runtime's warm-up (vLLM's on a busy CPU took 34 s): a slow one is recorded,
+    and the instance's wakes are checked, not reported unavailable."""
+    async with answering_the_probe_after(SLOW_ANSWER_S) as port:
+        instance = _instance(tmp_path, pid=NO_PROCESS, port=port)
+        started = asyncio.get_running_loop().time()
+        await manager.verifier.record(instance, VllmRuntime())
+        assert asyncio.get_running_loop().time() - started >= SLOW_ANSWER_S
+    assert (instance.wake_check.status, instance.wake_check.probe) == (WakeCheckStatus.RECORDED, SLOW_PROBE.recorded())
+
+
+@pytest.mark.looptime
+async def test_a_replay_slower_than_its_bound_fails_the_check(
+    manager: InstanceManager, tmp_path: Path, child: subprocess.Popen[bytes]
+) -> None:
+    async with answering_the_probe_after(SLOW_ANSWER_S) as port:
+        instance = _instance(tmp_path, child.pid, port=port)
+        instance.probe = SLOW_PROBE
+        no_answer = f"no answer to POST /v1/completions within {PROBE_TIMEOUT_S:g} s"
+        with pytest.raises(WakeCheckFailed, match=no_answer):
+            await manager.verifier.check(instance, VllmRuntime())
+    assert instance.stop_reason is StopReason.WAKE_CHECK_FAILED
 
 
 async def test_a_wait_for_the_output_copy_cancelled_ends_cancelled_and_the_copy_goes_on(tmp_path: Path) -> None:

@@ -219,7 +219,9 @@ async def test_killed_instance_stops_with_its_exit_code(
     first = asyncio.ensure_future(anext(events))
     await asyncio.sleep(0.2)
     os.kill(server.pid, signal.SIGKILL)
-    event = await asyncio.wait_for(first, 1.0)
+    # Reported from SIGCHLD, in milliseconds quiet; 5 s is a loaded machine's margin. The stop reason below
+    # (Exited, not Unresponsive: three failed probes 2 s apart) is what tells it from the liveness check.
+    event = await asyncio.wait_for(first, 5)
     await events.aclose()
     assert (event["type"], event["exit_code"], event["object"]["status"]) == ("STOPPED", -9, "stopped")
     # Its engine core died too (of the parent-death signal), but after it: the server exited.
@@ -336,7 +338,7 @@ async def test_sleeping_and_busy_vllm_instances_are_not_killed(
 async def test_deleting_a_suspended_vllm_server_is_prompt(
     launcher: LauncherProcess, http: aiohttp.ClientSession, model_a: Path
 ) -> None:
-    """The launcher resumes it with its SIGTERM: it shuts down cleanly, long before the 10 s grace."""
+    """The launcher resumes it with its SIGTERM: it shuts down cleanly, within the 10 s grace."""
     await start_instance(http, "paused", model_a, "model-a")
     server, _ = instance_tree(launcher, "paused")
     server.suspend()
@@ -344,7 +346,8 @@ async def test_deleting_a_suspended_vllm_server_is_prompt(
     started = loop.time()
     async with http.delete(f"{BASE}/paused") as response:
         deleted = await response.json()
-    assert loop.time() - started < 5
+    # Not killed at the end of the 10 s grace (that would be exit code -9): within it, however busy the machine.
+    assert loop.time() - started < 10
     assert (deleted["status"], deleted["exit_code"]) == ("stopped", 0)
 
 
