@@ -327,6 +327,7 @@ class VllmRuntime(Runtime):
         if self.on_cpu:
             # The CPU platform forces `spawn`, which would re-import vLLM in the engine core.
             engine_utils.get_mp_context = lambda: multiprocessing.get_context("fork")
+            vllm_startup.keep_the_listener_out_of_forks()
         vllm_startup.inspect_models_in_forks()
         vllm_startup.keep_logging_in_forked_engines()
         sys.argv = ["vllm serve", *argv]

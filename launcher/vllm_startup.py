@@ -18,7 +18,9 @@ it touched its model, was vLLM re-doing per process what the launcher can do onc
   zygote's ~1,200), even where it is a fork of the API server that applied the same configuration a
   moment before. A forked engine core now applies it only where it differs, as vLLM's API server does.
 
-All three replace private vLLM functions of the pinned version (`pyproject.toml`), as the CPU engine-core
+And one it must not inherit from a fork: `keep_the_listener_out_of_forks` (the API server's listening socket).
+
+All four replace private vLLM functions of the pinned version (`pyproject.toml`), as the CPU engine-core
 fork in `runtimes.VllmRuntime.serve` does; where the function is missing (another vLLM) it is left as
 vLLM has it, and vLLM's own behaviour is what runs.
 """
@@ -30,7 +32,7 @@ import signal
 import time
 import warnings
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 _T = TypeVar("_T")
 # vLLM's own inspection subprocess takes 6-20 s on a 2-core machine; a fork that takes longer is stuck.
@@ -71,6 +73,25 @@ def keep_logging_in_forked_engines() -> None:
 
     if hasattr(core, "configure_logging") and hasattr(logger, "configure_logging_if_needed"):
         core.configure_logging = logger.configure_logging_if_needed
+
+
+def keep_the_listener_out_of_forks() -> None:
+    """In an instance whose engine core is forked (on a CPU): the fork does not inherit the API server's listening
+    socket, as a spawned engine core does not. With it, the engine core held the instance's port too, and vLLM's
+    shutdown, which names any other process on its port, asked it for its command line: where the engine core
+    had just exited (a zombie), psutil raised, uncaught, and a clean stop ended with exit code 1."""
+    from vllm.entrypoints.launchers.api_server import entry
+
+    setup = getattr(entry, "setup_server", None)
+    if setup is None:
+        return
+
+    def setup_server(*args: Any, **kwargs: Any) -> Any:
+        listen_address, sock = setup(*args, **kwargs)
+        os.register_at_fork(after_in_child=sock.close)
+        return listen_address, sock
+
+    entry.setup_server = setup_server
 
 
 def run_in_fork(fn: Callable[[], _T], fallback: Callable[[Callable[[], _T]], _T]) -> _T:

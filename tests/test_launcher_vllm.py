@@ -339,8 +339,11 @@ async def test_deleting_a_suspended_vllm_server_is_prompt(
     launcher: LauncherProcess, http: aiohttp.ClientSession, model_a: Path
 ) -> None:
     """The launcher resumes it with its SIGTERM: it shuts down cleanly, within the 10 s grace."""
-    await start_instance(http, "paused", model_a, "model-a")
+    port = (await start_instance(http, "paused", model_a, "model-a"))["port"]
     server, _ = instance_tree(launcher, "paused")
+    # Forked from the server, the engine core does not hold its port: else vLLM's shutdown finds it there.
+    holding = {c.pid for c in psutil.net_connections() if c.laddr.port == port and c.status == psutil.CONN_LISTEN}
+    assert holding == {server.pid}
     server.suspend()
     loop = asyncio.get_running_loop()
     started = loop.time()
