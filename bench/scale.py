@@ -14,7 +14,8 @@ released dual-pods controller and populator (v0.6.5-alpha.1, its chart's flags; 
 run). Each wave also says what the controllers spent: their CPU per requester, their CPU as a share of the
 kube-apiserver's in the same wave (the figure that does not depend on the machine) and their API requests per
 requester, as each counts them (ours: dualpods_kube_api_requests_total; FMA's: client-go's
-rest_client_requests_total). Exit status 1 when a wave timed out or
+rest_client_requests_total), and the API server's from every client per requester (which counts what FMA's
+notifier sidecars ask, and our requesters' TokenReviews). Exit status 1 when a wave timed out or
 left a requester unbound, bound twice, or a GPU shared; 130 on Ctrl-C, after the teardown (further Ctrl-Cs
 are ignored until the cluster is down). `--requesters 0` measures the populator and the cluster at rest
 alone (the simulation's own cost at that size).
@@ -80,7 +81,8 @@ def _controllers_line(wave: Wave) -> str:
         f"{phase.controllers_share():.2f} of the {APISERVER}'s {phase.cpu.get(APISERVER, 0.0):.1f} s; "
         f"their API requests {requests} ({requests / told:.1f} per requester told ready: "
         + ", ".join(f"{c} {n}" for c, n in phase.controller_requests.items())
-        + ")"
+        + f"); the {APISERVER}'s requests from every client {sum(phase.requests_by_verb.values()) / told:.1f} per "
+        "requester told ready"
     )
 
 
