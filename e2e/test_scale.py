@@ -1,6 +1,7 @@
 """The scale harness's small run (issue 15): 40 requesters on 10 simulated GPU Nodes, one launcher per GPU,
 the controllers installed by the Helm chart; every requester bound once and told ready, before and after
-a swap wave, with no GPU shared. The full-size figures are `bench/scale.py`'s (docs/benchmarks.md)."""
+a swap wave, with no GPU shared; and the same with FMA's released controllers on 2 Nodes (issue 46). The
+full-size figures are `bench/scale.py`'s (docs/benchmarks.md)."""
 
 from pathlib import Path
 
