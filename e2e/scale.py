@@ -57,7 +57,7 @@ from e2e.cluster.cluster import APISERVER, LoopbackCluster, default_nodes
 from e2e.dra import DRA_NODES, allow_admin_access, create_claim_template
 from e2e.dualpods_env import DualPodsEnv, Obj
 from e2e.fixtures import fresh_namespace
-from e2e.fma_controllers import OPEN_SPI, under_fma
+from e2e.fma_controllers import OPEN_SPI, fma_running
 from e2e.kubelet.config import GpuMode
 from e2e.profiles import Profile, Summary
 from e2e.simulation.protocol import Report, Role
@@ -756,9 +756,10 @@ async def _installed(
     spec: ScaleSpec, cluster: LoopbackCluster, api: client.ApiClient, namespace: str, work_dir: Path
 ) -> AsyncIterator[tuple[DualPodsEnv, Controllers]]:
     """The namespace set up for `spec`'s controllers, and them running: the chart's with `spec.chart_values`, or
-    FMA's as FMA's e2e sets them up, with the requesters' SPI open (FMA's controller sends no token)."""
+    FMA's as FMA's e2e sets them up, with the requesters' SPI open (FMA's controller sends no token). Nothing is
+    torn down but FMA's processes: the cluster goes down next."""
     if spec.controllers == "fma":
-        async with under_fma(cluster, api, namespace, work_dir, OPEN_SPI) as (env, fma):
+        async with fma_running(cluster, api, namespace, work_dir, OPEN_SPI) as (env, fma):
             yield env, fma
         return
     env = DualPodsEnv(cluster, api, namespace, work_dir)
