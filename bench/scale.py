@@ -1,4 +1,4 @@
-"""Scale: R requesters on N simulated GPU Nodes, one launcher per GPU, with the real controllers.
+"""Scale: R requesters on N simulated GPU Nodes, one launcher per GPU, with the real controllers, ours or FMA's.
 
 A loopback cluster of simulated Nodes (`up --simulated`: the requesters' SPI and probes and the launchers'
 API served by simulation processes, one per role and 400 Nodes, on each Pod's own address) gets the Helm
@@ -9,13 +9,19 @@ until every requester is told ready (p50/p99 per requester), a swap wave (half t
 others up), what each process spent, and the API server's requests by verb; then takes it all down
 (see `e2e/scale.py` for what is measured how). The last line reads
 `scale: R requesters on N nodes bound and told ready in X s (p50 A s, p99 B s); controller RSS W MiB, CPU C s`
-(the dual-pods controller's peak RSS and CPU seconds over the run). Exit status 1 when a wave timed out or
+(the dual-pods controller's peak RSS and CPU seconds over the run). `--controllers fma`: the same with FMA's
+released dual-pods controller and populator (v0.6.5-alpha.1, its chart's flags; `e2e/scale.py` says how they
+run). Each wave also says what the controllers spent: their CPU per requester, their CPU as a share of the
+kube-apiserver's in the same wave (the figure that does not depend on the machine) and their API requests per
+requester, as each counts them (ours: dualpods_kube_api_requests_total; FMA's: client-go's
+rest_client_requests_total), and the API server's from every client per requester (which counts what FMA's
+notifier sidecars ask, and our requesters' TokenReviews). Exit status 1 when a wave timed out or
 left a requester unbound, bound twice, or a GPU shared; 130 on Ctrl-C, after the teardown (further Ctrl-Cs
 are ignored until the cluster is down). `--requesters 0` measures the populator and the cluster at rest
 alone (the simulation's own cost at that size).
 
 Usage: .venv/bin/python bench/scale.py --nodes 250 --gpus-per-node 4 --requesters 1000 [--models 4]
-       [--json results.json]
+       [--controllers ours|fma] [--json results.json]
 """
 
 import argparse
@@ -31,8 +37,20 @@ from pathlib import Path
 import psutil
 
 from e2e.chart import DUAL_PODS
+from e2e.cluster.cluster import APISERVER
+from e2e.fma_release import FMA_VERSION
 from e2e.profiles import RATE
-from e2e.scale import Phase, ScaleResult, ScaleSpec, Wave, bench_main, progress_line, quantile, run_scale
+from e2e.scale import (
+    CONTROLLERS,
+    Phase,
+    ScaleResult,
+    ScaleSpec,
+    Wave,
+    bench_main,
+    progress_line,
+    quantile,
+    run_scale,
+)
 
 TOP_CALLS = 12
 
@@ -53,6 +71,21 @@ def _requests_line(phase: Phase) -> str:
     )
 
 
+def _controllers_line(wave: Wave) -> str:
+    """What the controllers spent in the wave, per requester it made ready, and against the API server."""
+    phase, told = wave.phase, max(len(wave.latencies), 1)
+    cpu = sum(phase.cpu.get(c, 0.0) for c in CONTROLLERS)
+    requests = sum(phase.controller_requests.values())
+    return (
+        f"  controllers: CPU {cpu:.1f} s ({cpu / told:.3f} s per requester told ready), "
+        f"{phase.controllers_share():.2f} of the {APISERVER}'s {phase.cpu.get(APISERVER, 0.0):.1f} s; "
+        f"their API requests {requests} ({requests / told:.1f} per requester told ready: "
+        + ", ".join(f"{c} {n}" for c, n in phase.controller_requests.items())
+        + f"); the {APISERVER}'s requests from every client {sum(phase.requests_by_verb.values()) / told:.1f} per "
+        "requester told ready"
+    )
+
+
 def _wave_lines(wave: Wave) -> list[str]:
     state = "TIMED OUT, " if wave.timed_out else ""
     return [
@@ -62,9 +95,16 @@ def _wave_lines(wave: Wave) -> list[str]:
         f"GPUs shared {wave.shared_gpus}",
         "  per requester, p50/p99 s: "
         + ", ".join(f"{step} {p50:.2f}/{p99:.2f}" for step, (p50, p99) in wave.steps.items()),
+        _controllers_line(wave),
         f"  CPU: {_cpu_line(wave.phase)}",
         f"  API requests: {_requests_line(wave.phase)}",
     ] + [f"  {count} not ready: {problem}" for problem, count in wave.problems.items()]
+
+
+def _controller_set(spec: ScaleSpec) -> str:
+    if spec.controllers == "fma":
+        return f"FMA's {FMA_VERSION} (its chart's flags)"
+    return f"ours (chart values: {', '.join(spec.chart_values) or 'defaults'})"
 
 
 def report(result: ScaleResult) -> list[str]:
@@ -74,7 +114,7 @@ def report(result: ScaleResult) -> list[str]:
         f"{psutil.virtual_memory().total / 2**30:.0f} GiB, load average {os.getloadavg()[0]:.2f}",
         f"{spec.nodes} nodes x {spec.gpus_per_node} GPUs, {spec.requesters} requesters, {spec.models} models; "
         f"instances: start {spec.startup_delay:g} s, sleep {spec.sleep_delay:g} s, wake {spec.wake_delay:g} s; "
-        f"cluster up in {result.cluster_up_seconds:.1f} s; chart values: {', '.join(spec.chart_values) or 'defaults'}",
+        f"cluster up in {result.cluster_up_seconds:.1f} s; controllers: {_controller_set(spec)}",
         f"populator: {spec.nodes * spec.gpus_per_node} launchers created in {result.launchers_created_seconds:.1f} s, "
         f"all Ready in {result.launchers_ready_seconds:.1f} s",
         f"  CPU: {_cpu_line(result.populator_phase)}",
@@ -130,7 +170,9 @@ def report(result: ScaleResult) -> list[str]:
         lines.append(
             f"scale: {spec.requesters} requesters on {spec.nodes} nodes bound and told ready in {first.seconds:.1f} s "
             f"(p50 {quantile(first.latencies, 0.5):.1f} s, p99 {quantile(first.latencies, 0.99):.1f} s); "
-            f"controller RSS {controller.peak_rss_mib:.0f} MiB, CPU {controller.cpu_seconds:.1f} s"
+            f"controller RSS {controller.peak_rss_mib:.0f} MiB, CPU {controller.cpu_seconds:.1f} s; controllers "
+            f"{spec.controllers}, their share of the {APISERVER}'s CPU "
+            + ", ".join(f"{wave.name} wave {wave.phase.controllers_share():.2f}" for wave in result.waves)
         )
     return lines
 
@@ -148,6 +190,8 @@ def _args() -> argparse.Namespace:
     parser.add_argument("--wave-timeout", type=float, default=600.0, help="seconds a phase may take")
     parser.add_argument("--idle-seconds", type=float, default=20.0, help="the cluster at rest, before the waves")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a chart value (repeatable)")
+    parser.add_argument("--controllers", choices=["ours", "fma"], default="ours",
+                        help=f"ours (the chart), or FMA's released ones ({FMA_VERSION})")  # fmt: skip
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument("--profile", type=Path, help="sample the controllers with py-spy; raw profiles go here "
                         "(and the controllers' logs, a restarted one's previous run too)")  # fmt: skip
@@ -169,7 +213,10 @@ async def main() -> int:
             wave_timeout=args.wave_timeout,
             chart_values=tuple(args.set),
             idle_seconds=args.idle_seconds,
+            controllers=args.controllers,
         )
+        if args.profile is not None and spec.controllers == "fma":
+            raise ValueError("--profile samples Python controllers; FMA's are Go binaries")
     except ValueError as err:
         sys.exit(f"bench/scale.py: {err}")
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as tmp:

@@ -30,7 +30,6 @@ import psutil
 from kubernetes_asyncio import client
 
 from e2e.actuation import Actuation, actuate, release
-from e2e.chart import DUAL_PODS, POPULATOR
 from e2e.cluster.cluster import LoopbackCluster, default_nodes
 from e2e.dualpods_env import DualPodsEnv, installed
 from e2e.fixtures import fresh_namespace
@@ -100,7 +99,7 @@ async def ours(cluster: LoopbackCluster, api: client.ApiClient, work_dir: Path) 
     async with fresh_namespace(api, "bench-ours") as namespace, installed(
         cluster, api, namespace, work_dir, images=OPEN_SPI
     ) as env:  # fmt: skip
-        yield env, lambda: {c: env.controllers.processes(c)[0] for c in (DUAL_PODS, POPULATOR)}
+        yield env, env.controllers.running
 
 
 @contextlib.asynccontextmanager

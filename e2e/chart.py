@@ -96,6 +96,10 @@ class InstalledControllers:
                 found[process.pid] = process
         return [p for p in found.values() if p.info["ppid"] not in found]
 
+    def running(self) -> dict[str, psutil.Process]:
+        """The running controllers by component (as `FmaControllers.running`, for their CPU time and memory)."""
+        return {component: process for component in (DUAL_PODS, POPULATOR) for process in self.processes(component)}
+
     def kill(self, component: str = DUAL_PODS) -> int:
         """SIGKILL the controller, as a crash would (the kubelet restarts its container); how many
         processes were killed (none while the container waits to be restarted). One that exits between the

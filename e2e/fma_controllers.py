@@ -145,13 +145,12 @@ def fma_requester_images() -> Images:
 
 
 @contextlib.asynccontextmanager
-async def under_fma(
+async def fma_running(
     cluster: LoopbackCluster, api: client.ApiClient, namespace: str, work_dir: Path, images: Images
 ) -> AsyncIterator[tuple[DualPodsEnv, FmaControllers]]:
     """The namespace set up as FMA's e2e does it (CRDs, gpu-map, the launchers' RBAC: the gpu-map's read, and their
     notifier sidecar's get and patch of its Pod, without which FMA's controller never hears of a stopped instance)
-    with FMA's controllers running;
-    the requesters are deleted while they still run, so FMA's controller takes its finalizers off."""
+    with FMA's controllers running, stopped on the way out; what they made is left (a cluster about to go down)."""
     env = DualPodsEnv(cluster, api, namespace, work_dir, images)
     fma = FmaControllers(cluster, api, namespace, work_dir)
     try:
@@ -160,5 +159,17 @@ async def under_fma(
         await fma.start()
         yield env, fma
     finally:
-        await env.teardown()
         await fma.stop()
+
+
+@contextlib.asynccontextmanager
+async def under_fma(
+    cluster: LoopbackCluster, api: client.ApiClient, namespace: str, work_dir: Path, images: Images
+) -> AsyncIterator[tuple[DualPodsEnv, FmaControllers]]:
+    """`fma_running`, and on the way out the requesters are deleted while FMA's controllers still run, so they take
+    its finalizers off (a cluster that other tests go on using)."""
+    async with fma_running(cluster, api, namespace, work_dir, images) as (env, fma):
+        try:
+            yield env, fma
+        finally:
+            await env.teardown()

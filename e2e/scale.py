@@ -1,5 +1,6 @@
 """The scale scenario (issue 15), for `bench/scale.py` and its small e2e run: R requesters on N simulated
-GPU Nodes, one launcher per GPU, with the real controllers installed by the Helm chart.
+GPU Nodes, one launcher per GPU, with the real controllers installed by the Helm chart, or FMA's released
+ones (issue 46: `ScaleSpec.controllers`).
 
 A loopback cluster of simulated Nodes (`e2e/simulation`: the requesters' SPI and probes and the launchers'
 API served by one process per role, TokenReviews and all) gets the chart (its defaults), a LauncherConfig,
@@ -16,7 +17,14 @@ ReplicaSet of requesters asking for one GPU each. Measured, from outside, as a u
   with two awake instances (the simulated launchers' own state);
 - per phase: CPU seconds of every process (the controllers, kube-apiserver, etcd, the cluster's own
   controllers, the kubelet, the simulations), the API server's own `apiserver_request_total` by verb
-  and by resource; at the end the controllers' RSS (now and peak) and their work-queue histograms.
+  and by resource, and each controller's own count of its API requests (its /metrics); at the end the
+  controllers' RSS (now and peak) and their work-queue histograms.
+
+FMA's controllers (v0.6.5-alpha.1, `e2e/fma_controllers.py`: its binaries with its chart's flags and RBAC, in
+the namespace set up as FMA's e2e sets it up) drive the same simulated launchers and requesters: our launcher
+with no token (FMA's controllers send none), its notifier sidecar run by the launcher simulation
+(`e2e/simulation/notifier.py`), the requesters' SPI open (`REQUESTER_SPI_AUTH=none`). Their API requests are
+client-go's `rest_client_requests_total`, ours `dualpods_kube_api_requests_total`.
 """
 
 import asyncio
@@ -35,7 +43,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn, Protocol
 
 import aiohttp
 import psutil
@@ -45,10 +53,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from api import keys
 from controller import pods
 from e2e.chart import DUAL_PODS, POPULATOR
-from e2e.cluster.cluster import LoopbackCluster, default_nodes
+from e2e.cluster.cluster import APISERVER, LoopbackCluster, default_nodes
 from e2e.dra import DRA_NODES, allow_admin_access, create_claim_template
 from e2e.dualpods_env import DualPodsEnv, Obj
 from e2e.fixtures import fresh_namespace
+from e2e.fma_controllers import OPEN_SPI, fma_running
 from e2e.kubelet.config import GpuMode
 from e2e.profiles import Profile, Summary
 from e2e.simulation.protocol import Report, Role
@@ -63,6 +72,16 @@ FIRST_PORT = 8005
 REPORT_EVERY_S = 1.0
 REPORT_OVERLAP_S = 1.0  # each look asks for the changes since a second before the last one was asked
 PROGRESS_EVERY_S = 60.0  # a long run says how far each wave has come this often
+CONTROLLERS = (DUAL_PODS, POPULATOR)
+ControllerSet = Literal["ours", "fma"]  # the chart's controllers, or FMA's released ones
+
+
+class Controllers(Protocol):
+    """A running controller set: `InstalledControllers` (the chart's) or `FmaControllers`."""
+
+    def running(self) -> dict[str, psutil.Process]: ...
+
+    async def metrics(self, component: str) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -83,8 +102,11 @@ class ScaleSpec:
     warm_pool: Obj | None = None  # the `spec.warmPool` every model declares (bench/pools.py)
     sleeper_budget: Obj | None = None  # the LauncherConfig's `spec.sleeperBudget`
     max_instances: int = 2  # the LauncherConfig's
+    controllers: ControllerSet = "ours"
 
     def __post_init__(self) -> None:
+        if self.controllers == "fma" and self.chart_values:
+            raise ValueError("chart values are ours; FMA's controllers run with its chart's flags")
         if self.requesters > self.nodes * self.gpus_per_node:
             raise ValueError(f"{self.requesters} requesters need that many GPUs; the nodes have "
                              f"{self.nodes * self.gpus_per_node}")  # fmt: skip
@@ -108,6 +130,12 @@ class Phase:
     requests_by_verb: dict[str, int]
     requests_by_call: dict[str, int]  # "VERB resource[/subresource]" -> count
     refusals_by_call: dict[str, int]  # "VERB resource[/subresource] CODE" -> count, for codes of 400 and up
+    # Each controller's API requests in the phase, as it counts them (its /metrics).
+    controller_requests: dict[str, int] = field(default_factory=dict)
+
+    def controllers_share(self) -> float:
+        """The controllers' CPU seconds over the API server's: a figure that does not depend on the machine."""
+        return sum(self.cpu.get(c, 0.0) for c in CONTROLLERS) / max(self.cpu.get(APISERVER, 0.0), 1e-9)
 
 
 @dataclass
@@ -163,7 +191,7 @@ class ControllerMetrics:
     own: Quantiles | None  # dualpods_reconcile_own_seconds: a pass less its calls
     work: Quantiles | None  # fma_dpc_innerqueue_work_duration_seconds: a pass, calls included (dual-pods)
     queued: Quantiles | None  # fma_dpc_innerqueue_queue_duration_seconds: added -> taken by a worker
-    api_requests: dict[str, int]  # dualpods_kube_api_requests_total by HTTP method
+    api_requests: dict[str, int]  # dualpods_kube_api_requests_total (FMA's: rest_client_requests_total) by method
     throttled_seconds: float  # the sum of dualpods_kube_api_rate_limit_wait_seconds
     # fma_http_latency_seconds by purpose: the controller's calls to launchers and requesters.
     calls: dict[str, Quantiles] = field(default_factory=dict)
@@ -185,7 +213,7 @@ class ControllerMetrics:
                     buckets[f"call API {sample.labels['method']}"][float(sample.labels["le"])] += sample.value
                 elif sample.name.endswith("_bucket"):
                     buckets[sample.name.removesuffix("_bucket")][float(sample.labels["le"])] += sample.value
-                elif sample.name == "dualpods_kube_api_requests_total":
+                elif sample.name in ("dualpods_kube_api_requests_total", "rest_client_requests_total"):
                     requests[sample.labels["method"]] += int(sample.value)
                 elif sample.name == "dualpods_kube_api_rate_limit_wait_seconds_sum":
                     throttled += sample.value
@@ -304,9 +332,9 @@ class PodTimes:
 class Processes:
     """The processes whose CPU a phase is charged with, found by what they run."""
 
-    def __init__(self, cluster: LoopbackCluster, env: DualPodsEnv) -> None:
+    def __init__(self, cluster: LoopbackCluster, controllers: Controllers) -> None:
         self._cluster = cluster
-        self._env = env
+        self._controllers = controllers
 
     def find(self) -> dict[str, psutil.Process]:
         found = {name: psutil.Process(pid) for name, pid in self._cluster.pids().items()}
@@ -315,10 +343,7 @@ class Processes:
                 line = process.cmdline()
                 if "e2e.simulation" in line:
                     found[Path(line[line.index("--url-file") + 1]).stem] = process  # its `process_name`
-        for component in (DUAL_PODS, POPULATOR):
-            for process in self._env.controllers.processes(component):
-                found[component] = process
-        return found
+        return found | self._controllers.running()
 
     def cpu(self) -> dict[str, float]:
         times = {}
@@ -366,25 +391,38 @@ async def api_requests(cluster: LoopbackCluster) -> ApiRequests:
 class Meter:
     """Charges a phase with the CPU and API requests spent between `start` and `stop`."""
 
-    def __init__(self, cluster: LoopbackCluster, processes: Processes) -> None:
+    def __init__(self, cluster: LoopbackCluster, processes: Processes, controllers: Controllers) -> None:
         self._cluster = cluster
         self._processes = processes
+        self._controllers = controllers
+
+    async def _controller_requests(self) -> dict[str, int]:
+        """Each controller's API requests so far; one that cannot be scraped now (restarting) is left out."""
+        counted = {}
+        for component in CONTROLLERS:
+            with contextlib.suppress(aiohttp.ClientError, IndexError):
+                metrics = ControllerMetrics.parse(await self._controllers.metrics(component))
+                counted[component] = sum(metrics.api_requests.values())
+        return counted
 
     async def start(self) -> None:
         self._started = time.monotonic()
         self._cpu = self._processes.cpu()
         self._requests = await api_requests(self._cluster)
+        self._by_controller = await self._controller_requests()
 
     async def stop(self) -> Phase:
         seconds = time.monotonic() - self._started
         cpu = self._processes.cpu()
         now, before = await api_requests(self._cluster), self._requests
+        by_controller, before_by = await self._controller_requests(), self._by_controller
         return Phase(
             seconds=seconds,
             cpu={name: round(used - self._cpu.get(name, 0.0), 2) for name, used in cpu.items()},
             requests_by_verb=dict((now.by_verb - before.by_verb).most_common()),
             requests_by_call=dict((now.by_call - before.by_call).most_common()),
             refusals_by_call=dict((now.refusals - before.refusals).most_common()),
+            controller_requests={c: n - before_by[c] for c, n in by_controller.items() if c in before_by},
         )
 
 
@@ -394,6 +432,7 @@ class Scenario:
         spec: ScaleSpec,
         cluster: LoopbackCluster,
         env: DualPodsEnv,
+        controllers: Controllers,
         session: aiohttp.ClientSession,
         progress: Callable[[str], None],
     ):
@@ -401,10 +440,11 @@ class Scenario:
         self.progress = progress
         self.cluster = cluster
         self.env = env
+        self.controllers = controllers
         self.session = session
         self.pods = PodTimes(env.core, env.namespace)
-        self.processes = Processes(cluster, env)
-        self.meter = Meter(cluster, self.processes)
+        self.processes = Processes(cluster, controllers)
+        self.meter = Meter(cluster, self.processes, controllers)
         self.models = [f"model-{i}" for i in range(spec.models)]
 
     async def populate(self) -> tuple[float, float, Phase]:
@@ -415,9 +455,12 @@ class Scenario:
             await allow_admin_access(env.api, env.namespace)
             await create_claim_template(env.api, env.namespace, ALL_GPUS_TEMPLATE, None)
             await create_claim_template(env.api, env.namespace, ONE_GPU_TEMPLATE, 1)
+        # Under FMA's controllers, a template as FMA's e2e writes it (no securityContext): the notifier sidecar they
+        # add has none either.
         await env.create_launcher_config(
             LAUNCHER_CONFIG, max_instances=spec.max_instances, launcher_args=[],
             claim_template=ALL_GPUS_TEMPLATE if dra else None, sleeper_budget=spec.sleeper_budget,
+            restricted=spec.controllers == "ours",
         )  # fmt: skip
         await self.meter.start()
         started = time.monotonic()
@@ -521,7 +564,7 @@ class Scenario:
 
     def _controller_rss(self) -> str:
         _, rss = self.footprint()
-        return ", ".join(f"{name} RSS {rss[name]:.0f} MiB" for name in (DUAL_PODS, POPULATOR) if name in rss)
+        return ", ".join(f"{name} RSS {rss[name]:.0f} MiB" for name in CONTROLLERS if name in rss)
 
     async def report(self, role: Role, changed_since: float | None = None) -> Report:
         """What the simulated containers of `role` hold now, from every simulation process of the role (with
@@ -585,12 +628,8 @@ class Scenario:
         }
 
     async def controller_figures(self) -> dict[str, ProcessFigures]:
-        found = self.processes.find()
         figures = {}
-        for component in (DUAL_PODS, POPULATOR):
-            process = found.get(component)
-            if process is None:
-                continue
+        for component, process in self.controllers.running().items():
             with contextlib.suppress(psutil.Error):
                 used = process.cpu_times()
                 figures[component] = ProcessFigures(
@@ -605,7 +644,7 @@ class Scenario:
         about its Pod; with `logs_to`, the logs of its ended run and of the current one are kept there."""
         found: dict[str, list[str]] = {}
         events = await self.env.core.list_namespaced_event(self.env.namespace)
-        for component in (DUAL_PODS, POPULATOR):
+        for component in CONTROLLERS:
             for pod in await self.env.controllers.pods(component):
                 status = next(iter(pod.status.container_statuses or []), None)
                 if status is None or not status.restart_count:
@@ -626,13 +665,13 @@ class Scenario:
 
     async def keep_logs(self, logs_to: Path) -> None:
         """The controllers' current logs (their retries and why), kept next to the profiles."""
-        for component in (DUAL_PODS, POPULATOR):
+        for component in CONTROLLERS:
             for pod in await self.env.controllers.pods(component):
                 _write_log(logs_to / f"{component}.log", self.cluster.container_log(pod, "controller"))
 
     async def controller_metrics(self) -> dict[str, ControllerMetrics]:
-        return {component: ControllerMetrics.parse(await self.env.controllers.metrics(component))
-                for component in (DUAL_PODS, POPULATOR)}  # fmt: skip
+        return {component: ControllerMetrics.parse(await self.controllers.metrics(component))
+                for component in CONTROLLERS}  # fmt: skip
 
 
 def _problem(requester: Obj) -> str:
@@ -686,9 +725,9 @@ async def _summaries(profiles: dict[str, Profile], result: ScaleResult) -> None:
 async def simulated_fleet(
     spec: ScaleSpec, work_dir: Path, progress: Callable[[str], None] = lambda line: None
 ) -> AsyncIterator[tuple[Scenario, float]]:
-    """A loopback cluster of `spec`'s simulated Nodes with the chart installed and the harness's Pod watch
-    started: the scenario, and the seconds the cluster took to come up. Everything is taken down on the way
-    out (also on failure)."""
+    """A loopback cluster of `spec`'s simulated Nodes with `spec`'s controllers installed and the harness's Pod
+    watch started: the scenario, and the seconds the cluster took to come up. Everything is taken down on the
+    way out (also on failure)."""
     cluster = LoopbackCluster(work_dir / "cluster")
     started = time.monotonic()
     try:
@@ -699,11 +738,9 @@ async def simulated_fleet(
             await cluster.api_client() as api,
             fresh_namespace(api, "scale") as namespace,
             aiohttp.ClientSession() as session,
+            _installed(spec, cluster, api, namespace, work_dir) as (env, controllers),
         ):
-            env = DualPodsEnv(cluster, api, namespace, work_dir)
-            await env.setup()
-            await env.controllers.install(*spec.chart_values)
-            scenario = Scenario(spec, cluster, env, session, progress)
+            scenario = Scenario(spec, cluster, env, controllers, session, progress)
             await scenario.pods.start()
             try:
                 yield scenario, up_seconds
@@ -712,6 +749,23 @@ async def simulated_fleet(
     finally:
         with _uninterruptible():
             cluster.down()
+
+
+@contextlib.asynccontextmanager
+async def _installed(
+    spec: ScaleSpec, cluster: LoopbackCluster, api: client.ApiClient, namespace: str, work_dir: Path
+) -> AsyncIterator[tuple[DualPodsEnv, Controllers]]:
+    """The namespace set up for `spec`'s controllers, and them running: the chart's with `spec.chart_values`, or
+    FMA's as FMA's e2e sets them up, with the requesters' SPI open (FMA's controller sends no token). Nothing is
+    torn down but FMA's processes: the cluster goes down next."""
+    if spec.controllers == "fma":
+        async with fma_running(cluster, api, namespace, work_dir, OPEN_SPI) as (env, fma):
+            yield env, fma
+        return
+    env = DualPodsEnv(cluster, api, namespace, work_dir)
+    await env.setup()
+    await env.controllers.install(*spec.chart_values)
+    yield env, env.controllers
 
 
 async def run_scale(

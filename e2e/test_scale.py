@@ -1,6 +1,7 @@
 """The scale harness's small run (issue 15): 40 requesters on 10 simulated GPU Nodes, one launcher per GPU,
 the controllers installed by the Helm chart; every requester bound once and told ready, before and after
-a swap wave, with no GPU shared. The full-size figures are `bench/scale.py`'s (docs/benchmarks.md)."""
+a swap wave, with no GPU shared; and the same with FMA's released controllers on 2 Nodes (issue 46). The
+full-size figures are `bench/scale.py`'s (docs/benchmarks.md)."""
 
 from pathlib import Path
 
@@ -42,3 +43,27 @@ async def test_forty_requesters_on_ten_simulated_nodes(tmp_path: Path) -> None:
     assert dual_pods.work is not None
     assert dual_pods.own.count == dual_pods.work.count > 0, "every pass timed, with and without its calls"
     assert dual_pods.api_requests.get("PATCH", 0) >= 40, "a bind, at least, per requester"
+
+
+async def test_fmas_controllers_on_the_same_simulated_fleet(tmp_path: Path) -> None:
+    """FMA's released controllers (issue 46) drive the same simulated launchers and requesters: every requester
+    bound once and told ready in both waves, no GPU shared; each launcher's notifier sidecar, which FMA's controllers
+    add, ran against the API server (it publishes its launcher's first signature once the launcher is Ready)."""
+    spec = ScaleSpec(nodes=2, gpus_per_node=2, requesters=4, models=2, wave_timeout=240, idle_seconds=2,
+                     controllers="fma")  # fmt: skip
+    result = await run_scale(spec, tmp_path)
+
+    first, swap = result.waves
+    for wave in (first, swap):
+        assert not wave.timed_out, wave.problems
+        assert (wave.not_ready, wave.unbound, wave.double_bound, wave.shared_gpus) == (0, 0, 0, 0), wave
+        assert wave.phase.controller_requests[DUAL_PODS] > 0, "FMA's own count: client-go's rest_client_requests"
+    assert (len(first.latencies), len(swap.latencies)) == (4, 2)
+    assert result.idle_phase is not None
+    phases = [result.populator_phase, result.idle_phase, first.phase, swap.phase]
+    patched = sum(phase.requests_by_call.get("PATCH pods", 0) for phase in phases)
+    refused = [call for phase in phases for call in phase.refusals_by_call if call.startswith("PATCH pods ")]
+    assert patched >= 4, "each launcher's notifier patched its signature onto its Pod"
+    assert not refused, "the notifiers' patches allowed (FMA's e2e grants them)"
+    for component in (DUAL_PODS, POPULATOR):
+        assert result.controllers[component].cpu_seconds > 0

@@ -18,10 +18,11 @@ from e2e.kubelet.addresses import AddressBlock, SubnetCarver
 from e2e.kubelet.config import KubeletConfig, SimulationConfig
 from e2e.kubelet.simulation import SimulationClient, Simulations, url_files
 from e2e.simulation.container import ContainerFiles, StartFailure
+from e2e.simulation.control import Simulation
 from e2e.simulation.launcher import LauncherContainer
 from e2e.simulation.protocol import KILLED, ContainerSpec, Mount
 from e2e.simulation.requester import RequesterContainer
-from e2e.waiting import cancel_while_waiting
+from e2e.waiting import cancel_while_waiting, wait_for
 
 TOKEN = "launcher-s3cret"
 TOKEN_DIR = "/var/run/secrets/dualpods/launcher-token"
@@ -137,6 +138,70 @@ async def test_simulated_launcher_answers_the_launcher_api(
     assert [i.instance_id for i in report.instances] == ["b"]
     async with http.get(f"{BASE}/b/log") as answer:
         assert "simulated instance b" in await answer.text()
+
+
+async def _state(http: aiohttp.ClientSession, instance: str) -> dict[str, Any]:
+    async with http.get(f"{BASE}/{instance}") as answer:
+        state: dict[str, Any] = await answer.json()
+        return state
+
+
+async def _ready(http: aiohttp.ClientSession, instance: str) -> bool:
+    return bool((await _state(http, instance))["ready"])
+
+
+async def _is_sleeping(pod_ip: str, port: int) -> bool:
+    async with aiohttp.ClientSession() as http, http.get(f"http://{pod_ip}:{port}/is_sleeping") as answer:
+        return bool((await answer.json())["is_sleeping"])
+
+
+async def test_a_ready_instance_answers_vllms_sleep_routes_on_its_port(
+    launcher: tuple[LauncherContainer, aiohttp.ClientSession],
+) -> None:
+    """As FMA's controller reaches an instance: /is_sleeping once it is up, /sleep and /wake_up, which the launcher
+    records; the port closes when the instance goes."""
+    container, http = launcher
+    pod_ip = container.spec.pod_ip
+    assert (await _put(http, "a", "--model m --port 8005 --startup-delay 0.5"))[0] == 201
+    with pytest.raises(aiohttp.ClientConnectionError):
+        await _is_sleeping(pod_ip, 8005)
+    await wait_for(lambda: _ready(http, "a"), what="instance a ready", within=10, interval=0.05)
+    assert await _is_sleeping(pod_ip, 8005) is False
+    async with aiohttp.ClientSession(f"http://{pod_ip}:8005") as server:
+        async with server.post("/sleep?level=1") as answer:
+            assert answer.status == 200
+        assert (await _state(http, "a"))["sleeping"] is True
+        assert await _is_sleeping(pod_ip, 8005) is True
+        async with server.post("/wake_up") as answer:
+            assert answer.status == 200
+        assert (await _state(http, "a"))["sleeping"] is False
+    async with http.delete(f"{BASE}/a") as answer:
+        assert answer.status == 200
+    with pytest.raises(aiohttp.ClientConnectionError):
+        await _is_sleeping(pod_ip, 8005)
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "exit_code", "logged"),
+    [
+        (["python3", "/app/launcher_pod_notifier.py"], {"NAMESPACE": "ns"}, 1, "POD_NAME"),
+        (["python3", "/app/launcher_pod_notifier.py"],
+         {"POD_NAME": "p", "NAMESPACE": "ns", "KUBERNETES_SERVICE_HOST": "10.96.0.1"}, 1, "not a loopback address"),
+        (["python3", "/app/launcher_pod_notifier.py"], {"POD_NAME": "p", "NAMESPACE": "ns",
+         "KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": "1"}, 1, "Service token file"),
+        (["sh", "-c", "true"], {}, 127, "cannot run sh -c true"),
+    ],
+)  # fmt: skip
+async def test_a_launcher_containers_command_picks_what_the_simulation_runs(
+    tmp_path: Path, pod_ip: str, command: list[str], env: dict[str, str], exit_code: int, logged: str
+) -> None:
+    """FMA's notifier sidecar (`python3 /app/launcher_pod_notifier.py` in the launcher's image) is run as the
+    notifier, which needs its Pod's name, the API server on a loopback address and its ServiceAccount token; another
+    command exits as a missing program would."""
+    spec = _spec("launcher", pod_ip, tmp_path, env=env).model_copy(update={"command": command})
+    started = await Simulation("launcher", tmp_path / "state").start(spec)
+    assert started.exit_code == exit_code
+    assert logged in Path(spec.log).read_text()
 
 
 async def test_a_stopped_launcher_stops_serving(tmp_path: Path, pod_ip: str) -> None:

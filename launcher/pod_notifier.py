@@ -44,6 +44,8 @@ DEFAULT_BASE_URL = "http://127.0.0.1:8001"
 POLL_S = 2.0
 ERROR_BACKOFF_S = 5.0
 LIST_TIMEOUT = aiohttp.ClientTimeout(total=5)
+BASE_URL_ENV = "LAUNCHER_BASE_URL"
+TOKEN_FILE_ENV = "LAUNCHER_AUTH_TOKEN_FILE"
 
 
 def canonical_pairs(listing: dict[str, Any]) -> list[tuple[str, str]]:
@@ -96,12 +98,17 @@ async def _api() -> Any:
 
 
 class Notifier:
-    def __init__(self, core: Any, http: aiohttp.ClientSession, pod: str, namespace: str, base_url: str) -> None:
+    """`token_file`: the launcher's bearer token (LAUNCHER_AUTH_TOKEN_FILE), None when the launcher wants none."""
+
+    def __init__(
+        self, core: Any, http: aiohttp.ClientSession, pod: str, namespace: str, base_url: str, token_file: str | None
+    ) -> None:
         self._core = core
         self._http = http
         self._pod = pod
         self._namespace = namespace
         self._url = f"{base_url.rstrip('/')}{INSTANCES_PATH}"
+        self._token_file = token_file
         self.published: str | None = None
 
     async def launcher_ready(self) -> bool:
@@ -113,9 +120,8 @@ class Notifier:
 
     async def listing(self) -> dict[str, Any]:
         headers = {}
-        token_file = os.environ.get("LAUNCHER_AUTH_TOKEN_FILE")
-        if token_file:
-            token = await asyncio.to_thread(Path(token_file).read_text)
+        if self._token_file:
+            token = await asyncio.to_thread(Path(self._token_file).read_text)
             headers["Authorization"] = f"Bearer {token.strip()}"
         async with self._http.get(self._url, headers=headers, timeout=LIST_TIMEOUT) as response:
             response.raise_for_status()
@@ -158,7 +164,7 @@ async def _serve(pod: str, namespace: str, base_url: str) -> None:
         loop.add_signal_handler(sig, stop.set)
     core = await _api()
     async with core.api_client, aiohttp.ClientSession() as http:
-        notifier = Notifier(core, http, pod, namespace, base_url)
+        notifier = Notifier(core, http, pod, namespace, base_url, os.environ.get(TOKEN_FILE_ENV))
         await first_to_finish(notifier.run(), stop.wait())
 
 
@@ -169,7 +175,7 @@ def main() -> int:
     except RuntimeError as err:
         log.error("%s", err)
         return 1
-    base_url = os.environ.get("LAUNCHER_BASE_URL", DEFAULT_BASE_URL)
+    base_url = os.environ.get(BASE_URL_ENV, DEFAULT_BASE_URL)
     log.info("Launcher Pod notifier started for pod %s in namespace %s against %s", pod, namespace, base_url)
     try:
         asyncio.run(_serve(pod, namespace, base_url))

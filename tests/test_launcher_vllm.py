@@ -342,7 +342,8 @@ async def test_deleting_a_suspended_vllm_server_is_prompt(
     port = (await start_instance(http, "paused", model_a, "model-a"))["port"]
     server, _ = instance_tree(launcher, "paused")
     # Forked from the server, the engine core does not hold its port: else vLLM's shutdown finds it there.
-    holding = {c.pid for c in psutil.net_connections() if c.laddr.port == port and c.status == psutil.CONN_LISTEN}
+    listening = [c for c in psutil.net_connections() if c.status == psutil.CONN_LISTEN]
+    holding = {c.pid for c in listening if c.laddr and c.laddr.port == port}
     assert holding == {server.pid}
     server.suspend()
     loop = asyncio.get_running_loop()

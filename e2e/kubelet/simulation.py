@@ -2,7 +2,8 @@
 
 A container whose image the configuration's `simulation.images` names (the requester's and the
 launcher's, by default) runs in its role's simulation process (`e2e.simulation`) instead of as a process
-of its own; there it answers the real program's HTTP surfaces on its Pod's address. Everything else is
+of its own; there it answers the real program's HTTP surfaces on its Pod's address (a container `command` picks
+another program of the image: FMA's notifier sidecar in the launcher's). Everything else is
 the kubelet's, as for any container: environment, volumes, GPUs, probes, restarts, grace periods, status,
 Events. Probes are real: HTTP to the container's own address with the Pod's period, timeout and thresholds,
 and a failure counts as for a process (a liveness failure restarts the container); only their connection is

@@ -145,10 +145,6 @@ class ContainerSupervisor:
         simulations = self._runtime.simulations
         role = simulations.role_of(image) if simulations is not None else None
         if simulations is not None and role is not None:
-            if command:
-                raise ContainerConfigError(
-                    f"a simulated {role} runs its image's entrypoint; a container `command` cannot be simulated"
-                )
             simulated = ContainerSpec(
                 id=f"{pod.metadata.uid}-{self.spec.name}-{self.status.restart_count}",
                 role=role,
@@ -157,7 +153,8 @@ class ContainerSupervisor:
                 uid=pod.metadata.uid,
                 container=self.spec.name,
                 pod_ip=self._pod.pod_ip,
-                args=args or (entry.cmd if entry is not None else []),
+                command=command,
+                args=args or (entry.cmd if entry is not None and not command else []),
                 env={**self._runtime.images.image_env(entry, self._pod.pod_ip), **pod_env},
                 mounts=[SimulatedMount(source=str(m.source), target=m.target, read_only=m.read_only) for m in mounts],
                 log="",

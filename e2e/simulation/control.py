@@ -3,6 +3,7 @@ one role here, and benchmarks read the report."""
 
 import asyncio
 import logging
+import shlex
 import shutil
 from pathlib import Path
 
@@ -11,15 +12,41 @@ from pydantic import ValidationError
 
 from e2e.simulation.container import SimulatedContainer, StartFailure
 from e2e.simulation.launcher import LauncherContainer
+from e2e.simulation.notifier import NotifierContainer, is_notifier
 from e2e.simulation.protocol import KILLED, ContainerSpec, Report, Role, Started, Stopped
 from e2e.simulation.requester import RequesterContainer
 
 log = logging.getLogger(__name__)
 
-CONTAINERS: dict[Role, type[RequesterContainer] | type[LauncherContainer]] = {
+# What each role runs by its image's entrypoint (a container that gives no `command`).
+ENTRYPOINTS: dict[Role, type[RequesterContainer] | type[LauncherContainer]] = {
     "requester": RequesterContainer,
     "launcher": LauncherContainer,
 }
+
+
+class UnknownCommand(SimulatedContainer):
+    """A `command` the simulation has no program for: it exits at once, as a missing executable would."""
+
+    async def start(self) -> None:
+        argv = shlex.join([*(self.spec.command or []), *self.spec.args])
+        raise StartFailure(127, f"a simulated {self.spec.role} container cannot run {argv}")
+
+    async def stop(self, grace_seconds: float) -> int:
+        return 0
+
+    async def kill(self) -> None:
+        pass
+
+
+def program(spec: ContainerSpec) -> type[SimulatedContainer]:
+    """The simulated program a container runs: its image's entrypoint, or, in the launcher's image, FMA's notifier
+    sidecar (FMA's controllers add it to every launcher Pod), chosen by its command."""
+    if spec.command is None:
+        return ENTRYPOINTS[spec.role]
+    if spec.role == "launcher" and is_notifier(spec):
+        return NotifierContainer
+    return UnknownCommand
 
 
 class Simulation:
@@ -28,14 +55,14 @@ class Simulation:
     def __init__(self, role: Role, state_dir: Path) -> None:
         self.role = role
         self.state_dir = state_dir
-        self.containers: dict[str, RequesterContainer | LauncherContainer] = {}
+        self.containers: dict[str, SimulatedContainer] = {}
 
     async def start(self, spec: ContainerSpec) -> Started:
         if spec.role != self.role:
             raise web.HTTPBadRequest(text=f"this simulation runs {self.role} containers, not {spec.role}")
         if spec.id in self.containers:
             raise web.HTTPConflict(text=f"container {spec.id} is running")
-        container = CONTAINERS[self.role](spec, self.state_dir / spec.id)
+        container = program(spec)(spec, self.state_dir / spec.id)
         try:
             await container.start()
         except StartFailure as failure:

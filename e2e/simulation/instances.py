@@ -6,8 +6,13 @@ options through the stand-in's vLLM-compatible parser, the launcher's address an
 other instances, GPU UUIDs through the node's gpu-map), the revisions, boot ID and watch events, sleep and
 wake with their errors (NotReady, NotRunning), deletion, listings and metrics. Simulated: instead of a
 forked server, an instance becomes ready after its `--startup-delay`, and a sleep or a wake takes its
-`--sleep-delay` or `--wake-delay` (the stand-in's flags, in the instance's options; 0 by default). No port
-is opened for an instance: nothing sends it inference requests in a simulation. Its log holds one line.
+`--sleep-delay` or `--wake-delay` (the stand-in's flags, in the instance's options; 0 by default). Once
+ready, an instance answers vLLM's dev-mode surface on its port of the launcher's address, which FMA's
+controller calls directly (`/is_sleeping` until a new instance answers, `/wake_up` for a hot start, `/sleep`
+at a release): `_VllmSurfaces`. A sleep or a wake asked there takes its delay and is recorded as the real
+server's report to the launcher's monitor would have it recorded (`launcher.monitor.Monitor.reported`; the
+wake without its check). No inference route: nothing sends an instance inference requests in a simulation.
+Its log holds one line.
 """
 
 import asyncio
@@ -18,8 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiohttp import web
+
 from api import keys
 from api.launcher import EventType, InstanceState, InstanceStatus, ProcessStats, StartupTimes
+from e2e.simulation.container import abort_connections
 from e2e.simulation.protocol import LedgerEntry
 from launcher.admission import Admission
 from launcher.events import EventLog
@@ -102,17 +110,69 @@ class _SimulatedServers(InstanceServers):
         await asyncio.sleep(delays.wake if path.startswith("/wake_up") else delays.sleep)
 
 
+class _VllmSurfaces:
+    """The ready instances' own servers: vLLM's /health, /is_sleeping, POST /sleep and POST /wake_up on each
+    instance's port of the launcher's address, from its first ready until it stops."""
+
+    def __init__(self, host: str, delays: dict[str, Delays]) -> None:
+        self._host = host
+        self._delays = delays
+        self._runners: dict[str, web.AppRunner] = {}
+
+    async def open(self, instance: Instance) -> None:
+        runner = web.AppRunner(self._app(instance), access_log=None)
+        await runner.setup()
+        self._runners[instance.id] = runner
+        await web.TCPSite(runner, self._host, instance.port).start()
+
+    def _app(self, instance: Instance) -> web.Application:
+        delays = self._delays[instance.id]
+
+        async def health(request: web.Request) -> web.Response:
+            return web.Response()
+
+        async def is_sleeping(request: web.Request) -> web.Response:
+            return web.json_response({"is_sleeping": instance.sleeping})
+
+        async def moved(seconds: float, source: Phase, to: Phase) -> web.Response:
+            async with instance.lock:
+                await asyncio.sleep(seconds)
+                if instance.running and not instance.end.stop_asked and instance.phase is source:
+                    instance.move(to)
+            return web.Response()
+
+        async def sleep(request: web.Request) -> web.Response:
+            return await moved(delays.sleep, Phase.AWAKE, Phase.ASLEEP)
+
+        async def wake_up(request: web.Request) -> web.Response:
+            return await moved(delays.wake, Phase.ASLEEP, Phase.AWAKE)
+
+        app = web.Application()
+        app.add_routes([web.get("/health", health), web.get("/is_sleeping", is_sleeping),
+                        web.post("/sleep", sleep), web.post("/wake_up", wake_up)])  # fmt: skip
+        return app
+
+    async def close(self, instance_id: str) -> None:
+        """Its server exits: every connection cut, the port free again."""
+        runner = self._runners.pop(instance_id, None)
+        if runner is not None:
+            abort_connections(runner)
+            await runner.cleanup()
+
+
 class _SimulatedStopper(Stopper):
     """Stops an instance with no process at once: it exits with 0."""
 
-    def __init__(self, delays: dict[str, Delays]) -> None:
+    def __init__(self, delays: dict[str, Delays], surfaces: _VllmSurfaces) -> None:
         super().__init__(grace_seconds=0)
         self._delays = delays
+        self._surfaces = surfaces
 
     async def stop(self, instance: Instance) -> None:
         if instance.running:
             instance.end.ask_to_stop()
             instance.exited_with(0)
+        await self._surfaces.close(instance.id)
         self._delays.pop(instance.id, None)
 
     def signal(self, instance: Instance, signum: int) -> None:
@@ -122,9 +182,10 @@ class _SimulatedStopper(Stopper):
 class SimulatedForker:
     """Starts no process: an instance becomes ready after its startup delay."""
 
-    def __init__(self, metrics: LauncherMetrics, delays: dict[str, Delays]) -> None:
+    def __init__(self, metrics: LauncherMetrics, delays: dict[str, Delays], surfaces: _VllmSurfaces) -> None:
         self.metrics = metrics
         self._delays = delays
+        self._surfaces = surfaces
 
     def start(self) -> None:
         pass
@@ -146,6 +207,10 @@ class SimulatedForker:
         await asyncio.sleep(self._delays[instance.id].startup)
         if not instance.running:
             return
+        await self._surfaces.open(instance)
+        if not instance.running:  # stopped while its server came up
+            await self._surfaces.close(instance.id)
+            return
         self.metrics.ready_seconds.observe(time.monotonic() - instance.created_at)
         instance.move(Phase.AWAKE)
 
@@ -155,7 +220,8 @@ def simulated_instances(
 ) -> InstanceManager:
     """The launcher's instance manager over instances with no process."""
     delays: dict[str, Delays] = {}
+    surfaces = _VllmSurfaces(settings.host, delays)
     return InstanceManager(
         _runtimes(), gpus, metrics, events, settings, servers=_SimulatedServers(settings, delays),
-        stopper=_SimulatedStopper(delays), forker=SimulatedForker(metrics, delays),
+        stopper=_SimulatedStopper(delays, surfaces), forker=SimulatedForker(metrics, delays, surfaces),
     )  # fmt: skip

@@ -43,7 +43,9 @@ class ContainerSpec(_Body):
     uid: str
     container: str
     pod_ip: str
-    args: list[str]  # after the image's entrypoint (the Pod's `args`, else the image's `cmd`)
+    # The Pod's `command`, expanded (None: the image's entrypoint); the simulation runs the program it names.
+    command: list[str] | None = None
+    args: list[str]  # after the command (the Pod's `args`; else, without a `command`, the image's `cmd`)
     env: dict[str, str]  # the image's and the Pod's, resolved
     mounts: list[Mount]
     log: str  # host path of this run's log file
