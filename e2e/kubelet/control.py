@@ -7,12 +7,21 @@
 Its URL is written to the kubelet's `control-url` file once it listens.
 """
 
+from pathlib import Path
 from typing import Protocol
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from e2e.kubelet.config import GpuMode
+
+
+def announce_url(path: Path, port: int) -> None:
+    """Write where a control endpoint listens for the process that waits for the file: whole, or not at all (a
+    reader that saw the file half written took an empty URL for the kubelet's, on a busy machine)."""
+    partial = path.with_name(f".{path.name}.partial")
+    partial.write_text(f"http://127.0.0.1:{port}\n")
+    partial.replace(path)
 
 
 class AddNodeBody(BaseModel):

@@ -15,7 +15,7 @@ from e2e.kubelet.addresses import AddressBlock, SubnetCarver
 from e2e.kubelet.agent import NodeAgent
 from e2e.kubelet.apierrors import UNREACHABLE
 from e2e.kubelet.config import GpuMode, KubeletConfig, NodeConfig
-from e2e.kubelet.control import ConflictError, NodeInfo, NotFoundError, control_app
+from e2e.kubelet.control import ConflictError, NodeInfo, NotFoundError, announce_url, control_app
 from e2e.kubelet.gpumap import publish_gpu_map
 from e2e.kubelet.images import ImageMap
 from e2e.kubelet.simulation import Simulations
@@ -169,7 +169,7 @@ class Kubelet:
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()
             port = runner.addresses[0][1]
-            self.settings.control_file.write_text(f"http://127.0.0.1:{port}\n")
+            announce_url(self.settings.control_file, port)
             log.info("loopback kubelet up: nodes %s, control endpoint on port %d", sorted(self._agents), port)
             await stop.wait()
         finally:

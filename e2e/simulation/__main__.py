@@ -14,6 +14,7 @@ from typing import get_args
 
 from aiohttp import web
 
+from e2e.kubelet.control import announce_url
 from e2e.simulation.control import Simulation, control_app
 from e2e.simulation.protocol import Role
 from kube.gc_thresholds import tune_for_caches
@@ -38,7 +39,7 @@ async def serve(role: Role, url_file: Path, state_dir: Path) -> None:
 
 
 def _announce(url_file: Path, port: int, role: Role) -> None:
-    url_file.write_text(f"http://127.0.0.1:{port}\n")
+    announce_url(url_file, port)
     logging.getLogger("e2e.simulation").info("simulating %s containers; control on port %d", role, port)
 
 
