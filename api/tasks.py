@@ -70,3 +70,8 @@ class Background:
     async def wait(self) -> None:
         """Until every task started so far has ended (their failures were logged, not raised here)."""
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def stop(self) -> None:
+        """Cancel what still runs, and wait until all of it has ended (an owner's shutdown)."""
+        self.cancel()
+        await self.wait()

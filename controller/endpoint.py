@@ -83,7 +83,6 @@ async def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> As
     try:
         yield
     finally:
-        beating.cancel()
-        await beating.wait()
+        await beating.stop()
         await asyncio.to_thread(server.shutdown)
         server.server_close()

@@ -248,8 +248,7 @@ def build_proxy_app(
     async def lifetime(app: web.Application) -> AsyncIterator[None]:
         background.start(_prefetch_limits(target, readiness, limits), name="prefetch the limits")
         yield
-        background.cancel()
-        await background.wait()
+        await background.stop()
         await upstream.close()
 
     app = web.Application(

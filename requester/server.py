@@ -68,8 +68,7 @@ async def serve(listeners: dict[str, Listener], host: str, shutdown_timeout: flo
         await stop.wait()
         log.info("shutting down", extra={"timeout_seconds": shutdown_timeout})
     finally:
-        warming.cancel()
-        await warming.wait()
+        await warming.stop()
         await stop_listeners(runners)
         await auth.close()
         for sig in (signal.SIGTERM, signal.SIGINT):

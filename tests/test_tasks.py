@@ -110,3 +110,13 @@ async def test_background_cancel_cancels_what_still_runs() -> None:
     await background.wait()
     assert task.cancelled()
     assert cancelled == ["supervisor"]
+
+
+async def test_background_stop_cancels_what_still_runs_and_returns_once_it_ended() -> None:
+    background = Background()
+    cancelled: list[str] = []
+    tasks = [background.start(_forever(cancelled, name)) for name in ("heartbeat", "pod sync")]
+    await asyncio.sleep(0)
+    await background.stop()
+    assert all(task.cancelled() for task in tasks)
+    assert sorted(cancelled) == ["heartbeat", "pod sync"]

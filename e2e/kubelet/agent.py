@@ -70,14 +70,10 @@ class NodeAgent:
         self._running.start(self.registration.heartbeat(), name=f"heartbeat {self.config.name}")
         self._running.start(self._sync.run(), name=f"pod sync {self.config.name}")
 
-    async def _cancel_tasks(self) -> None:
-        self._running.cancel()
-        await self._running.wait()
-
     async def lose(self) -> None:
         """Node failure: its processes die at once, heartbeats stop and the Node object is deleted.
         Its Pods stay in the API until the controller-manager's pod GC removes them (about 40-60 s)."""
-        await self._cancel_tasks()
+        await self._running.stop()
         await self._sync.abandon()
         await self.runtime.objects.close()
         await self.registration.delete()
@@ -85,6 +81,6 @@ class NodeAgent:
 
     async def shutdown(self, grace_seconds: float) -> None:
         """The kubelet stops: containers get `grace_seconds`, the Node object stays (it goes NotReady)."""
-        await self._cancel_tasks()
+        await self._running.stop()
         await self._sync.stop_all(grace_seconds)
         await self.runtime.objects.close()

@@ -232,8 +232,7 @@ class SimulationProcess:
     async def close(self) -> None:
         """SIGTERM the process (it cuts off what still runs), SIGKILL it if it lingers."""
         self._closing = True
-        self._supervising.cancel()
-        await self._supervising.wait()
+        await self._supervising.stop()
         await self._background.wait()
         if self._process is not None and self._process.returncode is None:
             self._process.send_signal(signal.SIGTERM)

@@ -115,5 +115,4 @@ class PodSync:
         """Kill every container at once and forget the Pods, reporting nothing (a lost node)."""
         for worker in self.workers.values():
             worker.kill()
-        self._working.cancel()
-        await self._working.wait()
+        await self._working.stop()

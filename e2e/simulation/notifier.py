@@ -9,8 +9,6 @@ launcher at LAUNCHER_BASE_URL (which the kubelet points at the Pod's address). S
 launcher every 2 s and a GET or PATCH of its Pod, is paid as FMA's design pays it. Simulated: no process.
 """
 
-import asyncio
-import contextlib
 import ipaddress
 from pathlib import Path, PurePosixPath
 
@@ -19,6 +17,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.config.config_exception import ConfigException
 from kubernetes_asyncio.config.incluster_config import SERVICE_HOST_ENV_NAME, InClusterConfigLoader
 
+from api.tasks import Background
 from e2e.simulation.container import SimulatedContainer, StartFailure
 from e2e.simulation.protocol import ContainerSpec
 from launcher.fma_compat import NOTIFIER_SCRIPT
@@ -37,7 +36,7 @@ class NotifierContainer(SimulatedContainer):
         super().__init__(spec, state_dir)
         self._api: client.ApiClient | None = None
         self._http: aiohttp.ClientSession | None = None
-        self._loop: asyncio.Task[None] | None = None
+        self._running = Background()  # the notifier's loop
 
     async def start(self) -> None:
         env = self.spec.env
@@ -61,7 +60,7 @@ class NotifierContainer(SimulatedContainer):
             client.CoreV1Api(self._api), self._http, pod, namespace, env.get(BASE_URL_ENV, DEFAULT_BASE_URL),
             str(self.files.host_path(token_file)) if token_file else None,
         )  # fmt: skip
-        self._loop = asyncio.create_task(notifier.run(), name=f"notifier {namespace}/{pod}")
+        self._running.start(notifier.run(), name=f"notifier {namespace}/{pod}")
         self.log(f"simulated launcher Pod notifier for {namespace}/{pod}")
 
     async def stop(self, grace_seconds: float) -> int:
@@ -70,11 +69,7 @@ class NotifierContainer(SimulatedContainer):
         return 0
 
     async def kill(self) -> None:
-        if self._loop is not None:
-            self._loop.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop
-            self._loop = None
+        await self._running.stop()
         if self._http is not None:
             await self._http.close()
             self._http = None
