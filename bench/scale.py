@@ -41,7 +41,6 @@ from e2e.cluster.cluster import APISERVER
 from e2e.fma_release import FMA_VERSION
 from e2e.profiles import RATE
 from e2e.scale import (
-    CONTROLLERS,
     Phase,
     ScaleResult,
     ScaleSpec,
@@ -74,7 +73,7 @@ def _requests_line(phase: Phase) -> str:
 def _controllers_line(wave: Wave) -> str:
     """What the controllers spent in the wave, per requester it made ready, and against the API server."""
     phase, told = wave.phase, max(len(wave.latencies), 1)
-    cpu = sum(phase.cpu.get(c, 0.0) for c in CONTROLLERS)
+    cpu = phase.controllers_cpu()
     requests = sum(phase.controller_requests.values())
     return (
         f"  controllers: CPU {cpu:.1f} s ({cpu / told:.3f} s per requester told ready), "

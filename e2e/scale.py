@@ -133,9 +133,13 @@ class Phase:
     # Each controller's API requests in the phase, as it counts them (its /metrics).
     controller_requests: dict[str, int] = field(default_factory=dict)
 
+    def controllers_cpu(self) -> float:
+        """The controllers' CPU seconds in the phase."""
+        return sum(self.cpu.get(c, 0.0) for c in CONTROLLERS)
+
     def controllers_share(self) -> float:
         """The controllers' CPU seconds over the API server's: a figure that does not depend on the machine."""
-        return sum(self.cpu.get(c, 0.0) for c in CONTROLLERS) / max(self.cpu.get(APISERVER, 0.0), 1e-9)
+        return self.controllers_cpu() / max(self.cpu.get(APISERVER, 0.0), 1e-9)
 
 
 @dataclass

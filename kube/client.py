@@ -40,10 +40,10 @@ WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 # RFC 7234's warn-code, warn-agent and quoted warn-text, as the API server writes them: `299 - "text"`.
 WARNING = re.compile(r'^\d{3} \S+ "((?:[^"\\]|\\.)*)"')
-# Distinct warnings logged per process; later new ones are counted but not logged.
 # How an API call fails without the API server refusing what it asked: it did not answer (a connection refused or
 # cut, a timeout) or answered with an error status (ApiException: a conflict, a 5xx, or a refusal).
 API_FAILURES = (ApiException, aiohttp.ClientError, OSError, TimeoutError)
+# Distinct warnings logged per process; later new ones are counted but not logged.
 LOGGED_WARNINGS_MAX = 1000
 
 
