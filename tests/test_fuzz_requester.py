@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.requester_process import RequesterProcess
 from tests.fuzzing import FuzzTarget, detail_message, fuzz
@@ -20,9 +21,16 @@ from tests.fuzzing import FuzzTarget, detail_message, fuzz
 GPUS = "GPU-fuzz-0,GPU-fuzz-1"
 
 
-def requester_state(requester: RequesterProcess) -> tuple[int, int, str, int]:
-    """What a refused SPI call must not change: readiness, the proxy's target, the relayed log."""
-    ready = requests.get(f"{requester.probes}/ready", timeout=5).status_code
+def requester_state(requester: RequesterProcess) -> tuple[list[float], int, str, int]:
+    """What a refused SPI call must not change: readiness, the proxy's target, the relayed log.
+
+    Readiness is read from the gauge `/ready` answers by, not from `/ready`: an unready `/ready` holds its
+    answer half a second (requester/probes.py), and the snapshot is taken twice per refused request.
+    """
+    metrics = requests.get(f"{requester.spi}/metrics", timeout=5).text
+    ready = [sample.value for family in text_string_to_metric_families(metrics) for sample in family.samples
+             if sample.name == "dualpods_requester_ready"]  # fmt: skip
+    assert len(ready) == 1, f"dualpods_requester_ready not once in /metrics: {ready}"
     config = requests.get(f"{requester.spi}/v1/proxy/config", timeout=5)
     return ready, config.status_code, config.text, requester.stdout_path.stat().st_size
 
@@ -61,4 +69,4 @@ def test_the_guarded_spi_refuses_every_generated_write(guarded_requester: Reques
     ))  # fmt: skip
     writes = {status for status in report.by_status if status in (200, 401, 403)}
     assert 401 in writes, report
-    assert requester_state(guarded_requester)[0] == 503, "never made ready"
+    assert requests.get(f"{guarded_requester.probes}/ready", timeout=5).status_code == 503, "never made ready"
