@@ -176,5 +176,7 @@ async def test_a_write_to_the_pod_after_its_readiness_makes_it_ready_at_once(
     async def ready() -> bool:
         return pod_is_ready(await core.read_namespaced_pod("slow-probe", namespace))
 
+    # A sync probes at once (a fraction of a second on a quiet machine); 5 s tells it from the 30 s period's probe,
+    # which a bound nearer the period would let pass for it.
     await wait_for(ready, what="the Pod to become Ready after the write", within=5, interval=0.1)
     await core.delete_namespaced_pod("slow-probe", namespace, grace_period_seconds=0)

@@ -473,7 +473,7 @@ async def test_a_quiet_stream_sends_heartbeats_and_then_the_next_event(http: aio
         assert line == b"\n"
         assert asyncio.get_running_loop().time() - started >= WATCH_HEARTBEAT_S - 0.5
         await create(http, "after-a-heartbeat")
-        async with asyncio.timeout(2):
+        async with asyncio.timeout(10):  # milliseconds on a quiet machine; the bound only says it came
             event = json.loads(await watch.content.readline())
         assert (event["type"], event["object"]["revision"]) == ("CREATED", revision + 1)
 
@@ -598,7 +598,9 @@ async def test_an_instance_whose_engine_process_dies_is_killed_as_engine_died(
     revision = (await listing(http, detail=False))["revision"]
     async with http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
         engine.kill()
-        async with asyncio.timeout(2.0):
+        # Milliseconds on a quiet machine; without the engine watch no STOPPED would come (the server answers
+        # /health), so the bound only says it came.
+        async with asyncio.timeout(10):
             event = await next_event_of(watch, "wedged", "STOPPED")
     assert (event["exit_code"], event["object"]["stop_reason"]) == (-9, "EngineDied")
     assert "wedged" not in instance_processes(launcher)
@@ -632,7 +634,7 @@ async def test_sleeping_waking_and_busy_instances_are_not_killed(http: aiohttp.C
             assert response.status == 200
             assert (await response.json())["sleeping"] is False
         loading.cancel()
-        async with asyncio.timeout(1):
+        async with asyncio.timeout(10):  # milliseconds on a quiet machine; the bound only says it came
             event = await next_event(watch)
     assert (event["type"], event["object"]["instance_id"]) == ("AWAKE", "waking")  # and nothing STOPPED before it
     states = {s["instance_id"]: s for s in (await listing(http, detail=True))["instances"]}
@@ -645,16 +647,14 @@ async def test_sleeping_waking_and_busy_instances_are_not_killed(http: aiohttp.C
 
 async def test_deleting_a_stopped_process_is_prompt(launcher: LauncherProcess, http: aiohttp.ClientSession) -> None:
     """SIGTERM waits while a process is stopped; the launcher resumes it, so it exits on SIGTERM, not at the
-    SIGKILL after the 3 s grace."""
+    SIGKILL after the 3 s grace: its exit code, 0 and not -9, tells which (a time would, too, but less surely on a
+    busy machine)."""
     await create(http, "frozen")
     await wait_ready(http, "frozen")
     os.kill(instance_processes(launcher)["frozen"], signal.SIGSTOP)
-    loop = asyncio.get_running_loop()
-    started = loop.time()
     async with http.delete(f"{BASE}/frozen") as response:
         deleted = await response.json()
     assert response.status == 200
-    assert loop.time() - started < 2.5
     assert (deleted["status"], deleted["exit_code"]) == ("stopped", 0)
     assert "stop_reason" not in deleted  # it was asked to stop
 
@@ -697,8 +697,9 @@ async def test_a_wake_that_corrupts_the_model_fails_its_check_and_the_instance_i
     status, woken = await sleep_and_wake(http, "fragile")  # the first wake: the model is still right
     assert (status, woken["sleeping"], woken["wake_check"]["passed"]) == (200, False, 1)
     # The check's time is reported. Its 50 ms target is a p50 on the stand-in, measured by bench/wake_check.py
-    # (0.6 ms); one sample here took 63 ms beside three test workers at load 7, so this bound is a user's.
-    assert 0 < woken["wake_check"]["last_seconds"] < 1.0
+    # (0.6 ms); one sample here took 63 ms beside three test workers at load 7. The bound is a sanity check; how
+    # fast the check is belongs to the benchmark.
+    assert 0 < woken["wake_check"]["last_seconds"] < 10
     revision = (await listing(http, detail=False))["revision"]
     async with http.get(f"{BASE}/watch", params={"since": str(revision)}) as watch:
         status, body = await sleep_and_wake(http, "fragile")  # the second wake corrupts it

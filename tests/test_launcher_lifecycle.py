@@ -237,6 +237,7 @@ def _monitor(instance: Instance, server: _Server, verifier: WakeVerifier) -> Mon
     return Monitor(instance, RUNTIME, supervision)
 
 
+@pytest.mark.looptime  # the watch's moves are bounded in the loop's seconds, whatever the machine does
 async def test_a_sleep_the_server_reports_is_recorded_at_once_but_a_wake_only_once_the_watch_has_checked_it() -> None:
     published: Published = []
     instance = _at(Phase.AWAKE, published)

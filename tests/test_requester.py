@@ -91,7 +91,8 @@ async def test_an_unready_answer_waits_for_a_become_ready(requester: RequesterPr
     loop = asyncio.get_running_loop()
     started = loop.time()
     assert await call("GET", f"{requester.probes}/ready") == (503, "Service Unavailable\n")
-    assert UNREADY_HOLD_S <= loop.time() - started < 3, "held, and no longer than its bound (a loaded host aside)"
+    # Held, and then answered: 10 s is twenty holds, and far below a hold that forgot its bound.
+    assert UNREADY_HOLD_S <= loop.time() - started < 10, "held, and no longer than its bound"
     probe = asyncio.create_task(call("GET", f"{requester.probes}/ready"))
     await asyncio.sleep(0.1)
     assert not probe.done(), "held"
@@ -168,7 +169,7 @@ async def test_no_gpus_binds_pod_ip_and_stops_promptly(tmp_path: Path) -> None:
                 assert response.status == 503
             started = time.monotonic()
             assert process.stop() == 0
-            assert time.monotonic() - started < 3
+            assert time.monotonic() - started < 10  # held up, it would wait out the 60 s --shutdown-timeout
     finally:
         process.stop()
 
