@@ -16,7 +16,8 @@ export DO_NOT_TRACK := 1
 PYTEST_ARGS ?= --durations=30
 # `make test` can run its session in pytest-xdist workers, a test file to each (module fixtures stay whole):
 # half of a serial session's time the two cores were idle (47% over a cold run). With 3, a cold fresh clone took
-# 40.3 minutes (59.0 in one process) and a warm one 26.0. `make test TEST_WORKERS=0` runs it in one process.
+# 40.3 minutes (59.0 in one process) and a warm one 26.0. `make test TEST_WORKERS=0` runs it in one process;
+# `make unit-tests` uses the same workers.
 TEST_WORKERS ?= 3
 # Where `make cluster-up` keeps the loopback cluster's state (tests use their own temporary one).
 CLUSTER_STATE ?= .cluster
@@ -101,7 +102,7 @@ test:
 	  exit $$status
 
 unit-tests: tools
-	$(VENV)/bin/pytest $(PYTEST_ARGS) tests
+	$(VENV)/bin/pytest --numprocesses=$(TEST_WORKERS) --dist=loadfile $(PYTEST_ARGS) tests
 
 # A flake hunt (docs/reliability.md): FLAKE_PATHS run FLAKE_ROUNDS times, each in one pytest process, with
 # `scripts.cpu_load --workers FLAKE_LOAD` beside them; every failure (test, first error line, load average) is
